@@ -1,0 +1,41 @@
+# autohet: `make demo` and `make test` work on a fresh machine (they install first).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PLANS ?= plans
+
+.PHONY: install demo test unit lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Pin torch first: the CPU build of 2.13.0 installs from local disk in seconds,
+	# a range would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M \
+	  --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --name demo-paper-mix \
+	  --out-dir $(PLANS) --time-limit 30 --explain
+	$(VENV)/bin/autohet estimate $$(ls -t $(PLANS)/demo-paper-mix.v*.yaml | head -1)
+
+test: install lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+unit: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check autohet_cli tests benchmarks
+	$(VENV)/bin/ruff format --check autohet_cli tests benchmarks
+	$(VENV)/bin/mypy autohet_cli
+
+bench: install
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

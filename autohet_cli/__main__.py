@@ -1,0 +1,3 @@
+from autohet_cli.cli.app import main
+
+main()

@@ -1,0 +1,164 @@
+"""Known device types: memory, peak dense tensor throughput, bandwidths.
+
+Figures are the vendors' published datasheet numbers, dense (no 2:4 sparsity),
+for the training precision each card runs best (bf16 where supported, else fp16
+with fp32 accumulate). Sources, once: NVIDIA V100, A100, A10, L4, L40S, T4, H100,
+H200 and GH200 datasheets; NVIDIA Ampere GA102 and Ada AD102 architecture
+whitepapers for RTX 3090/4090 and Turing for RTX 2080/Titan RTX (fp16 tensor
+with fp32 accumulate); AWS G5 documentation for the A10G.
+
+Link figures are per GPU and per direction, in Gbit/s (so they compare with
+the cluster file's ``inter_node_gbps``): NVLink 3 on A100 is 600 GB/s both ways,
+i.e. 300 GB/s = 2400 Gbit/s each way; PCIe 4.0 x16 is about 256 Gbit/s.
+
+``matmul_efficiency`` is the fraction of peak an analytic profile assumes a
+transformer layer reaches (large GEMMs reach 70-80%, the rest of a layer less);
+measured profiles replace it.
+
+``cpu`` is a group of CPU cores acting as one device, so that a localhost
+cluster can be planned, launched and tested on machines without GPUs; its
+figures are deliberately modest and are meant to be replaced by
+``autohet profile run``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from autohet_cli.errors import UnknownNameError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    name: str
+    mem_bytes: int
+    peak_tflops: float
+    mem_bandwidth_gbytes_s: float
+    intra_node_gbps: float
+    pcie_gbps: float
+    nvlink: bool
+    matmul_efficiency: float = 0.6
+    runtime_reserve_bytes: int = 2 * GIB
+    description: str = ""
+
+
+def _spec(
+    name: str,
+    mem_gb: float,
+    tflops: float,
+    mem_bw: float,
+    nvlink_gbytes_s_bidir: float | None,
+    pcie_gen: int,
+    description: str,
+) -> GpuSpec:
+    pcie_gbps = {3: 128.0, 4: 256.0, 5: 512.0}[pcie_gen]
+    intra = nvlink_gbytes_s_bidir / 2 * 8 if nvlink_gbytes_s_bidir else pcie_gbps
+    return GpuSpec(
+        name=name,
+        mem_bytes=int(mem_gb * GIB),
+        peak_tflops=tflops,
+        mem_bandwidth_gbytes_s=mem_bw,
+        intra_node_gbps=intra,
+        pcie_gbps=pcie_gbps,
+        nvlink=nvlink_gbytes_s_bidir is not None,
+        description=description,
+    )
+
+
+CATALOG: dict[str, GpuSpec] = {
+    s.name: s
+    for s in (
+        _spec("V100-16", 16, 125.0, 900.0, 300.0, 3, "NVIDIA V100 SXM2 16GB"),
+        _spec("V100-32", 32, 125.0, 900.0, 300.0, 3, "NVIDIA V100 SXM2 32GB"),
+        _spec("A100-40", 40, 312.0, 1555.0, 600.0, 4, "NVIDIA A100 SXM4 40GB"),
+        _spec("A100-80", 80, 312.0, 2039.0, 600.0, 4, "NVIDIA A100 SXM4 80GB"),
+        _spec("A10G", 24, 70.0, 600.0, None, 4, "NVIDIA A10G (AWS G5)"),
+        _spec("L4", 24, 121.0, 300.0, None, 4, "NVIDIA L4"),
+        _spec("L40S", 48, 362.0, 864.0, None, 4, "NVIDIA L40S"),
+        _spec("T4", 16, 65.0, 320.0, None, 3, "NVIDIA T4"),
+        _spec("RTX-2080", 8, 40.3, 448.0, None, 3, "NVIDIA GeForce RTX 2080"),
+        _spec("Titan-RTX", 24, 130.0, 672.0, None, 3, "NVIDIA Titan RTX"),
+        _spec("RTX-3090", 24, 71.0, 936.0, None, 4, "NVIDIA GeForce RTX 3090"),
+        _spec("RTX-4090", 24, 165.2, 1008.0, None, 4, "NVIDIA GeForce RTX 4090"),
+        _spec("H100-80", 80, 989.0, 3350.0, 900.0, 5, "NVIDIA H100 SXM5 80GB"),
+        _spec("H200-141", 141, 989.0, 4800.0, 900.0, 5, "NVIDIA H200 SXM 141GB"),
+        _spec("GH-96", 96, 989.0, 4000.0, 900.0, 5, "NVIDIA GH200 Grace Hopper 96GB HBM3"),
+    )
+}
+# Sailor measured an RTX 2080 with 11 GB (the 2080 Ti); keep its memory as measured.
+CATALOG["RTX-2080"] = GpuSpec(
+    **{**{f: getattr(CATALOG["RTX-2080"], f) for f in GpuSpec.__slots__}, "mem_bytes": 11 * GIB}
+)
+CATALOG["cpu"] = GpuSpec(
+    name="cpu",
+    mem_bytes=4 * GIB,
+    peak_tflops=0.2,
+    mem_bandwidth_gbytes_s=20.0,
+    intra_node_gbps=80.0,
+    pcie_gbps=80.0,
+    nvlink=False,
+    matmul_efficiency=0.5,
+    runtime_reserve_bytes=256 * (1 << 20),
+    description="a group of CPU cores acting as one device (fp32)",
+)
+
+_ALIASES = {
+    "h100": "H100-80",
+    "h200": "H200-141",
+    "gh200": "GH-96",
+    "a10g": "A10G",
+    "a10": "A10G",
+    "l4": "L4",
+    "l40s": "L40S",
+    "t4": "T4",
+    "rtx3090": "RTX-3090",
+    "geforcertx3090": "RTX-3090",
+    "rtx4090": "RTX-4090",
+    "geforcertx4090": "RTX-4090",
+    "rtx2080": "RTX-2080",
+    "rtx2080ti": "RTX-2080",
+    "geforcertx2080ti": "RTX-2080",
+    "titanrtx": "Titan-RTX",
+    "cpu": "cpu",
+    "v100": "V100-16",
+    "a100": "A100-40",
+}
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def canonical_gpu_name(raw: str) -> str:
+    """Map common spellings to the canonical short name.
+
+    Accepts the canonical names, ``A100-40GB``, ``a100_40g``, and what
+    nvidia-smi prints (``NVIDIA A100-SXM4-40GB``, ``Tesla V100-SXM2-32GB``).
+    """
+    if raw in CATALOG:
+        return raw
+    text = _squash(raw)
+    for prefix in ("nvidia", "tesla"):
+        text = text.removeprefix(prefix)
+    text = re.sub(r"(sxm\d?|pcie|nvl|hbm\d?e?)", "", text)
+    text = text.removesuffix("gb").removesuffix("g")
+    for name in CATALOG:
+        if _squash(name) == text:
+            return name
+    if text in _ALIASES:
+        return _ALIASES[text]
+    m = re.fullmatch(r"(a100|v100|h100|h200|gh200)(\d+)", text)
+    if m:
+        base = {"a100": "A100", "v100": "V100", "h100": "H100", "h200": "H200", "gh200": "GH"}
+        candidate = f"{base[m.group(1)]}-{m.group(2)}"
+        if candidate in CATALOG:
+            return candidate
+    known = ", ".join(sorted(CATALOG))
+    raise UnknownNameError(f"unknown GPU type {raw!r}; known types: {known}")
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    return CATALOG[canonical_gpu_name(name)]

@@ -1,0 +1,1 @@
+"""The typer application: one small module per subcommand, no domain logic here."""

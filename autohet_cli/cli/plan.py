@@ -1,0 +1,84 @@
+"""`autohet plan`: solve for the fastest asymmetric 3D plan and write it as an artifact."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from autohet_cli.cli.progress import progress_bar
+from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.plan import validate_name, write_plan
+from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.explain import explain_text, summary_json
+
+
+def plan(
+    model: Annotated[str, typer.Option(help="Zoo model (autohet models list) or a HF config.json")],
+    global_batch_size: Annotated[int, typer.Option(help="Samples per iteration", min=1)],
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="Cluster YAML or hostfile [default: the embedded localhost cluster]"),
+    ] = None,
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(help="Profile file(s); analytic estimates fill what they lack"),
+    ] = None,
+    seq_len: Annotated[int | None, typer.Option(help="[default: the model's]")] = None,
+    name: Annotated[str | None, typer.Option(help="Plan name [default: cluster name]")] = None,
+    out_dir: Annotated[str, typer.Option(help="Where plans/<name>.v<N>.yaml go")] = "plans",
+    precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
+    optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
+    objective: Annotated[str, typer.Option(help="time (s/iteration) or cost ($/token)")] = "time",
+    time_limit: Annotated[
+        float, typer.Option(help="Seconds; returns the best plan found and its proven gap")
+    ] = 60.0,
+    contingency: Annotated[
+        bool,
+        typer.Option(help="Also solve for the loss of each spot host (used by autohet recover)"),
+    ] = False,
+    explain: Annotated[
+        bool, typer.Option(help="Print stages, memory, bottlenecks, baselines")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Find the plan that minimises iteration time (or cost) on a mixed fleet.
+
+    Example: autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M
+    --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --explain
+    """
+    if objective not in ("time", "cost"):
+        raise typer.BadParameter("expected 'time' or 'cost'", param_hint="--objective")
+    inputs = load_inputs(cluster, model, profile or [])
+    plan_name = validate_name(name or inputs.cluster.name)
+    training = training_for(
+        global_batch_size, seq_len or inputs.model.default_seq_len, precision, optimizer
+    )
+    with progress_bar("planning", enabled=not as_json) as report:
+        outcome = make_plan(
+            name=plan_name,
+            cluster=inputs.cluster,
+            model=inputs.model,
+            tables=tables_for(inputs, training),
+            global_batch_size=global_batch_size,
+            objective=objective,
+            time_limit_s=time_limit,
+            inputs=inputs.fingerprints,
+            contingency=contingency,
+            progress=report,
+        )
+    written, path = write_plan(outcome.plan, out_dir)
+    if as_json:
+        typer.echo(json.dumps(summary_json(written, outcome.eval, inputs.cluster, str(path))))
+        return
+    if explain:
+        typer.echo(explain_text(written, outcome.eval, inputs.cluster))
+    ev = outcome.eval
+    typer.echo(
+        f"wrote {path}: {ev.iteration_ms / 1e3:.3f} s/iteration, {ev.tokens_per_s:,.0f} tokens/s"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

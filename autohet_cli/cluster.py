@@ -1,0 +1,303 @@
+"""The inventory: hosts, their GPUs, and the links between them (pure).
+
+Read from an ``autohet.cluster/v1`` YAML file or a DeepSpeed-style hostfile
+(``host slots=N``, plus our optional ``gpu=TYPE``). Validation errors name the
+file, the field and the fix, because a cluster file is hand-written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autohet_cli import catalog
+from autohet_cli.errors import ConfigError, UnknownNameError
+from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml
+from autohet_cli.yamlio import field as get
+
+SCHEMA = "autohet.cluster/v1"
+_DEFAULT_KEYS = ("user", "port", "identity_file", "python", "workdir")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    name: str
+    address: str
+    gpu_type: str
+    num_gpus: int
+    gpu_mem_bytes: int
+    intra_node_gbps: float
+    spot: bool = False
+    price_per_hour: float = 0.0
+    checkpoint_dir: str = "/tmp/autohet-ckpt"
+    user: str | None = None
+    port: int = 22
+    identity_file: str | None = None
+    python: str = "python3"
+    workdir: str = "~/autohet"
+
+    @property
+    def is_local(self) -> bool:
+        return self.address in ("localhost", "local")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    name: str
+    hosts: tuple[Host, ...]
+    inter_node_gbps: float
+    pair_gbps: Mapping[frozenset[str], float] = field(default_factory=dict)
+    remote_storage: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise ConfigError(f"cluster {self.name!r}: no hosts")
+        names = [h.name for h in self.hosts]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"cluster {self.name!r}: duplicate host names {sorted(dup)}")
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise UnknownNameError(f"cluster {self.name!r} has no host {name!r}")
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(h.num_gpus for h in self.hosts)
+
+    def gpu_types(self) -> list[str]:
+        """Distinct GPU types, in order of first appearance."""
+        return list(dict.fromkeys(h.gpu_type for h in self.hosts))
+
+    def link_gbps(self, a: str, b: str) -> float:
+        """Per-direction bandwidth between two hosts (or within one host)."""
+        if a == b:
+            return self.host(a).intra_node_gbps
+        return self.pair_gbps.get(frozenset((a, b)), self.inter_node_gbps)
+
+    def without(self, lost: set[str]) -> Cluster:
+        """The survivors after losing some hosts (for recovery and contingency)."""
+        keep = tuple(h for h in self.hosts if h.name not in lost)
+        return Cluster(
+            name=self.name,
+            hosts=keep,
+            inter_node_gbps=self.inter_node_gbps,
+            pair_gbps={k: v for k, v in self.pair_gbps.items() if not (k & lost)},
+            remote_storage=self.remote_storage,
+        )
+
+    def total_mem_bytes(self) -> int:
+        return sum(h.num_gpus * h.gpu_mem_bytes for h in self.hosts)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Load a cluster file; a file whose lines look like ``host slots=N`` is a hostfile."""
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml", ".json"):
+        text = _read(p)
+        if _looks_like_hostfile(text):
+            return parse_hostfile(text, str(p), name=p.stem)
+    return cluster_from_dict(load_yaml(p), str(p))
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+
+
+def _looks_like_hostfile(text: str) -> bool:
+    lines = [ln.split("#")[0].strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    return bool(lines) and all("slots=" in ln and ":" not in ln for ln in lines)
+
+
+def parse_hostfile(text: str, where: str, *, name: str = "hostfile") -> Cluster:
+    """DeepSpeed hostfile: ``host slots=N [gpu=TYPE]`` per line; ``#`` comments.
+
+    Plain DeepSpeed hostfiles carry no GPU type; we read it from ``gpu=`` and
+    otherwise ask for it, since planning on a guessed type would be wrong.
+    """
+    hosts = []
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#")[0].strip()
+        if not line:
+            continue
+        at = f"{where}:{lineno}"
+        address, *tokens = line.split()
+        if address in seen:
+            raise ConfigError(f"{at}: host {address!r} already listed on line {seen[address]}")
+        seen[address] = lineno
+        opts: dict[str, str] = {}
+        for tok in tokens:
+            key, sep, value = tok.partition("=")
+            if not sep or key not in ("slots", "gpu"):
+                raise ConfigError(f"{at}: cannot read {tok!r}; expected 'slots=N' or 'gpu=TYPE'")
+            opts[key] = value
+        if "gpu" not in opts:
+            raise ConfigError(
+                f"{at}: no GPU type for {address!r}; append 'gpu=A100-40' (or the right type) "
+                "to the line, or write an autohet.cluster/v1 YAML file"
+            )
+        try:
+            slots = int(opts.get("slots", ""))
+        except ValueError:
+            raise ConfigError(f"{at}: slots must be a whole number, e.g. slots=8") from None
+        gpus = {"type": opts["gpu"], "count": slots}
+        hosts.append(_host({"name": address, "address": address, "gpus": gpus}, {}, at))
+    if not hosts:
+        raise ConfigError(f"{where}: no hosts in hostfile")
+    return Cluster(name=name, hosts=tuple(hosts), inter_node_gbps=100.0)
+
+
+def cluster_from_dict(raw: Any, where: str) -> Cluster:
+    d = as_mapping(raw, where)
+    check_keys(
+        d, where, ["schema", "name", "hosts"], ["defaults", "network", "remote_storage", "notes"]
+    )
+    if d["schema"] != SCHEMA:
+        raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
+    defaults = as_mapping(d.get("defaults") or {}, f"{where}: defaults")
+    check_keys(defaults, f"{where}: defaults", [], _DEFAULT_KEYS)
+    network = as_mapping(d.get("network") or {}, f"{where}: network")
+    check_keys(network, f"{where}: network", [], ["inter_node_gbps", "pairs"])
+    inter = get(network, "inter_node_gbps", float, f"{where}: network", 100.0)
+    _positive(inter, f"{where}: network.inter_node_gbps")
+    raw_hosts = as_list(d["hosts"], f"{where}: hosts")
+    if not raw_hosts:
+        raise ConfigError(f"{where}: hosts: empty; list at least one host")
+    hosts = tuple(
+        _host(as_mapping(h, f"{where}: hosts[{i}]"), defaults, f"{where}: hosts[{i}]")
+        for i, h in enumerate(raw_hosts)
+    )
+    first: dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        if h.name in first:
+            raise ConfigError(
+                f"{where}: hosts[{i}].name: {h.name!r} is already used by hosts[{first[h.name]}]; "
+                "give every host a unique name"
+            )
+        first[h.name] = i
+    names = {h.name for h in hosts}
+    pairs: dict[frozenset[str], float] = {}
+    for i, pr in enumerate(as_list(network.get("pairs") or [], f"{where}: network.pairs")):
+        at = f"{where}: network.pairs[{i}]"
+        pm = as_mapping(pr, at)
+        check_keys(pm, at, ["hosts", "gbps"])
+        pair = as_list(pm["hosts"], f"{at}.hosts")
+        pair_names = {str(n) for n in pair}
+        if len(pair) != 2 or len(pair_names) != 2 or not pair_names <= names:
+            raise ConfigError(
+                f"{at}.hosts: expected two different host names of this cluster, got {pair}"
+            )
+        pairs[frozenset(pair_names)] = _positive(get(pm, "gbps", float, at), f"{at}.gbps")
+    return Cluster(
+        name=get(d, "name", str, where),
+        hosts=hosts,
+        inter_node_gbps=inter,
+        pair_gbps=pairs,
+        remote_storage=get(d, "remote_storage", str, where, None),
+    )
+
+
+_HOST_KEYS = (
+    "intra_node_gbps",
+    "spot",
+    "price_per_hour",
+    "checkpoint_dir",
+    *_DEFAULT_KEYS,
+)
+
+
+def _host(h: Mapping[str, Any], defaults: Mapping[str, Any], at: str) -> Host:
+    check_keys(h, at, ["name", "gpus"], ["address", *_HOST_KEYS])
+    gpus = as_mapping(h["gpus"], f"{at}.gpus")
+    check_keys(gpus, f"{at}.gpus", ["type", "count"], ["mem_gb"])
+    type_raw = get(gpus, "type", str, f"{at}.gpus")
+    try:
+        gpu_type = catalog.canonical_gpu_name(type_raw)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{at}.gpus.type: {exc}") from None
+    spec = catalog.CATALOG[gpu_type]
+    count = get(gpus, "count", int, f"{at}.gpus")
+    if count < 1:
+        raise ConfigError(f"{at}.gpus.count: must be at least 1, got {count}")
+    mem_gb = get(gpus, "mem_gb", float, f"{at}.gpus", None)
+    merged = {**defaults, **{k: v for k, v in h.items() if k in _DEFAULT_KEYS}}
+    name = get(h, "name", str, at)
+    if not name.strip():
+        raise ConfigError(f"{at}.name: must not be empty")
+    port = coerce(merged.get("port", 22), int, f"{at}.port")
+    return Host(
+        name=name,
+        address=get(h, "address", str, at, name),
+        gpu_type=gpu_type,
+        num_gpus=count,
+        gpu_mem_bytes=int(_positive(mem_gb, f"{at}.gpus.mem_gb") * catalog.GIB)
+        if mem_gb is not None
+        else spec.mem_bytes,
+        intra_node_gbps=_positive(
+            get(h, "intra_node_gbps", float, at, spec.intra_node_gbps), f"{at}.intra_node_gbps"
+        ),
+        spot=get(h, "spot", bool, at, False),
+        price_per_hour=get(h, "price_per_hour", float, at, 0.0),
+        checkpoint_dir=get(h, "checkpoint_dir", str, at, "/tmp/autohet-ckpt"),
+        user=_opt_str(merged, "user", at),
+        port=port,
+        identity_file=_opt_str(merged, "identity_file", at),
+        python=_opt_str(merged, "python", at) or "python3",
+        workdir=_opt_str(merged, "workdir", at) or "~/autohet",
+    )
+
+
+def _opt_str(d: Mapping[str, Any], key: str, at: str) -> str | None:
+    return None if d.get(key) is None else coerce(d[key], str, f"{at}.{key}")
+
+
+def _positive(value: float, at: str) -> float:
+    if value <= 0:
+        raise ConfigError(f"{at}: must be positive, got {value}")
+    return value
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    """The canonical YAML form (used for fingerprints and embedded clusters)."""
+    hosts = []
+    for h in c.hosts:
+        entry: dict[str, Any] = {
+            "name": h.name,
+            "address": h.address,
+            "gpus": {
+                "type": h.gpu_type,
+                "count": h.num_gpus,
+                "mem_gb": h.gpu_mem_bytes / catalog.GIB,
+            },
+            "intra_node_gbps": h.intra_node_gbps,
+            "spot": h.spot,
+            "price_per_hour": h.price_per_hour,
+            "checkpoint_dir": h.checkpoint_dir,
+            "port": h.port,
+            "python": h.python,
+            "workdir": h.workdir,
+        }
+        if h.user:
+            entry["user"] = h.user
+        if h.identity_file:
+            entry["identity_file"] = h.identity_file
+        hosts.append(entry)
+    pairs = [{"hosts": sorted(k), "gbps": v} for k, v in c.pair_gbps.items()]
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": c.name,
+        "network": {"inter_node_gbps": c.inter_node_gbps, "pairs": pairs},
+        "hosts": hosts,
+    }
+    if c.remote_storage:
+        out["remote_storage"] = c.remote_storage
+    return out

@@ -1,0 +1,1 @@
+"""Time and memory of a plan: closed form, simulator, and the evaluation of plans (pure)."""

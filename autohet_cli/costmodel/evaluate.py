@@ -1,0 +1,206 @@
+"""Time and memory of a whole plan (pure): what the planner minimises and explains.
+
+Iteration time = slowest pipeline (1F1B over its micro-batches, stage-to-stage
+sends included) + gradient sync + optimizer step. The pipeline time is taken
+from the discrete-event simulator (the reference); the closed form is reported
+beside it.
+
+Gradient sync with asymmetric pipelines: cut the layer range at every stage
+boundary of every pipeline; each segment is held by exactly one stage per
+pipeline, and those stages' TP ranks all-reduce its gradients (ring,
+``2(D-1)/D * bytes`` over the slowest link among the hosts involved). A stage
+syncs its segments one after the other; different stages run in parallel, so
+the sync phase lasts as long as the busiest stage. When the ring crosses hosts,
+the t ranks of a TP group share their host's NIC, so together they move the
+segment's full gradient through it.
+
+Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
+activations of the micro-batches in flight (stage s of S holds min(S - s, m)
+under 1F1B), send/receive buffers and a fixed runtime reserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autohet_cli import catalog
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
+from autohet_cli.costmodel.tables import CostTables, StageCost
+from autohet_cli.plan import Pipeline, Stage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageEval:
+    cost: StageCost
+    send_ms: float  # one-way, to the next stage (0 for the last)
+    grad_sync_ms: float
+    mem_bytes: int
+    mem_capacity_bytes: int
+
+    @property
+    def mem_fraction(self) -> float:
+        return self.mem_bytes / self.mem_capacity_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineEval:
+    stages: tuple[StageEval, ...]
+    time_ms: float  # simulated 1F1B
+    closed_form_ms: float
+    idle_fraction: float  # bubble share, averaged over stages
+
+    @property
+    def bottleneck(self) -> int:
+        return max(
+            range(len(self.stages)),
+            key=lambda s: self.stages[s].cost.fwd_ms + self.stages[s].cost.bwd_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanEval:
+    pipelines: tuple[PipelineEval, ...]
+    pipeline_ms: float
+    grad_sync_ms: float
+    optimizer_ms: float
+    iteration_ms: float
+    closed_form_iteration_ms: float
+    tokens_per_s: float
+    memory_peak_fraction: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_peak_fraction <= 1.0
+
+
+def stage_memory_bytes(
+    cost: StageCost,
+    tables: CostTables,
+    gpu_type: str,
+    stage_index: int,
+    num_stages: int,
+    num_microbatches: int,
+) -> int:
+    """Peak bytes on one GPU of a stage under 1F1B."""
+    in_flight = min(num_stages - stage_index, num_microbatches)
+    state = cost.num_params * tables.training.state_bytes_per_param
+    buffers = 2.0 * cost.output_bytes
+    reserve = catalog.CATALOG[gpu_type].runtime_reserve_bytes
+    return int(state + cost.act_bytes * in_flight + buffers + reserve)
+
+
+def ring_allreduce_ms(nbytes: float, participants: int, gbps: float) -> float:
+    if participants <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (participants - 1) / participants * nbytes / (gbps * 1e9 / 8) * 1e3
+
+
+def evaluate(
+    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, micro_batch_size: int
+) -> PlanEval:
+    """Predict a plan's iteration time, throughput and per-GPU memory."""
+    costs = [
+        [_stage_cost(s, cluster, tables, micro_batch_size) for s in p.stages] for p in pipelines
+    ]
+    sync = _grad_sync_ms(pipelines, cluster, tables, micro_batch_size)
+    evals = []
+    for pi, (p, pcosts) in enumerate(zip(pipelines, costs, strict=True)):
+        sends = [
+            _send_ms(p.stages[s], p.stages[s + 1], pcosts[s].output_bytes, cluster)
+            for s in range(len(p.stages) - 1)
+        ]
+        sim = simulate_1f1b(
+            [c.fwd_ms for c in pcosts], [c.bwd_ms for c in pcosts], p.num_microbatches, sends
+        )
+        closed = closed_form_1f1b([c.fwd_ms + c.bwd_ms for c in pcosts], p.num_microbatches, sends)
+        stages = tuple(
+            StageEval(
+                cost=c,
+                send_ms=sends[s] if s < len(sends) else 0.0,
+                grad_sync_ms=sync[pi][s],
+                mem_bytes=stage_memory_bytes(
+                    c, tables, p.stages[s].gpu_type, s, len(p.stages), p.num_microbatches
+                ),
+                mem_capacity_bytes=cluster.host(p.stages[s].host).gpu_mem_bytes,
+            )
+            for s, c in enumerate(pcosts)
+        )
+        idle = sum(sim.idle_fraction) / len(sim.idle_fraction)
+        evals.append(
+            PipelineEval(
+                stages=stages, time_ms=sim.makespan_ms, closed_form_ms=closed, idle_fraction=idle
+            )
+        )
+    pipeline_ms = max(e.time_ms for e in evals)
+    sync_ms = max(st.grad_sync_ms for e in evals for st in e.stages)
+    opt_ms = max(st.cost.update_ms for e in evals for st in e.stages)
+    iteration = pipeline_ms + sync_ms + opt_ms
+    tokens = micro_batch_size * sum(p.num_microbatches for p in pipelines) * tables.training.seq_len
+    return PlanEval(
+        pipelines=tuple(evals),
+        pipeline_ms=pipeline_ms,
+        grad_sync_ms=sync_ms,
+        optimizer_ms=opt_ms,
+        iteration_ms=iteration,
+        closed_form_iteration_ms=max(e.closed_form_ms for e in evals) + sync_ms + opt_ms,
+        tokens_per_s=tokens / (iteration / 1e3),
+        memory_peak_fraction=max(st.mem_fraction for e in evals for st in e.stages),
+    )
+
+
+@lru_cache(maxsize=8192)
+def _pipeline_time(
+    fwd: tuple[float, ...], bwd: tuple[float, ...], m: int, sends: tuple[float, ...]
+) -> tuple[SimResult, float]:
+    """Simulated and closed-form time; memoised because data-parallel replicas
+    and the planner's neighbouring candidates repeat the same pipelines."""
+    sim = simulate_1f1b(fwd, bwd, m, sends)
+    closed = closed_form_1f1b([f + b for f, b in zip(fwd, bwd, strict=True)], m, sends, fwd_ms=fwd)
+    return sim, closed
+
+
+def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> StageCost:
+    host = cluster.host(s.host)
+    table = tables.table(s.gpu_type, s.tensor_parallel, mbs, host.intra_node_gbps)
+    return table.stage(s.layer_start, s.layer_end)
+
+
+def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster) -> float:
+    return nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3
+
+
+def _grad_sync_ms(
+    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, mbs: int
+) -> list[list[float]]:
+    """Per (pipeline, stage): time to all-reduce the gradients of its layers."""
+    out = [[0.0] * len(p.stages) for p in pipelines]
+    if len(pipelines) < 2:
+        return out
+    cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
+    ref = pipelines[0].stages[0]
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        holders = [(pi, _holder(p, a)) for pi, p in enumerate(pipelines)]
+        stages = [pipelines[pi].stages[si] for pi, si in holders]
+        hosts = {s.host for s in stages}
+        tp = ref.tensor_parallel
+        table = tables.table(
+            stages[0].gpu_type, tp, mbs, cluster.host(stages[0].host).intra_node_gbps
+        )
+        nbytes = table.params(a, b) * tables.training.grad_bytes_per_param
+        if len(hosts) == 1:
+            gbps = cluster.host(next(iter(hosts))).intra_node_gbps
+        else:
+            names = sorted(hosts)
+            gbps = min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
+            nbytes *= tp  # the TP group's rings share the host NIC
+        t = ring_allreduce_ms(nbytes, len(pipelines), gbps)
+        for pi, si in holders:
+            out[pi][si] += t
+    return out
+
+
+def _holder(p: Pipeline, layer: int) -> int:
+    return next(s for s, st in enumerate(p.stages) if st.layer_start <= layer < st.layer_end)

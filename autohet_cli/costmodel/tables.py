@@ -1,0 +1,187 @@
+"""Per-layer cost tables with prefix sums, so a stage's cost is O(1) (pure).
+
+A table is what one GPU of a TP group spends per micro-batch on each layer of
+the model, for one (GPU type, TP degree, micro-batch size, intra-host
+bandwidth). It comes from the profile when the profile measured that
+combination, else from the analytic model; analytic tables get the Megatron TP
+all-reduces added here (two per block forward, two backward), because measured
+times already contain them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import accumulate
+
+from autohet_cli import catalog
+from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.analytic import analytic_entry
+from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
+from autohet_cli.settings import TrainingSettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCost:
+    fwd_ms: float
+    bwd_ms: float
+    update_ms: float
+    num_params: int  # per GPU of the TP group
+    act_bytes: float  # kept for backward, per in-flight micro-batch
+    output_bytes: float  # sent to the next stage per micro-batch
+
+
+class LayerTable:
+    """Prefix sums over one profile entry (plus TP communication if analytic)."""
+
+    def __init__(self, entry: ProfileEntry, tp_comm_ms: list[float]) -> None:
+        self.source = entry.source
+        layers = entry.layers
+        self.num_layers = len(layers)
+        self._fwd = [
+            0.0,
+            *accumulate(lt.fwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
+        ]
+        self._bwd = [
+            0.0,
+            *accumulate(lt.bwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
+        ]
+        self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
+        self._params = [0, *accumulate(lt.num_params for lt in layers)]
+        self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
+        self._out = [lt.output_bytes for lt in layers]
+
+    def stage(self, start: int, end: int) -> StageCost:
+        return StageCost(
+            fwd_ms=self._fwd[end] - self._fwd[start],
+            bwd_ms=self._bwd[end] - self._bwd[start],
+            update_ms=self._upd[end] - self._upd[start],
+            num_params=self._params[end] - self._params[start],
+            act_bytes=self._act[end] - self._act[start],
+            output_bytes=self._out[end - 1],
+        )
+
+    def compute_ms(self, start: int, end: int) -> float:
+        return self._fwd[end] - self._fwd[start] + self._bwd[end] - self._bwd[start]
+
+    def params(self, start: int, end: int) -> int:
+        return self._params[end] - self._params[start]
+
+
+def _ratio(measured: float, estimated: float) -> float:
+    return measured / estimated if estimated > 0 and measured > 0 else 1.0
+
+
+def _calibrated(
+    estimate: ProfileEntry, anchor: ProfileEntry, anchor_estimate: ProfileEntry
+) -> ProfileEntry:
+    """Scale an analytic entry per layer by measured/analytic at the anchor."""
+    layers = []
+    for est, meas, base in zip(estimate.layers, anchor.layers, anchor_estimate.layers, strict=True):
+        layers.append(
+            LayerTiming(
+                fwd_ms=est.fwd_ms * _ratio(meas.fwd_ms, base.fwd_ms),
+                bwd_ms=est.bwd_ms * _ratio(meas.bwd_ms, base.bwd_ms),
+                update_ms=est.update_ms * _ratio(meas.update_ms, base.update_ms),
+                num_params=round(est.num_params * _ratio(meas.num_params, base.num_params)),
+                act_bytes=est.act_bytes * _ratio(meas.act_bytes, base.act_bytes),
+                output_bytes=est.output_bytes * _ratio(meas.output_bytes, base.output_bytes),
+            )
+        )
+    return replace(estimate, layers=tuple(layers))
+
+
+class CostTables:
+    """All layer tables for one model and training settings, built lazily and cached."""
+
+    def __init__(
+        self, model: ModelSpec, profile: Profile | None, training: TrainingSettings
+    ) -> None:
+        self.model = model
+        self.profile = profile or Profile()
+        self.training = training
+        self._cache: dict[tuple[str, int, int, float], LayerTable] = {}
+        self._layers = model.layers()
+
+    def entry(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
+        key = EntryKey(
+            model=self.model.name,
+            gpu_type=gpu_type,
+            tensor_parallel=tp,
+            micro_batch_size=mbs,
+            seq_len=self.training.seq_len,
+        )
+        found = self.profile.entry(key)
+        if found is not None:
+            return found
+        estimate = self._analytic(gpu_type, tp, mbs)
+        anchor = self._nearest_measured(key)
+        if anchor is None:
+            return estimate
+        return _calibrated(
+            estimate,
+            anchor,
+            self._analytic(gpu_type, anchor.key.tensor_parallel, anchor.key.micro_batch_size),
+        )
+
+    def _analytic(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
+        return analytic_entry(
+            self.model,
+            catalog.CATALOG[gpu_type],
+            tp=tp,
+            micro_batch_size=mbs,
+            seq_len=self.training.seq_len,
+            precision=self.training.precision,
+            optimizer=self.training.optimizer,
+            measured=self.profile.devices.get(gpu_type),
+        )
+
+    def _nearest_measured(self, key: EntryKey) -> ProfileEntry | None:
+        """The measured entry of the same GPU type and model closest in (TP, mbs).
+
+        Measured profiles often lack a combination because it ran out of memory;
+        a raw catalog estimate beside measured numbers would then look several
+        times faster than the real card. Anchoring it to the nearest measurement
+        keeps one GPU type's numbers consistent with each other.
+        """
+        same = [
+            e
+            for k, e in self.profile.entries.items()
+            if k.model == key.model
+            and k.gpu_type == key.gpu_type
+            and k.seq_len == key.seq_len
+            and e.source != "analytic"
+            and len(e.layers) == len(self._layers)
+        ]
+        if not same:
+            return None
+
+        def distance(e: ProfileEntry) -> tuple[int, int]:
+            k = e.key
+            return (
+                abs(k.tensor_parallel.bit_length() - key.tensor_parallel.bit_length()),
+                abs(k.micro_batch_size.bit_length() - key.micro_batch_size.bit_length()),
+            )
+
+        return min(same, key=distance)
+
+    def is_measured(self, gpu_type: str, tp: int, mbs: int) -> bool:
+        return self.entry(gpu_type, tp, mbs).source != "analytic"
+
+    def table(self, gpu_type: str, tp: int, mbs: int, intra_gbps: float) -> LayerTable:
+        key = (gpu_type, tp, mbs, intra_gbps)
+        cached = self._cache.get(key)
+        if cached is None:
+            entry = self.entry(gpu_type, tp, mbs)
+            comm = [0.0] * len(entry.layers)
+            if entry.source == "analytic" and tp > 1:
+                comm = [self._tp_comm_ms(i, tp, mbs, intra_gbps) for i in range(len(entry.layers))]
+            cached = self._cache[key] = LayerTable(entry, comm)
+        return cached
+
+    def _tp_comm_ms(self, index: int, tp: int, mbs: int, intra_gbps: float) -> float:
+        layer = self._layers[index]
+        if layer.kind != "block":
+            return 0.0
+        nbytes = layer.output_bytes(self.training.seq_len, mbs, self.training.dtype_bytes)
+        one = 2.0 * (tp - 1) / tp * nbytes / (intra_gbps * 1e9 / 8) * 1e3
+        return 2.0 * one  # two all-reduces per block per pass

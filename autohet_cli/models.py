@@ -1,0 +1,318 @@
+"""Model zoo: transformers as lists of pipeline-partitionable layers (pure).
+
+A model is described by its architecture hyper-parameters; from them we derive
+the partitionable layers (embedding, one entry per block, optional final norm,
+LM head), each with its exact parameter count, forward FLOPs and activation
+sizes. The layer list is what plans index with ``layers: [start, end)`` and what
+measured profiles are keyed by, so its shape follows the measured data: LLaMA
+keeps the final norm as its own layer, models with tied embeddings fold the
+final norm into the head.
+
+Activation sizes follow Korthikanti et al. 2022 ("Reducing activation
+recomputation") for a block with flash attention and no dropout: the parts
+outside the tensor-parallel region are kept whole on every TP rank, the rest is
+divided by the TP degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autohet_cli.errors import UnknownNameError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    name: str
+    family: str
+    num_blocks: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_positions: int = 0  # learned position embeddings (0: rotary/none)
+    gated_mlp: bool = False  # SwiGLU: gate, up and down projections
+    bias: bool = True
+    qkv_bias: bool | None = None  # None: same as bias
+    norm: str = "layernorm"  # or "rmsnorm" (no bias)
+    tied_embeddings: bool = True
+    final_norm: bool = True
+    separate_final_norm: bool = False  # final norm as its own partitionable layer
+    embed_proj_dim: int = 0  # OPT-350M projects a 512-wide embedding to 1024
+    default_seq_len: int = 2048
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_layers(self) -> int:
+        """Number of partitionable layers."""
+        return len(self.layers())
+
+    def layers(self) -> tuple[LayerSpec, ...]:
+        return _layers(self)
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the model, counting tied weights once."""
+        return sum(layer.num_params - layer.shared_params for layer in self.layers())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One partitionable layer. Per-token quantities; element counts, not bytes."""
+
+    index: int
+    name: str
+    kind: str  # embedding | block | norm | head
+    num_params: int
+    shared_params: int = 0  # a tied copy of the embedding: costs memory, counted once in totals
+    matmul_flops_per_token: float = 0.0  # forward, 2 * GEMM parameters
+    attn_flops_per_token_per_pos: float = 0.0  # forward, times sequence length
+    act_elems_per_token_whole: float = 0.0  # kept for backward, on every TP rank
+    act_elems_per_token_split: float = 0.0  # kept for backward, divided by TP
+    act_fp32_elems_per_token_split: float = 0.0  # fp32 logits for the loss, divided by TP
+    output_elems_per_token: float = 0.0  # sent to the next stage
+
+    def fwd_flops(self, seq_len: int, micro_batch_size: int) -> float:
+        per_token = self.matmul_flops_per_token + self.attn_flops_per_token_per_pos * seq_len
+        return per_token * seq_len * micro_batch_size
+
+    def act_bytes(self, seq_len: int, micro_batch_size: int, tp: int, dtype_bytes: int) -> float:
+        tokens = seq_len * micro_batch_size
+        elems = self.act_elems_per_token_whole + self.act_elems_per_token_split / tp
+        return tokens * (elems * dtype_bytes + self.act_fp32_elems_per_token_split / tp * 4)
+
+    def output_bytes(self, seq_len: int, micro_batch_size: int, dtype_bytes: int) -> float:
+        return seq_len * micro_batch_size * self.output_elems_per_token * dtype_bytes
+
+
+def _norm_params(m: ModelSpec) -> int:
+    return m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
+
+
+def _block(m: ModelSpec, index: int) -> LayerSpec:
+    h, f = m.hidden_size, m.ffn_hidden_size
+    kv = m.num_kv_heads * m.head_dim
+    qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
+    attn = h * h + 2 * h * kv + h * h
+    attn_bias = (h + 2 * kv if qkv_bias else 0) + (h if m.bias else 0)
+    mlp = (3 if m.gated_mlp else 2) * h * f
+    mlp_bias = (f + h) if m.bias else 0
+    params = attn + attn_bias + mlp + mlp_bias + 2 * _norm_params(m)
+    mlp_hidden = (3 if m.gated_mlp else 2) * f
+    return LayerSpec(
+        index=index,
+        name=f"block.{index - 1}",
+        kind="block",
+        num_params=params,
+        matmul_flops_per_token=2.0 * (attn + mlp),
+        attn_flops_per_token_per_pos=4.0 * h,
+        # LN inputs and outputs and the residual stream stay whole on every rank.
+        act_elems_per_token_whole=4.0 * h,
+        # q, k, v, attention output, out-proj input, MLP hidden activations.
+        act_elems_per_token_split=(h + 2 * kv) + h + h + mlp_hidden,
+        output_elems_per_token=float(h),
+    )
+
+
+@lru_cache(maxsize=256)
+def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
+    h = m.hidden_size
+    e = m.embed_proj_dim or h
+    proj = e * h if m.embed_proj_dim else 0
+    layers = [
+        LayerSpec(
+            index=0,
+            name="embedding",
+            kind="embedding",
+            num_params=m.vocab_size * e + m.num_positions * h + proj,
+            matmul_flops_per_token=2.0 * proj,
+            output_elems_per_token=float(h),
+        )
+    ]
+    layers += [_block(m, i) for i in range(1, m.num_blocks + 1)]
+    norm = _norm_params(m) if m.final_norm else 0
+    if m.separate_final_norm:
+        layers.append(
+            LayerSpec(
+                index=len(layers),
+                name="final_norm",
+                kind="norm",
+                num_params=norm,
+                act_elems_per_token_whole=float(h),
+                output_elems_per_token=float(h),
+            )
+        )
+        norm = 0
+    layers.append(
+        LayerSpec(
+            index=len(layers),
+            name="head",
+            kind="head",
+            num_params=norm + proj + m.vocab_size * e,
+            shared_params=m.vocab_size * e if m.tied_embeddings else 0,
+            matmul_flops_per_token=2.0 * (proj + m.vocab_size * e),
+            act_elems_per_token_whole=2.0 * h,
+            act_fp32_elems_per_token_split=2.0 * m.vocab_size,
+        )
+    )
+    return tuple(layers)
+
+
+def _gpt(name: str, blocks: int, hidden: int, heads: int, vocab: int = 50257) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="gpt2",
+        num_blocks=blocks,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=4 * hidden,
+        vocab_size=vocab,
+        num_positions=2048,
+    )
+
+
+def _llama(
+    name: str, blocks: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="llama",
+        num_blocks=blocks,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
+        vocab_size=vocab,
+        gated_mlp=True,
+        bias=False,
+        norm="rmsnorm",
+        tied_embeddings=False,
+        separate_final_norm=True,
+        default_seq_len=seq,
+    )
+
+
+def _opt(name: str, blocks: int, hidden: int, heads: int, **kw: int | bool) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        family="opt",
+        num_blocks=blocks,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=heads,
+        ffn_hidden_size=4 * hidden,
+        vocab_size=50272,
+        num_positions=2050,  # OPT offsets learned positions by 2
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+ZOO: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        # GPT-3 paper (Brown et al. 2020) shapes; 13B uses 5120 so heads divide evenly.
+        _gpt("GPT-1.3B", 24, 2048, 16),
+        _gpt("GPT-2.7B", 32, 2560, 32),
+        _gpt("GPT-6.7B", 32, 4096, 32),
+        _gpt("GPT-13B", 40, 5120, 40),
+        _gpt("GPT-30B", 48, 7168, 56),
+        # Megatron-LM (Narayanan et al. 2021, Table 1) shapes, for the throughput check.
+        _gpt("Megatron-1.7B", 24, 2304, 24, vocab=51200),
+        _gpt("Megatron-3.6B", 30, 3072, 32, vocab=51200),
+        _gpt("Megatron-7.5B", 36, 4096, 32, vocab=51200),
+        _gpt("Megatron-18B", 40, 6144, 48, vocab=51200),
+        _gpt("Megatron-39B", 48, 8192, 64, vocab=51200),
+        _llama("LLaMA-2-7B", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("LLaMA-2-13B", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("LLaMA-2-70B", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("LLaMA-3-8B", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("LLaMA-3-70B", 80, 8192, 64, 8, 28672, 128256, 8192),
+        # OPT-350M: post-LN, no final norm, 512-wide embedding projected to 1024.
+        _opt("OPT-350M", 24, 1024, 16, embed_proj_dim=512, final_norm=False),
+        _opt("OPT-30B", 48, 7168, 56),
+        ModelSpec(
+            name="GPT-Neo-2.7B",
+            family="gpt_neo",
+            num_blocks=32,
+            hidden_size=2560,
+            num_heads=20,
+            num_kv_heads=20,
+            ffn_hidden_size=10240,
+            vocab_size=50257,
+            num_positions=2048,
+            qkv_bias=False,
+        ),
+        # Tiny GPTs that train on a CPU in seconds (runtime tests, the localhost demo).
+        ModelSpec(
+            name="gpt-tiny",
+            family="gpt2",
+            num_blocks=4,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=4,
+            ffn_hidden_size=256,
+            vocab_size=256,
+            num_positions=64,
+            default_seq_len=64,
+        ),
+        ModelSpec(
+            name="gpt-small",
+            family="gpt2",
+            num_blocks=8,
+            hidden_size=256,
+            num_heads=8,
+            num_kv_heads=8,
+            ffn_hidden_size=1024,
+            vocab_size=1024,
+            num_positions=256,
+            default_seq_len=256,
+        ),
+    )
+}
+
+# Names the measured data and users write, mapped to zoo names.
+_ALIASES = {
+    "opt350": "OPT-350M",
+    "opt30": "OPT-30B",
+    "gptneo27": "GPT-Neo-2.7B",
+    "llama38": "LLaMA-3-8B",
+    "llama370": "LLaMA-3-70B",
+    "llama27": "LLaMA-2-7B",
+    "llama213": "LLaMA-2-13B",
+    "llama270": "LLaMA-2-70B",
+}
+
+
+def _squash(text: str) -> str:
+    # Keep the dot: "GPT-1.3B" and "GPT-13B" are different models.
+    return "".join(ch for ch in text.lower() if ch.isalnum() or ch == ".")
+
+
+def canonical_model_name(raw: str) -> str:
+    """``OPT-350``, ``opt_350m``, ``LLAMA-3-8`` and the zoo name itself all resolve."""
+    key = _squash(raw)
+    for name in ZOO:
+        if _squash(name) == key:
+            return name
+    stripped = key.removesuffix("b").removesuffix("m").replace(".", "")
+    if stripped in _ALIASES:
+        return _ALIASES[stripped]
+    raise UnknownNameError(
+        f"unknown model {raw!r}; zoo models: {', '.join(ZOO)} "
+        "(or pass a HuggingFace config.json path)"
+    )
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A zoo model by name, or a HuggingFace ``config.json`` by path."""
+    if name_or_path.endswith(".json"):
+        from autohet_cli.hfconfig import load_hf_config
+
+        return load_hf_config(name_or_path)
+    return ZOO[canonical_model_name(name_or_path)]

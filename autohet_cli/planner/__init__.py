@@ -1,0 +1,1 @@
+"""The heterogeneous planner: grouping search, SCIP formulation, baselines, explain (pure)."""

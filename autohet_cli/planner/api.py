@@ -1,0 +1,227 @@
+"""One call from inputs to a finished plan: search, baselines, idle GPUs, contingency (pure)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.evaluate import PlanEval
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import InfeasibleError
+from autohet_cli.models import ModelSpec
+from autohet_cli.plan import (
+    Pipeline,
+    Plan,
+    Prediction,
+    SolverInfo,
+    Stage,
+    StagePrediction,
+    pipelines_entry,
+)
+from autohet_cli.planner.baselines import baselines as compute_baselines
+from autohet_cli.planner.search import (
+    Candidate,
+    Progress,
+    SearchRequest,
+    SearchResult,
+    search,
+)
+from autohet_cli.settings import TrainingSettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanOutcome:
+    plan: Plan
+    eval: PlanEval
+    result: SearchResult
+    baselines: Mapping[str, Candidate | None]
+
+
+def make_plan(
+    *,
+    name: str,
+    cluster: Cluster,
+    model: ModelSpec,
+    tables: CostTables,
+    global_batch_size: int,
+    objective: str = "time",
+    time_limit_s: float = 60.0,
+    inputs: Mapping[str, Mapping[str, str]] | None = None,
+    contingency: bool = False,
+    progress: Progress | None = None,
+    with_baselines: bool = True,
+) -> PlanOutcome:
+    req = SearchRequest(
+        cluster=cluster,
+        model=model,
+        tables=tables,
+        global_batch_size=global_batch_size,
+        objective=objective,
+        time_limit_s=time_limit_s,
+    )
+    result = search(req, progress)
+    base = compute_baselines(req) if with_baselines else {}
+    best = result.best
+    notes = []
+    for bname, cand in base.items():
+        if cand is not None and cand.score < best.score * (1 - 1e-9):
+            notes.append(f"the {bname} baseline scored better than the search; adopted it")
+            best = cand
+    result.best = best
+    plan = to_plan(
+        name=name,
+        best=best,
+        result=result,
+        model=model,
+        tables=tables,
+        cluster=cluster,
+        global_batch_size=global_batch_size,
+        objective=objective,
+    )
+    plan = replace(
+        plan,
+        inputs=dict(inputs or {}),
+        baselines={k: (None if c is None else c.eval.iteration_ms / 1e3) for k, c in base.items()},
+        notes=tuple(notes) + plan.notes,
+    )
+    if contingency:
+        plan = replace(plan, contingency=contingency_plans(req))
+    return PlanOutcome(plan=plan, eval=best.eval, result=result, baselines=base)
+
+
+def to_plan(
+    *,
+    name: str,
+    best: Candidate,
+    result: SearchResult,
+    model: ModelSpec,
+    tables: CostTables,
+    cluster: Cluster,
+    global_batch_size: int,
+    objective: str,
+) -> Plan:
+    ev = best.eval
+    pipelines = tuple(
+        Pipeline(
+            num_microbatches=p.num_microbatches,
+            stages=tuple(_with_prediction(s, pe.stages[i]) for i, s in enumerate(p.stages)),
+        )
+        for p, pe in zip(best.pipelines, ev.pipelines, strict=True)
+    )
+    training = replace(
+        tables.training, global_batch_size=global_batch_size, micro_batch_size=best.mbs
+    )
+    return Plan(
+        name=name,
+        version=0,
+        model_name=model.name,
+        num_layers=model.num_layers,
+        training=training,
+        tensor_parallel=best.tp,
+        pipelines=pipelines,
+        prediction=prediction_of(ev),
+        solver=SolverInfo(
+            status=result.status,
+            gap=result.gap,
+            time_s=result.time_s,
+            objective=objective,
+            groupings_explored=result.explored,
+            groupings_pruned=result.pruned + result.hopeless,
+        ),
+        idle=tuple(idle_devices(cluster, best)),
+        created=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
+    )
+
+
+def prediction_of(ev: PlanEval) -> Prediction:
+    return Prediction(
+        iteration_time_s=ev.iteration_ms / 1e3,
+        tokens_per_s=ev.tokens_per_s,
+        memory_peak_fraction=ev.memory_peak_fraction,
+        pipeline_time_s=ev.pipeline_ms / 1e3,
+        grad_sync_time_s=ev.grad_sync_ms / 1e3,
+        optimizer_time_s=ev.optimizer_ms / 1e3,
+        closed_form_time_s=ev.closed_form_iteration_ms / 1e3,
+    )
+
+
+def _with_prediction(s: Stage, se: object) -> Stage:
+    from autohet_cli.costmodel.evaluate import StageEval
+
+    assert isinstance(se, StageEval)
+    return replace(
+        s,
+        predicted=StagePrediction(
+            fwd_ms=se.cost.fwd_ms,
+            bwd_ms=se.cost.bwd_ms,
+            update_ms=se.cost.update_ms,
+            mem_bytes=se.mem_bytes,
+            mem_fraction=se.mem_fraction,
+        ),
+    )
+
+
+def idle_devices(cluster: Cluster, best: Candidate) -> list[dict[str, object]]:
+    """GPUs the plan leaves unused, per host, with the reason."""
+    used: dict[str, set[int]] = {}
+    for p in best.pipelines:
+        for s in p.stages:
+            for d in s.devices:
+                used.setdefault(d.host, set()).add(d.gpu)
+    types_used = {s.gpu_type for p in best.pipelines for s in p.stages}
+    out: list[dict[str, object]] = []
+    for h in cluster.hosts:
+        free = [g for g in range(h.num_gpus) if g not in used.get(h.name, set())]
+        if not free:
+            continue
+        if h.num_gpus < best.tp or (h.name in used and len(free) < best.tp):
+            why = f"tensor_parallel {best.tp} needs {best.tp} GPUs of one host; these are left over"
+        elif h.gpu_type not in types_used:
+            why = (
+                f"no {h.gpu_type} GPU is used: every grouping that used them was predicted "
+                "slower (slow stages or batch shares too coarse to help)"
+            )
+        else:
+            why = (
+                "left over after forming pipelines of the chosen depth; adding them "
+                "would unbalance the pipelines"
+            )
+        out.append({"host": h.name, "gpus": free, "reason": why})
+    return out
+
+
+def contingency_plans(req: SearchRequest) -> dict[str, dict[str, object]]:
+    """Best plan after losing each spot host, so recovery can start without solving."""
+    out: dict[str, dict[str, object]] = {}
+    for h in req.cluster.hosts:
+        if not h.spot:
+            continue
+        sub = req.cluster.without({h.name})
+        try:
+            res = search(replace(req, cluster=sub, time_limit_s=max(1.0, req.time_limit_s / 4)))
+        except (InfeasibleError, Exception) as exc:  # noqa: BLE001 - recorded, not fatal
+            out[h.name] = {"feasible": False, "reason": str(exc)}
+            continue
+        b = res.best
+        out[h.name] = {
+            "feasible": True,
+            "tensor_parallel": b.tp,
+            "micro_batch_size": b.mbs,
+            "iteration_time_s": round(b.eval.iteration_ms / 1e3, 6),
+            "pipelines": [pipelines_entry(p) for p in b.pipelines],
+        }
+    return out
+
+
+def training_for(
+    global_batch_size: int, seq_len: int, precision: str, optimizer: str
+) -> TrainingSettings:
+    return TrainingSettings(
+        global_batch_size=global_batch_size,
+        micro_batch_size=1,
+        seq_len=seq_len,
+        precision=precision,
+        optimizer=optimizer,
+    )

@@ -1,0 +1,150 @@
+"""From a solved grouping to concrete pipelines, then exact local refinement (pure).
+
+Placement puts consecutive stages of a pipeline on consecutive TP groups of its
+class in host order, so a pipeline stays inside one host whenever it can
+(stage-to-stage sends then use NVLink/PCIe, not the network).
+
+Refinement works on the exact cost model (per-layer costs, simulator): it moves
+single stage boundaries and single micro-batches between pipelines while that
+lowers the predicted iteration time and every GPU still fits. It corrects the
+MILP's mean-block approximation and its closed-form pipeline time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.evaluate import PlanEval, evaluate
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.plan import Device, Pipeline, Stage
+from autohet_cli.planner.groups import DeviceClass, Template
+
+Score = Callable[[PlanEval], float]
+
+
+def class_groups(c: DeviceClass, cluster: Cluster, tp: int) -> list[tuple[Device, ...]]:
+    out = []
+    for host, n in zip(c.hosts, c.groups_per_host, strict=True):
+        for g in range(n):
+            out.append(tuple(Device(host=host, gpu=g * tp + i) for i in range(tp)))
+    del cluster
+    return out
+
+
+def place(
+    parts: Sequence[tuple[Template, int]],
+    blocks: Sequence[Sequence[int]],
+    microbatches: Sequence[int],
+    extra: Sequence[int],
+    classes: Sequence[DeviceClass],
+    cluster: Cluster,
+    tp: int,
+    first_block: int,
+    num_layers: int,
+) -> list[Pipeline] | None:
+    """Concrete pipelines for a solution; None if a stage would hold no layer."""
+    pools = [iter(class_groups(c, cluster, tp)) for c in classes]
+    pipelines = []
+    for (tpl, k), ns, m, r in zip(parts, blocks, microbatches, extra, strict=True):
+        bounds = _bounds(ns, first_block, num_layers)
+        if bounds is None:
+            return None
+        for p in range(k):
+            stages = []
+            for s, c in enumerate(tpl.classes):
+                devices = next(pools[c])
+                stages.append(
+                    Stage(
+                        layer_start=bounds[s],
+                        layer_end=bounds[s + 1],
+                        gpu_type=classes[c].gpu_type,
+                        tensor_parallel=tp,
+                        devices=devices,
+                    )
+                )
+            pipelines.append(
+                Pipeline(num_microbatches=m + (1 if p < r else 0), stages=tuple(stages))
+            )
+    return pipelines
+
+
+def _bounds(ns: Sequence[int], first_block: int, num_layers: int) -> list[int] | None:
+    bounds = [0]
+    acc = first_block
+    for s, n in enumerate(ns):
+        acc += n
+        bounds.append(num_layers if s == len(ns) - 1 else acc)
+    if any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
+        return None
+    return bounds
+
+
+def refine(
+    pipelines: list[Pipeline],
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    score: Score,
+    *,
+    deadline: float,
+) -> tuple[list[Pipeline], PlanEval]:
+    """Greedy first-improvement search over boundary and micro-batch moves."""
+    best = evaluate(pipelines, cluster, tables, mbs)
+    best_score = score(best) if best.fits else float("inf")
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        for cand in _neighbours(pipelines, best):
+            if time.monotonic() >= deadline:
+                break
+            ev = evaluate(cand, cluster, tables, mbs)
+            if ev.fits and score(ev) < best_score * (1 - 1e-9):
+                pipelines, best, best_score = cand, ev, score(ev)
+                improved = True
+                break
+    return pipelines, best
+
+
+def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]:
+    """Moves that can help the current bottleneck, the most promising first."""
+    out: list[list[Pipeline]] = []
+    slow = max(range(len(pipelines)), key=lambda i: ev.pipelines[i].time_ms)
+    order = [slow] + [i for i in range(len(pipelines)) if i != slow]
+    # Micro-batches: from the slowest pipeline to each other one (fastest first).
+    fast_first = sorted(range(len(pipelines)), key=lambda i: ev.pipelines[i].time_ms)
+    if pipelines[slow].num_microbatches > 1:
+        for dst in fast_first:
+            if dst != slow:
+                out.append(_move_microbatch(pipelines, slow, dst))
+    # Boundaries: shift each boundary of each pipeline by one layer either way.
+    for i in order:
+        stages = pipelines[i].stages
+        for b in range(len(stages) - 1):
+            for delta in (-1, 1):
+                moved = _shift(stages, b, delta)
+                if moved is not None:
+                    cand = list(pipelines)
+                    cand[i] = replace(pipelines[i], stages=moved)
+                    out.append(cand)
+    return out
+
+
+def _move_microbatch(pipelines: list[Pipeline], src: int, dst: int) -> list[Pipeline]:
+    cand = list(pipelines)
+    cand[src] = replace(cand[src], num_microbatches=cand[src].num_microbatches - 1)
+    cand[dst] = replace(cand[dst], num_microbatches=cand[dst].num_microbatches + 1)
+    return cand
+
+
+def _shift(stages: tuple[Stage, ...], b: int, delta: int) -> tuple[Stage, ...] | None:
+    left, right = stages[b], stages[b + 1]
+    cut = left.layer_end + delta
+    if cut <= left.layer_start or cut >= right.layer_end:
+        return None
+    new = list(stages)
+    new[b] = replace(left, layer_end=cut)
+    new[b + 1] = replace(right, layer_start=cut)
+    return tuple(new)

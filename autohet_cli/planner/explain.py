@@ -1,0 +1,176 @@
+"""Render a plan and its evaluation for people (--explain) and scripts (--json) (pure).
+
+Explain reads what the search produced and what the cost model says about it;
+it never re-solves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tabulate import tabulate
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.evaluate import PlanEval
+from autohet_cli.plan import Plan
+
+GIB = float(1 << 30)
+
+
+def price_per_hour(plan: Plan, cluster: Cluster) -> float:
+    """Hosts the plan uses are paid for; unused hosts can be released."""
+    return sum(cluster.host(h).price_per_hour for h in plan.hosts())
+
+
+def dollars_per_million_tokens(plan: Plan, cluster: Cluster, tokens_per_s: float) -> float | None:
+    price = price_per_hour(plan, cluster)
+    if price <= 0 or tokens_per_s <= 0:
+        return None
+    return price / 3600.0 / tokens_per_s * 1e6
+
+
+def binding_constraints(plan: Plan, ev: PlanEval) -> list[str]:
+    """What stops the plan from being faster, in the words an engineer uses."""
+    out = []
+    peak = ev.memory_peak_fraction
+    if peak >= 0.85:
+        out.append(
+            f"memory: the fullest GPU is at {peak:.0%} of its card; more layers or "
+            "micro-batches in flight would not fit"
+        )
+    times = [p.time_ms for p in ev.pipelines]
+    if len(times) > 1:
+        slow = max(range(len(times)), key=lambda i: times[i])
+        per_mb = times[slow] / max(1, plan.pipelines[slow].num_microbatches)
+        spread = max(times) - min(times)
+        if spread > 0.5 * per_mb:
+            out.append(
+                f"batch granularity: pipelines finish {spread:.0f} ms apart but one "
+                f"micro-batch costs ~{per_mb:.0f} ms, so no move of a micro-batch helps"
+            )
+    comm = ev.grad_sync_ms + max(
+        (sum(st.send_ms for st in p.stages) * 2 for p in ev.pipelines), default=0.0
+    )
+    if comm > 0.15 * ev.iteration_ms:
+        out.append(
+            f"bandwidth: gradient sync and stage-to-stage sends take {comm:.0f} ms "
+            f"of {ev.iteration_ms:.0f} ms"
+        )
+    if not out:
+        out.append("compute: the bottleneck stages are busy; only faster GPUs would help")
+    return out
+
+
+def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
+    lines = [
+        f"Plan {plan.name} v{plan.version}: {plan.model_name}, global batch "
+        f"{plan.training.global_batch_size} x seq {plan.training.seq_len}, micro-batch "
+        f"{plan.training.micro_batch_size}, tensor parallel {plan.tensor_parallel}, "
+        f"{len(plan.pipelines)} pipeline(s)",
+        "",
+    ]
+    for i, (p, pe) in enumerate(zip(plan.pipelines, ev.pipelines, strict=True)):
+        lines.append(
+            f"Pipeline {i}: {p.num_microbatches} micro-batches, {pe.time_ms:.1f} ms "
+            f"(closed form {pe.closed_form_ms:.1f} ms), bubble {pe.idle_fraction:.0%}, "
+            f"bottleneck stage {pe.bottleneck}"
+        )
+        rows = []
+        for j, (s, se) in enumerate(zip(p.stages, pe.stages, strict=True)):
+            gpus = ",".join(str(d.gpu) for d in s.devices)
+            rows.append(
+                [
+                    j,
+                    f"{s.host}:{gpus}",
+                    s.gpu_type,
+                    f"[{s.layer_start}, {s.layer_end})",
+                    f"{se.cost.fwd_ms:.1f}",
+                    f"{se.cost.bwd_ms:.1f}",
+                    f"{se.send_ms:.2f}",
+                    f"{se.mem_bytes / GIB:.1f}",
+                    f"{se.mem_fraction:.0%}",
+                    "*" if j == pe.bottleneck else "",
+                ]
+            )
+        lines.append(
+            tabulate(
+                rows,
+                headers=[
+                    "stage",
+                    "devices",
+                    "gpu",
+                    "layers",
+                    "fwd ms",
+                    "bwd ms",
+                    "send ms",
+                    "mem GiB",
+                    "mem %",
+                    "slow",
+                ],
+                tablefmt="simple",
+            )
+        )
+        lines.append("")
+    tok = ev.tokens_per_s
+    lines.append(
+        f"Iteration {ev.iteration_ms / 1e3:.3f} s = pipelines {ev.pipeline_ms:.1f} ms + "
+        f"gradient sync {ev.grad_sync_ms:.1f} ms + optimizer {ev.optimizer_ms:.1f} ms; "
+        f"{tok:,.0f} tokens/s; peak memory {ev.memory_peak_fraction:.0%}"
+    )
+    price = price_per_hour(plan, cluster)
+    per_m = dollars_per_million_tokens(plan, cluster, tok)
+    if price > 0 and per_m is not None:
+        lines.append(f"Cost: ${price:.2f}/hour for the hosts in use, ${per_m:.3f} per 1M tokens")
+    lines.append("Binding: " + "; ".join(binding_constraints(plan, ev)))
+    if plan.solver:
+        sv = plan.solver
+        lines.append(
+            f"Solver: {sv.status}, gap {sv.gap:.2%}, {sv.time_s:.2f} s, "
+            f"{sv.groupings_explored} groupings solved, {sv.groupings_pruned} pruned"
+        )
+    if plan.baselines:
+        lines.append("")
+        rows = []
+        for bname, t in plan.baselines.items():
+            if t is None:
+                rows.append([bname, "does not fit", "-"])
+            else:
+                rows.append([bname, f"{t:.3f}", f"{t / (ev.iteration_ms / 1e3):.2f}x"])
+        lines.append(
+            tabulate(rows, headers=["baseline", "iteration s", "plan speed-up"], tablefmt="simple")
+        )
+    for idle in plan.idle:
+        lines.append(f"Idle: {idle['host']} GPUs {idle['gpus']}: {idle['reason']}")
+    for note in plan.notes:
+        lines.append(f"Note: {note}")
+    return "\n".join(lines)
+
+
+def summary_json(
+    plan: Plan, ev: PlanEval, cluster: Cluster, plan_path: str | None
+) -> dict[str, Any]:
+    solver: Mapping[str, Any] = {}
+    if plan.solver:
+        solver = {
+            "status": plan.solver.status,
+            "gap": plan.solver.gap,
+            "time_s": plan.solver.time_s,
+        }
+    return {
+        "plan_path": plan_path,
+        "name": plan.name,
+        "version": plan.version,
+        "iteration_time_s": ev.iteration_ms / 1e3,
+        "tokens_per_s": ev.tokens_per_s,
+        "memory_peak_fraction": ev.memory_peak_fraction,
+        "tensor_parallel": plan.tensor_parallel,
+        "micro_batch_size": plan.training.micro_batch_size,
+        "num_pipelines": len(plan.pipelines),
+        "solver": dict(solver),
+        "baselines": dict(plan.baselines),
+        "price_per_hour": price_per_hour(plan, cluster),
+        "dollars_per_million_tokens": dollars_per_million_tokens(plan, cluster, ev.tokens_per_s),
+        "binding": binding_constraints(plan, ev),
+        "idle": [dict(x) for x in plan.idle],
+    }

@@ -1,0 +1,259 @@
+"""Device groupings: the discrete half of the planner's search (pure).
+
+Notation. A *class* c is a set of interchangeable hosts (same GPU type, memory
+and intra-host bandwidth). With TP degree t, a host with n GPUs offers
+floor(n/t) *TP groups*; class c offers G_c of them. A *template* is the ordered
+list of classes of a pipeline's stages; a *grouping* is (t, micro-batch size,
+[(template, k)]): k identical pipelines per template, using at most G_c groups
+of each class (the rest idle).
+
+The continuous half (layer split, batch shares) is solved by SCIP per grouping
+(milp.py). This module generates groupings and bounds them from below so that
+the search never sends a hopeless grouping to the solver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+from autohet_cli.cluster import Cluster, Host
+from autohet_cli.costmodel.tables import LayerTable
+from autohet_cli.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceClass:
+    index: int
+    gpu_type: str
+    mem_bytes: int
+    intra_node_gbps: float
+    hosts: tuple[str, ...]
+    groups_per_host: tuple[int, ...]  # for the TP degree of the grouping
+
+    @property
+    def num_groups(self) -> int:
+        return sum(self.groups_per_host)
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu_type}#{self.index}"
+
+
+def device_classes(cluster: Cluster, tp: int) -> list[DeviceClass]:
+    """Classes with at least one TP group at degree ``tp`` (order: first appearance)."""
+    keyed: dict[tuple[str, int, float], list[Host]] = {}
+    for h in cluster.hosts:
+        keyed.setdefault((h.gpu_type, h.gpu_mem_bytes, h.intra_node_gbps), []).append(h)
+    out: list[DeviceClass] = []
+    for (gpu, mem, intra), hosts in keyed.items():
+        usable = [h for h in hosts if h.num_gpus >= tp]
+        if usable:
+            out.append(
+                DeviceClass(
+                    index=len(out),
+                    gpu_type=gpu,
+                    mem_bytes=mem,
+                    intra_node_gbps=intra,
+                    hosts=tuple(h.name for h in usable),
+                    groups_per_host=tuple(h.num_gpus // tp for h in usable),
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockStats:
+    """A class's per-micro-batch costs split into the layers before the first
+    block (head part), the blocks (as a mean, and the max for memory), and the
+    layers after the last block (tail part)."""
+
+    head_ms: float
+    block_ms: float
+    tail_ms: float
+    head_fwd_ms: float
+    block_fwd_ms: float
+    tail_fwd_ms: float
+    head_params: int
+    block_params: int  # the largest block, so memory checks stay safe
+    tail_params: int
+    head_act: float
+    block_act: float
+    tail_act: float
+    head_upd_ms: float
+    block_upd_ms: float
+    tail_upd_ms: float
+    out_bytes: float
+    total_ms: float
+    total_upd_ms: float
+
+
+def block_range(model: ModelSpec) -> tuple[int, int]:
+    kinds = [layer.kind for layer in model.layers()]
+    first = kinds.index("block")
+    last = len(kinds) - 1 - kinds[::-1].index("block")
+    return first, last + 1
+
+
+def block_stats(table: LayerTable, model: ModelSpec) -> BlockStats:
+    a, b = block_range(model)
+    n = b - a
+    L = table.num_layers
+    head, blocks, tail = table.stage(0, a) if a else None, table.stage(a, b), None
+    tail = table.stage(b, L) if b < L else None
+    max_params = max(table.params(i, i + 1) for i in range(a, b))
+    max_act = max(table.stage(i, i + 1).act_bytes for i in range(a, b))
+    whole = table.stage(0, L)
+    return BlockStats(
+        head_ms=(head.fwd_ms + head.bwd_ms) if head else 0.0,
+        block_ms=(blocks.fwd_ms + blocks.bwd_ms) / n,
+        tail_ms=(tail.fwd_ms + tail.bwd_ms) if tail else 0.0,
+        head_fwd_ms=head.fwd_ms if head else 0.0,
+        block_fwd_ms=blocks.fwd_ms / n,
+        tail_fwd_ms=tail.fwd_ms if tail else 0.0,
+        head_params=head.num_params if head else 0,
+        block_params=max_params,
+        tail_params=tail.num_params if tail else 0,
+        head_act=head.act_bytes if head else 0.0,
+        block_act=max_act,
+        tail_act=tail.act_bytes if tail else 0.0,
+        head_upd_ms=head.update_ms if head else 0.0,
+        block_upd_ms=blocks.update_ms / n,
+        tail_upd_ms=tail.update_ms if tail else 0.0,
+        out_bytes=blocks.output_bytes,
+        total_ms=whole.fwd_ms + whole.bwd_ms,
+        total_upd_ms=whole.update_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Template:
+    classes: tuple[int, ...]  # class index per stage, in stage order
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.classes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grouping:
+    tp: int
+    mbs: int
+    parts: tuple[tuple[Template, int], ...]  # (template, number of pipelines)
+    lower_bound_ms: float = 0.0
+
+    @property
+    def num_pipelines(self) -> int:
+        return sum(k for _, k in self.parts)
+
+    def groups_used(self, num_classes: int) -> list[int]:
+        used = [0] * num_classes
+        for tpl, k in self.parts:
+            for c in tpl.classes:
+                used[c] += k
+        return used
+
+
+def min_depth(stats: BlockStats, capacity: float, state_bytes: int, num_blocks: int) -> int | None:
+    """Fewest stages of one class that can hold the model (greedy fill is optimal
+    here: a stage's block capacity depends only on its position)."""
+    for depth in range(1, num_blocks + 3):
+        if _fits(stats, capacity, state_bytes, num_blocks, depth):
+            return depth
+    return None
+
+
+def _fits(stats: BlockStats, cap: float, state: int, n: int, depth: int) -> bool:
+    left = n
+    for s in range(depth):
+        in_flight = depth - s
+        fixed = 2 * stats.out_bytes
+        if s == 0:
+            fixed += stats.head_params * state + stats.head_act * in_flight
+        if s == depth - 1:
+            fixed += stats.tail_params * state + stats.tail_act * in_flight
+        per_block = stats.block_params * state + stats.block_act * in_flight
+        room = cap - fixed
+        if room < 0:
+            return False
+        take = min(left, int(room // per_block)) if per_block > 0 else left
+        if s == depth - 1:
+            return take >= left
+        if take < 1 and 0 < s:
+            return False
+        left -= take
+    return left == 0
+
+
+def homogeneous_options(num_groups: int, d_min: int) -> list[tuple[int, int]]:
+    """(depth, pipelines) pairs worth trying for one class: for each depth the
+    most pipelines that fit in the class, deduplicated (more pipelines of the
+    same depth use more GPUs). Ordered from most data parallelism down."""
+    best: dict[int, int] = {}
+    for k in range(1, num_groups + 1):
+        depth = num_groups // k
+        if depth >= d_min:
+            best[depth] = max(best.get(depth, 0), k)
+    return sorted(best.items(), key=lambda x: (-x[1], x[0]))
+
+
+def lower_bound_ms(
+    parts: Sequence[tuple[Template, int]],
+    stats: Sequence[BlockStats],
+    num_microbatches: int,
+    sync_ms_per_param: float = 0.0,
+    total_params: int = 0,
+) -> float:
+    """A valid lower bound on iteration time for a grouping, whatever the split.
+
+    A pipeline of S stages whose model costs W per micro-batch (on its fastest
+    class) needs at least max(m*W/S, W) for m micro-batches: its bottleneck
+    stage is at least the average and the first micro-batch crosses every
+    layer. Summing throughputs: T >= M / sum_j k_j S_j / W_j. The optimizer
+    step lasts at least the largest per-stage share U_j / S_j, and some stage of
+    every pipeline holds at least P / S_j parameters whose gradients it syncs.
+    """
+    rate = 0.0
+    fill = float("inf")
+    opt = 0.0
+    sync = 0.0
+    for tpl, k in parts:
+        sync = max(sync, sync_ms_per_param * total_params / tpl.num_stages)
+        w = min(stats[c].total_ms for c in tpl.classes)
+        rate += k * tpl.num_stages / w
+        fill = min(fill, w)
+        opt = max(opt, min(stats[c].total_upd_ms for c in tpl.classes) / tpl.num_stages)
+    if rate == 0:
+        return float("inf")
+    return max(num_microbatches / rate, fill) + opt + sync
+
+
+def enumerate_parts(
+    classes: Sequence[DeviceClass],
+    options: Sequence[list[tuple[int, int]]],
+    *,
+    mixed_orders: bool,
+) -> Iterator[tuple[tuple[Template, int], ...]]:
+    """Homogeneous combinations (each class: one option or unused) and mixed
+    pipelines spanning every class, big-memory classes first (early stages keep
+    more activations under 1F1B) and, with ``mixed_orders``, the reverse too."""
+    per_class: list[list[tuple[Template, int] | None]] = []
+    for c, opts in zip(classes, options, strict=True):
+        entries: list[tuple[Template, int] | None] = [None]
+        entries += [(Template(classes=(c.index,) * d), k) for d, k in opts]
+        per_class.append(entries)
+    for combo in product(*per_class):
+        parts = tuple(x for x in combo if x is not None)
+        if parts:
+            yield parts
+    if len(classes) < 2:
+        return
+    order = sorted(classes, key=lambda c: -c.mem_bytes)
+    orders = [order, order[::-1]] if mixed_orders else [order]
+    limit = min(c.num_groups for c in classes)
+    for k in range(1, limit + 1):
+        depths = [c.num_groups // k for c in order]
+        for ordered in orders:
+            stages = tuple(c.index for c in ordered for _ in range(depths[order.index(c)]))
+            yield ((Template(classes=stages), k),)

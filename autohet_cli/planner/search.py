@@ -1,0 +1,468 @@
+"""The grouping search: bound, order, solve with SCIP, refine, keep the best (pure).
+
+For every TP degree and micro-batch size, each device class gets a few pipeline
+shapes (depth, count) that fit its memory; their combinations, plus mixed
+pipelines spanning every class, are the groupings. Each grouping gets a valid
+lower bound (groups.lower_bound_ms) and a quick estimate (balanced split,
+water-filled batch). Groupings are solved by SCIP in order of estimate; a
+grouping whose lower bound cannot beat the incumbent is pruned, and one whose
+estimate is far behind the best estimate is deemed hopeless and never solved
+(its lower bound still counts in the reported gap).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from autohet_cli import catalog
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.evaluate import PlanEval, evaluate, ring_allreduce_ms
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import InfeasibleError
+from autohet_cli.models import ModelSpec
+from autohet_cli.plan import Pipeline
+from autohet_cli.planner.build import place, refine
+from autohet_cli.planner.groups import (
+    BlockStats,
+    DeviceClass,
+    Grouping,
+    Template,
+    block_range,
+    block_stats,
+    device_classes,
+    enumerate_parts,
+    homogeneous_options,
+    lower_bound_ms,
+    min_depth,
+)
+from autohet_cli.planner.milp import SplitInputs, SplitResult, solve_shares, solve_split
+
+Progress = Callable[[float, str], None]
+HOPELESS = 1.15  # estimates this far behind the best estimate are not solved
+MAX_OPTIONS_PER_CLASS = 8
+REFINE_TOP = 3
+MAX_SOLVES = 24  # groupings handed to SCIP at most; the rest count in the bound gap
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchRequest:
+    cluster: Cluster
+    model: ModelSpec
+    tables: CostTables
+    global_batch_size: int
+    objective: str = "time"  # or "cost": $ per token
+    time_limit_s: float = 60.0
+    tp_candidates: Sequence[int] = (1, 2, 4, 8)
+    mbs_candidates: Sequence[int] = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    pipelines: list[Pipeline]
+    tp: int
+    mbs: int
+    eval: PlanEval
+    score: float
+    solver_gap: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class SearchResult:
+    best: Candidate
+    status: str
+    gap: float
+    time_s: float
+    explored: int = 0
+    pruned: int = 0
+    hopeless: int = 0
+    milp_gaps: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Context:
+    tp: int
+    mbs: int
+    classes: list[DeviceClass]
+    stats: list[BlockStats]
+    caps: list[float]
+    params_per_gpu: int
+    splits: dict[tuple[tuple[int, ...], int, float], SplitResult | None] = field(
+        default_factory=dict
+    )
+
+
+def scorer(cluster: Cluster, objective: str) -> Callable[[list[Pipeline], PlanEval], float]:
+    """Seconds per iteration, or dollars per million tokens of the hosts in use."""
+
+    def score(pipelines: list[Pipeline], ev: PlanEval) -> float:
+        if objective == "time":
+            return ev.iteration_ms
+        hosts = {s.host for p in pipelines for s in p.stages}
+        price = sum(cluster.host(h).price_per_hour for h in hosts)
+        return price / 3600.0 / ev.tokens_per_s * 1e6 if ev.tokens_per_s else float("inf")
+
+    return score
+
+
+def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
+    start = time.monotonic()
+    deadline = start + req.time_limit_s
+    note = progress or (lambda _f, _m: None)
+    score = scorer(req.cluster, req.objective)
+    queue: list[tuple[float, int, Grouping, _Context]] = []
+    for ctx in _contexts(req):
+        M = req.global_batch_size // ctx.mbs
+        options = [
+            _trim(homogeneous_options(c.num_groups, d)) if d else []
+            for c, d in zip(ctx.classes, _min_depths(req, ctx), strict=True)
+        ]
+        usable = [c for c, o in zip(ctx.classes, options, strict=True) if o]
+        opts = [o for o in options if o]
+        for parts in enumerate_parts(usable, opts, mixed_orders=True):
+            if sum(k for _, k in parts) > M:
+                continue
+            g = Grouping(
+                tp=ctx.tp,
+                mbs=ctx.mbs,
+                parts=parts,
+                lower_bound_ms=lower_bound_ms(parts, ctx.stats, M),
+            )
+            est = _estimate(req, ctx, parts, M)
+            heapq.heappush(queue, (est, len(queue), g, ctx))
+    if not queue:
+        raise InfeasibleError(_shortfall(req))
+    best: Candidate | None = None
+    explored = pruned = hopeless = 0
+    found: list[Candidate] = []
+    bounds: list[float] = []
+    milp_gaps: list[float] = []
+    total = len(queue)
+    timed_out = False
+    while queue:
+        est, _, g, ctx = heapq.heappop(queue)
+        done = total - len(queue)
+        if best is not None and req.objective == "time" and g.lower_bound_ms >= best.score:
+            pruned += 1
+            continue
+        if best is not None and (est > best.score * HOPELESS or explored >= MAX_SOLVES):
+            hopeless += 1
+            bounds.append(g.lower_bound_ms)
+            continue
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            bounds.append(g.lower_bound_ms)
+            bounds.extend(item[2].lower_bound_ms for item in queue)
+            break
+        note(done / total, f"tp={g.tp} mbs={g.mbs} {_describe(g, ctx)}")
+        explored += 1
+        cand, dual = _solve_grouping(req, ctx, g, remaining, score)
+        if dual is not None:
+            bounds.append(dual)
+        if cand is not None:
+            found.append(cand)
+            if best is None or cand.score < best.score:
+                best = cand
+            milp_gaps.append(cand.solver_gap)
+    if best is None:
+        raise InfeasibleError(_shortfall(req))
+    best = _refine_best(req, found, score, start)
+    lb = min([best.score, *bounds]) if req.objective == "time" else best.score
+    gap = max(0.0, (best.score - lb) / best.score)
+    status = "time_limit" if timed_out else ("optimal" if gap <= 1e-4 else "gap")
+    note(1.0, "done")
+    return SearchResult(
+        best=best,
+        status=status,
+        gap=gap,
+        time_s=time.monotonic() - start,
+        explored=explored,
+        pruned=pruned,
+        hopeless=hopeless,
+        milp_gaps=milp_gaps,
+    )
+
+
+def _refine_best(
+    req: SearchRequest,
+    found: list[Candidate],
+    score: Callable[[list[Pipeline], PlanEval], float],
+    start: float,
+) -> Candidate:
+    """Exact local refinement of the few best candidates, within the time left
+    (at least a short slice, so a tight --time-limit still gets a clean plan)."""
+    top = sorted(found, key=lambda c: c.score)[:REFINE_TOP]
+    left = req.time_limit_s - (time.monotonic() - start)
+    slice_s = max(0.2, min(left, 0.25 * req.time_limit_s)) / len(top)
+    best = top[0]
+    for cand in top:
+        fixed = cand.pipelines
+
+        def by_score(e: PlanEval, p: list[Pipeline] = fixed) -> float:
+            return score(p, e)
+
+        pipelines, ev = refine(
+            cand.pipelines,
+            req.cluster,
+            req.tables,
+            cand.mbs,
+            by_score,
+            deadline=time.monotonic() + slice_s,
+        )
+        refined = Candidate(
+            pipelines=pipelines,
+            tp=cand.tp,
+            mbs=cand.mbs,
+            eval=ev,
+            score=score(pipelines, ev),
+            solver_gap=cand.solver_gap,
+        )
+        if refined.score < best.score:
+            best = refined
+    return best
+
+
+def _contexts(req: SearchRequest) -> list[_Context]:
+    out = []
+    max_gpus = max(h.num_gpus for h in req.cluster.hosts)
+    for tp in req.tp_candidates:
+        if tp > max_gpus:
+            continue
+        classes = device_classes(req.cluster, tp)
+        for mbs in req.mbs_candidates:
+            if req.global_batch_size % mbs:
+                continue
+            stats = [
+                block_stats(req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps), req.model)
+                for c in classes
+            ]
+            caps = [
+                float(c.mem_bytes - catalog.CATALOG[c.gpu_type].runtime_reserve_bytes)
+                for c in classes
+            ]
+            params = (
+                min(
+                    req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps).params(
+                        0, req.model.num_layers
+                    )
+                    for c in classes
+                )
+                if classes
+                else 0
+            )
+            out.append(
+                _Context(
+                    tp=tp, mbs=mbs, classes=classes, stats=stats, caps=caps, params_per_gpu=params
+                )
+            )
+    return out
+
+
+def _min_depths(req: SearchRequest, ctx: _Context) -> list[int | None]:
+    a, b = block_range(req.model)
+    state = req.tables.training.state_bytes_per_param
+    return [min_depth(st, cap, state, b - a) for st, cap in zip(ctx.stats, ctx.caps, strict=True)]
+
+
+def _trim(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Keep the shallowest shapes (most data parallelism) and a geometric spread
+    of deeper ones, so big clusters do not explode the combinations."""
+    if len(options) <= MAX_OPTIONS_PER_CLASS:
+        return options
+    head = options[:4]
+    rest = options[4:]
+    step = max(1, len(rest) // (MAX_OPTIONS_PER_CLASS - 4))
+    return head + rest[::step][: MAX_OPTIONS_PER_CLASS - 4]
+
+
+def _slowest_link(cluster: Cluster) -> float:
+    return min([cluster.inter_node_gbps, *cluster.pair_gbps.values()])
+
+
+def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
+    out = []
+    slow = _slowest_link(req.cluster)
+    for a, b in zip(tpl.classes, tpl.classes[1:], strict=False):
+        c = ctx.classes[a]
+        same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
+        gbps = c.intra_node_gbps if same_host else slow
+        out.append(ctx.stats[a].out_bytes / (gbps * 1e9 / 8) * 1e3)
+    return out
+
+
+def _sync_ms_per_param(
+    req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]]
+) -> float:
+    d = sum(k for _, k in parts)
+    nbytes = req.tables.training.grad_bytes_per_param
+    hosts = sum(len(c.hosts) for c in ctx.classes)
+    if hosts > 1:
+        return ring_allreduce_ms(nbytes * ctx.tp, d, _slowest_link(req.cluster))
+    return ring_allreduce_ms(nbytes, d, ctx.classes[0].intra_node_gbps)
+
+
+def _estimate(
+    req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]], M: int
+) -> float:
+    """Balanced continuous split per template, micro-batches water-filled."""
+    heap: list[tuple[float, float, float, int]] = []
+    a, b = block_range(req.model)
+    n = b - a
+    upd = 0.0
+    params = 0.0
+    for tpl, k in parts:
+        st = [ctx.stats[c] for c in tpl.classes]
+        inv = sum(1.0 / s.block_ms for s in st)
+        fixed = (st[0].head_ms / st[0].block_ms) + (st[-1].tail_ms / st[-1].block_ms)
+        c_ms = (n + fixed) / inv
+        sends = _sends(req, ctx, tpl)
+        c_ms = max(c_ms, 2 * max(sends, default=0.0))
+        f_ms = c_ms * tpl.num_stages + 2 * sum(sends)
+        for _ in range(k):
+            heapq.heappush(heap, (f_ms, c_ms, f_ms, 1))
+        upd = max(upd, max(s.total_upd_ms for s in st) / tpl.num_stages)
+        params = max(params, max(s.block_params for s in st) * n / tpl.num_stages)
+    for _ in range(M - len(heap)):
+        t, c_ms, f_ms, m = heapq.heappop(heap)
+        heapq.heappush(heap, (t + c_ms, c_ms, f_ms, m + 1))
+    t_ms = max(x[0] for x in heap)
+    total = t_ms + upd + _sync_ms_per_param(req, ctx, parts) * params
+    if req.objective == "cost":
+        used = {c for tpl, _ in parts for c in tpl.classes}
+        price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
+        return total * max(price, 1e-9)
+    return total
+
+
+def _solve_grouping(
+    req: SearchRequest,
+    ctx: _Context,
+    g: Grouping,
+    remaining: float,
+    score: Callable[[list[Pipeline], PlanEval], float],
+) -> tuple[Candidate | None, float | None]:
+    """Split each template (SCIP), share the batch (SCIP), split again for the
+    shares found, place on devices, refine on the exact model."""
+    a, b = block_range(req.model)
+    M = req.global_batch_size // g.mbs
+    cap = min(remaining, max(0.2, req.time_limit_s / 40))
+    sync = _sync_ms_per_param(req, ctx, g.parts)
+    rates = [
+        k * tpl.num_stages / min(ctx.stats[c].total_ms for c in tpl.classes) for tpl, k in g.parts
+    ]
+    m_hat = [
+        max(1, round(M * r / sum(rates) / k)) for r, (_, k) in zip(rates, g.parts, strict=True)
+    ]
+    shares = None
+    splits: list[SplitResult] = []
+    for _ in range(2):
+        splits = []
+        for (tpl, _k), m in zip(g.parts, m_hat, strict=True):
+            split = _split(req, ctx, tpl, m, sync, b - a, cap)
+            if split is None:
+                return None, None
+            splits.append(split)
+        shares = solve_shares(
+            [k for _, k in g.parts],
+            [x.bottleneck_ms for x in splits],
+            [x.fill_ms for x in splits],
+            M,
+            time_limit_s=cap,
+        )
+        if shares is None:
+            return None, None
+        if all(
+            abs(m - h) <= max(1, h // 10) for m, h in zip(shares.microbatches, m_hat, strict=True)
+        ):
+            break
+        m_hat = list(shares.microbatches)
+    assert shares is not None
+    pipelines = place(
+        g.parts,
+        [x.blocks for x in splits],
+        shares.microbatches,
+        shares.extra,
+        ctx.classes,
+        req.cluster,
+        g.tp,
+        a,
+        req.model.num_layers,
+    )
+    if pipelines is None:
+        return None, None
+    ev = evaluate(pipelines, req.cluster, req.tables, g.mbs)
+    if not ev.fits:
+        return None, None
+    cand = Candidate(
+        pipelines=pipelines,
+        tp=g.tp,
+        mbs=g.mbs,
+        eval=ev,
+        score=score(pipelines, ev),
+        solver_gap=max([shares.gap, *(x.gap for x in splits)]),
+    )
+    return cand, None
+
+
+def _split(
+    req: SearchRequest,
+    ctx: _Context,
+    tpl: Template,
+    m_hat: int,
+    sync: float,
+    num_blocks: int,
+    cap: float,
+) -> SplitResult | None:
+    key = (tpl.classes, m_hat, round(sync, 12))
+    if key not in ctx.splits:
+        ctx.splits[key] = solve_split(
+            SplitInputs(
+                template=tpl,
+                stats=ctx.stats,
+                mem_cap_bytes=ctx.caps,
+                state_bytes_per_param=req.tables.training.state_bytes_per_param,
+                num_blocks=num_blocks,
+                send_ms=_sends(req, ctx, tpl),
+                sync_ms_per_param=sync,
+                expected_microbatches=m_hat,
+            ),
+            time_limit_s=cap,
+        )
+    return ctx.splits[key]
+
+
+def _describe(g: Grouping, ctx: _Context) -> str:
+    parts = []
+    for tpl, k in g.parts:
+        names = [ctx.classes[c].gpu_type for c in tpl.classes]
+        runs: list[str] = []
+        for name in dict.fromkeys(names):
+            runs.append(f"{names.count(name)}x{name}")
+        parts.append(f"{k}x[{'+'.join(runs)}]")
+    return " ".join(parts)
+
+
+def _shortfall(req: SearchRequest) -> str:
+    """Why nothing fits: total memory needed versus what the cluster has."""
+    t = req.tables.training
+    need = req.model.num_params * t.state_bytes_per_param
+    have = sum(
+        h.num_gpus * (h.gpu_mem_bytes - catalog.CATALOG[h.gpu_type].runtime_reserve_bytes)
+        for h in req.cluster.hosts
+    )
+    tb = 1e12
+    if need > have:
+        return (
+            f"{req.model.name} does not fit: weights, gradients and optimizer state need "
+            f"{need / tb:.2f} TB, the cluster has {have / tb:.2f} TB of GPU memory "
+            "(after runtime reserves); add GPUs or use a smaller model"
+        )
+    return (
+        f"no plan fits {req.model.name} with global batch {req.global_batch_size} on "
+        f"{req.cluster.name}: states need {need / tb:.3f} TB of {have / tb:.3f} TB, but "
+        "activations of in-flight micro-batches do not fit at any TP degree / micro-batch "
+        "size tried; use a shorter sequence, more GPUs or more pipeline stages"
+    )

@@ -1,0 +1,1 @@
+"""Profiles: what each GPU type measured (or is estimated to do) per model layer."""

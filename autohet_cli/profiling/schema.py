@@ -1,0 +1,226 @@
+"""The ``autohet.profile/v1`` artifact: device facts and per-layer timings.
+
+An entry is keyed by (model, GPU type, TP degree, micro-batch size, sequence
+length) and lists, per partitionable layer, forward/backward/optimizer-update
+milliseconds for one micro-batch on one GPU of the TP group, the parameters that
+GPU holds, the activation bytes it keeps for backward and the bytes the layer
+sends to the next stage. ``source`` says where numbers came from: ``measured``
+(autohet profile run), ``sailor`` (imported measurements) or ``analytic``
+(computed from the catalog). Measured and imported entries already include TP
+communication; analytic ones do not, and the cost model adds it.
+
+We store parameter *counts* (``num_params``) rather than bytes, so that memory
+follows the training precision and optimizer chosen at plan time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autohet_cli.errors import ConfigError
+from autohet_cli.yamlio import (
+    as_list,
+    as_mapping,
+    check_keys,
+    dump_yaml,
+    load_yaml,
+    write_new,
+    write_replace,
+)
+from autohet_cli.yamlio import field as get
+
+SCHEMA = "autohet.profile/v1"
+SOURCES = ("measured", "sailor", "analytic")
+_LAYER_KEYS = ("fwd_ms", "bwd_ms", "update_ms", "num_params", "act_bytes", "output_bytes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerTiming:
+    fwd_ms: float
+    bwd_ms: float
+    update_ms: float
+    num_params: int
+    act_bytes: float
+    output_bytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EntryKey:
+    model: str
+    gpu_type: str
+    tensor_parallel: int
+    micro_batch_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileEntry:
+    key: EntryKey
+    source: str
+    dtype: str
+    layers: tuple[LayerTiming, ...]
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError(f"profile entry source {self.source!r}: expected one of {SOURCES}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceFacts:
+    gpu_type: str
+    mem_bytes: int
+    matmul_tflops: float
+    mem_bandwidth_gbytes_s: float
+    source: str  # catalog | measured
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    devices: Mapping[str, DeviceFacts] = field(default_factory=dict)
+    entries: Mapping[EntryKey, ProfileEntry] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def entry(self, key: EntryKey) -> ProfileEntry | None:
+        return self.entries.get(key)
+
+    def models(self) -> list[str]:
+        return sorted({k.model for k in self.entries})
+
+    def merged_with(self, newer: Profile) -> Profile:
+        """``newer`` wins per entry and per device, except that an analytic entry
+        never replaces a measured one: re-profiling one GPU type keeps the rest."""
+        entries = dict(self.entries)
+        for k, e in newer.entries.items():
+            old = entries.get(k)
+            if old is None or e.source != "analytic" or old.source == "analytic":
+                entries[k] = e
+        devices = dict(self.devices)
+        for name, dev in newer.devices.items():
+            old_dev = devices.get(name)
+            if old_dev is None or dev.source == "measured" or old_dev.source != "measured":
+                devices[name] = dev
+        meta = dict(self.meta)
+        history = list(meta.get("history", [])) + list(newer.meta.get("history", []))
+        meta.update({k: v for k, v in newer.meta.items() if k != "history"})
+        if history:
+            meta["history"] = history
+        return Profile(devices=devices, entries=entries, meta=meta)
+
+    def with_entries(self, entries: Iterable[ProfileEntry]) -> Profile:
+        merged = dict(self.entries)
+        merged.update({e.key: e for e in entries})
+        return replace(self, entries=merged)
+
+
+def profile_to_dict(p: Profile) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "meta": dict(p.meta),
+        "devices": {
+            name: {
+                "mem_bytes": d.mem_bytes,
+                "matmul_tflops": d.matmul_tflops,
+                "mem_bandwidth_gbytes_s": d.mem_bandwidth_gbytes_s,
+                "source": d.source,
+            }
+            for name, d in sorted(p.devices.items())
+        },
+        "entries": [_entry_to_dict(e) for _, e in sorted(p.entries.items(), key=_sort_key)],
+    }
+
+
+def _sort_key(item: tuple[EntryKey, ProfileEntry]) -> tuple[str, str, int, int, int]:
+    k = item[0]
+    return (k.model, k.gpu_type, k.tensor_parallel, k.micro_batch_size, k.seq_len)
+
+
+def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
+    k = e.key
+    return {
+        "model": k.model,
+        "gpu_type": k.gpu_type,
+        "tensor_parallel": k.tensor_parallel,
+        "micro_batch_size": k.micro_batch_size,
+        "seq_len": k.seq_len,
+        "source": e.source,
+        "dtype": e.dtype,
+        "layers": [{name: getattr(lt, name) for name in _LAYER_KEYS} for lt in e.layers],
+    }
+
+
+def profile_from_dict(raw: Any, where: str) -> Profile:
+    d = as_mapping(raw, where)
+    check_keys(d, where, ["schema"], ["meta", "devices", "entries"])
+    if d["schema"] != SCHEMA:
+        raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
+    devices = {}
+    for name, dv in as_mapping(d.get("devices") or {}, f"{where}: devices").items():
+        at = f"{where}: devices.{name}"
+        dm = as_mapping(dv, at)
+        check_keys(dm, at, ["mem_bytes", "matmul_tflops", "mem_bandwidth_gbytes_s"], ["source"])
+        devices[str(name)] = DeviceFacts(
+            gpu_type=str(name),
+            mem_bytes=get(dm, "mem_bytes", int, at),
+            matmul_tflops=get(dm, "matmul_tflops", float, at),
+            mem_bandwidth_gbytes_s=get(dm, "mem_bandwidth_gbytes_s", float, at),
+            source=get(dm, "source", str, at, "measured"),
+        )
+    entries = {}
+    for i, ev in enumerate(as_list(d.get("entries") or [], f"{where}: entries")):
+        entry = _entry_from_dict(ev, f"{where}: entries[{i}]")
+        if entry.key in entries:
+            raise ConfigError(f"{where}: entries[{i}]: duplicate entry for {entry.key}")
+        entries[entry.key] = entry
+    meta = as_mapping(d.get("meta") or {}, f"{where}: meta")
+    return Profile(devices=devices, entries=entries, meta=dict(meta))
+
+
+def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:
+    em = as_mapping(raw, at)
+    check_keys(
+        em,
+        at,
+        ["model", "gpu_type", "tensor_parallel", "micro_batch_size", "seq_len", "layers"],
+        ["source", "dtype"],
+    )
+    layers = []
+    for j, lv in enumerate(as_list(em["layers"], f"{at}.layers")):
+        lat = f"{at}.layers[{j}]"
+        lm = as_mapping(lv, lat)
+        check_keys(lm, lat, _LAYER_KEYS)
+        timing = LayerTiming(
+            fwd_ms=get(lm, "fwd_ms", float, lat),
+            bwd_ms=get(lm, "bwd_ms", float, lat),
+            update_ms=get(lm, "update_ms", float, lat),
+            num_params=get(lm, "num_params", int, lat),
+            act_bytes=get(lm, "act_bytes", float, lat),
+            output_bytes=get(lm, "output_bytes", float, lat),
+        )
+        if min(timing.fwd_ms, timing.bwd_ms, timing.update_ms, timing.act_bytes) < 0:
+            raise ConfigError(f"{lat}: times and sizes must not be negative")
+        layers.append(timing)
+    key = EntryKey(
+        model=get(em, "model", str, at),
+        gpu_type=get(em, "gpu_type", str, at),
+        tensor_parallel=get(em, "tensor_parallel", int, at),
+        micro_batch_size=get(em, "micro_batch_size", int, at),
+        seq_len=get(em, "seq_len", int, at),
+    )
+    source = get(em, "source", str, at, "measured")
+    if source not in SOURCES:
+        raise ConfigError(f"{at}.source: expected one of {', '.join(SOURCES)}, got {source!r}")
+    return ProfileEntry(
+        key=key, source=source, dtype=get(em, "dtype", str, at, "bf16"), layers=tuple(layers)
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    return profile_from_dict(load_yaml(path), str(path))
+
+
+def save_profile(p: Profile, path: str | Path, *, overwrite: bool = False) -> Path:
+    text = dump_yaml(profile_to_dict(p))
+    return write_replace(path, text) if overwrite else write_new(path, text)

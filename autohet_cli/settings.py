@@ -1,0 +1,66 @@
+"""Training settings shared by the cost model, the planner and the plan artifact (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autohet_cli.errors import ConfigError
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adam", "sgd")
+
+# Bytes of state per parameter: weights + gradients + optimizer state. Mixed
+# precision keeps fp32 master weights beside the 16-bit ones (ZeRO paper, K=12+4).
+_STATE_BYTES = {
+    ("bf16", "adam"): 16,
+    ("fp16", "adam"): 16,
+    ("fp32", "adam"): 16,
+    ("bf16", "sgd"): 12,
+    ("fp16", "sgd"): 12,
+    ("fp32", "sgd"): 12,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSettings:
+    global_batch_size: int
+    micro_batch_size: int
+    seq_len: int
+    precision: str = "bf16"
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"training.{name}: must be at least 1, got {getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"training.precision: expected one of {', '.join(PRECISIONS)}, "
+                f"got {self.precision!r}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"training.optimizer: expected one of {', '.join(OPTIMIZERS)}, "
+                f"got {self.optimizer!r}"
+            )
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def state_bytes_per_param(self) -> int:
+        return _STATE_BYTES[(self.precision, self.optimizer)]
+
+    @property
+    def grad_bytes_per_param(self) -> int:
+        """What the data-parallel all-reduce moves per parameter."""
+        return self.dtype_bytes
+
+    @property
+    def num_microbatches_total(self) -> int:
+        return self.global_batch_size // self.micro_batch_size
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        return self.global_batch_size * self.seq_len
