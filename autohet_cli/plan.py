@@ -76,10 +76,11 @@ class Prediction:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolverInfo:
-    status: str  # optimal | gap_limit | time_limit | heuristic | evaluated | contingency
-    gap: float
+    status: str  # optimal | heuristic | time_limit | baseline
+    gap: float  # SCIP's relative gap on the chosen grouping
     time_s: float
     objective: str = "time"
+    search_gap: float = 0.0  # against a lower bound over all groupings
     groupings_explored: int = 0
     groupings_pruned: int = 0
 
@@ -368,13 +369,17 @@ def _solver(raw: Any, at: str) -> SolverInfo | None:
         return None
     m = as_mapping(raw, at)
     check_keys(
-        m, at, ["status", "gap", "time_s"], ["objective", "groupings_explored", "groupings_pruned"]
+        m,
+        at,
+        ["status", "gap", "time_s"],
+        ["objective", "search_gap", "groupings_explored", "groupings_pruned"],
     )
     return SolverInfo(
         status=get(m, "status", str, at),
         gap=get(m, "gap", float, at),
         time_s=get(m, "time_s", float, at),
         objective=get(m, "objective", str, at, "time"),
+        search_gap=get(m, "search_gap", float, at, 0.0),
         groupings_explored=get(m, "groupings_explored", int, at, 0),
         groupings_pruned=get(m, "groupings_pruned", int, at, 0),
     )

@@ -35,6 +35,15 @@ def estimate(
     )
     model_ref = model or plan.inputs.get("model", {}).get("path") or plan.model_name
     inputs = load_inputs(cpath, model_ref, profiles)
+    for key, now in inputs.fingerprints.items():
+        then = plan.inputs.get(key, {}).get("sha256")
+        if then and now.get("sha256") and then != now["sha256"]:
+            typer.secho(
+                f"warning: {now.get('path')} changed since the plan was made "
+                f"(sha256 differs from inputs.{key}); estimating with the current file",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
     if inputs.model.num_layers != plan.num_layers:
         raise ConfigError(
             f"{plan_file}: model.num_layers is {plan.num_layers} but "

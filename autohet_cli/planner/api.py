@@ -69,6 +69,7 @@ def make_plan(
         if cand is not None and cand.score < best.score * (1 - 1e-9):
             notes.append(f"the {bname} baseline scored better than the search; adopted it")
             best = cand
+            result.status = "baseline"
     result.best = best
     plan = to_plan(
         name=name,
@@ -127,6 +128,7 @@ def to_plan(
             gap=result.gap,
             time_s=result.time_s,
             objective=objective,
+            search_gap=result.search_gap,
             groupings_explored=result.explored,
             groupings_pruned=result.pruned + result.hopeless,
         ),

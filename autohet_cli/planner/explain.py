@@ -70,9 +70,17 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
         f"{len(plan.pipelines)} pipeline(s)",
         "",
     ]
-    for i, (p, pe) in enumerate(zip(plan.pipelines, ev.pipelines, strict=True)):
+    for first, last in _alike_runs(plan, ev):
+        p, pe = plan.pipelines[first], ev.pipelines[first]
+        title = (
+            f"Pipeline {first}"
+            if first == last
+            else (
+                f"Pipelines {first}-{last} ({last - first + 1} alike; devices of pipeline {first})"
+            )
+        )
         lines.append(
-            f"Pipeline {i}: {p.num_microbatches} micro-batches, {pe.time_ms:.1f} ms "
+            f"{title}: {p.num_microbatches} micro-batches, {pe.time_ms:.1f} ms "
             f"(closed form {pe.closed_form_ms:.1f} ms), bubble {pe.idle_fraction:.0%}, "
             f"bottleneck stage {pe.bottleneck}"
         )
@@ -126,8 +134,9 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
     if plan.solver:
         sv = plan.solver
         lines.append(
-            f"Solver: {sv.status}, gap {sv.gap:.2%}, {sv.time_s:.2f} s, "
-            f"{sv.groupings_explored} groupings solved, {sv.groupings_pruned} pruned"
+            f"Solver: {sv.status}, SCIP gap {sv.gap:.2%} (vs. the bound over all groupings "
+            f"{sv.search_gap:.0%}), {sv.time_s:.2f} s, {sv.groupings_explored} groupings "
+            f"solved, {sv.groupings_pruned} pruned"
         )
     if plan.baselines:
         lines.append("")
@@ -145,6 +154,26 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
     for note in plan.notes:
         lines.append(f"Note: {note}")
     return "\n".join(lines)
+
+
+def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
+    """Consecutive pipelines with the same layers, GPU types, batch share and time."""
+
+    def signature(i: int) -> tuple[object, ...]:
+        p = plan.pipelines[i]
+        return (
+            p.num_microbatches,
+            round(ev.pipelines[i].time_ms, 6),
+            tuple((s.layer_start, s.layer_end, s.gpu_type) for s in p.stages),
+        )
+
+    runs: list[tuple[int, int]] = []
+    for i in range(len(plan.pipelines)):
+        if runs and signature(runs[-1][0]) == signature(i):
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
 
 
 def summary_json(
