@@ -44,6 +44,7 @@ Progress = Callable[[float, str], None]
 HOPELESS = 1.15  # estimates this far behind the best estimate are not solved
 MAX_OPTIONS_PER_CLASS = 8
 REFINE_TOP = 3
+ENUMERATE_SHARE = 0.4  # of the time limit, at most, for building and bounding groupings
 MAX_SOLVES = 24  # groupings handed to SCIP at most; the rest count in the bound gap
 
 
@@ -125,14 +126,15 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
         for parts in enumerate_parts(usable, opts, mixed_orders=True):
             if sum(k for _, k in parts) > M:
                 continue
-            g = Grouping(
-                tp=ctx.tp,
-                mbs=ctx.mbs,
-                parts=parts,
-                lower_bound_ms=lower_bound_ms(parts, ctx.stats, M),
+            lb = lower_bound_ms(
+                parts, ctx.stats, M, _sync_ms_per_param(req, ctx, parts), ctx.params_per_gpu
             )
+            g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
             est = _estimate(req, ctx, parts, M)
             heapq.heappush(queue, (est, len(queue), g, ctx))
+        if queue and time.monotonic() > start + ENUMERATE_SHARE * req.time_limit_s:
+            note(0.0, "time limit: stopped enumerating groupings early")
+            break
     if not queue:
         raise InfeasibleError(_shortfall(req))
     best: Candidate | None = None
@@ -314,28 +316,32 @@ def _sync_ms_per_param(
 def _estimate(
     req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]], M: int
 ) -> float:
-    """Balanced continuous split per template, micro-batches water-filled."""
-    heap: list[tuple[float, float, float, int]] = []
+    """Balanced continuous split per template; micro-batches shared so that all
+    pipelines finish together, then rounded (cheap enough for 10^5 groupings)."""
     a, b = block_range(req.model)
     n = b - a
     upd = 0.0
     params = 0.0
+    shapes = []
     for tpl, k in parts:
         st = [ctx.stats[c] for c in tpl.classes]
         inv = sum(1.0 / s.block_ms for s in st)
         fixed = (st[0].head_ms / st[0].block_ms) + (st[-1].tail_ms / st[-1].block_ms)
-        c_ms = (n + fixed) / inv
         sends = _sends(req, ctx, tpl)
-        c_ms = max(c_ms, 2 * max(sends, default=0.0))
-        f_ms = c_ms * tpl.num_stages + 2 * sum(sends)
-        for _ in range(k):
-            heapq.heappush(heap, (f_ms, c_ms, f_ms, 1))
+        c_ms = max((n + fixed) / inv, 2 * max(sends, default=0.0))
+        shapes.append((k, c_ms, c_ms * tpl.num_stages + 2 * sum(sends)))
         upd = max(upd, max(s.total_upd_ms for s in st) / tpl.num_stages)
         params = max(params, max(s.block_params for s in st) * n / tpl.num_stages)
-    for _ in range(M - len(heap)):
-        t, c_ms, f_ms, m = heapq.heappop(heap)
-        heapq.heappush(heap, (t + c_ms, c_ms, f_ms, m + 1))
-    t_ms = max(x[0] for x in heap)
+    pipes = sum(k for k, _, _ in shapes)
+    t_ms = (M - pipes + sum(k * f / c for k, c, f in shapes)) / sum(k / c for k, c, _ in shapes)
+    t_ms = max(t_ms, max(f for _, _, f in shapes))
+    ms = [max(1, int((t_ms - f) / c) + 1) for _, c, f in shapes]
+    left = M - sum(k * m for (k, _, _), m in zip(shapes, ms, strict=True))
+    while left > 0:  # rounding down left a few micro-batches: give them out
+        j = min(range(len(shapes)), key=lambda i: ms[i] * shapes[i][1] + shapes[i][2])
+        ms[j] += 1
+        left -= shapes[j][0]
+    t_ms = max((m - 1) * c + f for (_, c, f), m in zip(shapes, ms, strict=True))
     total = t_ms + upd + _sync_ms_per_param(req, ctx, parts) * params
     if req.objective == "cost":
         used = {c for tpl, _ in parts for c in tpl.classes}
@@ -452,6 +458,13 @@ def _describe(g: Grouping, ctx: _Context) -> str:
     return " ".join(parts)
 
 
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _shortfall(req: SearchRequest) -> str:
     """Why nothing fits: total memory needed versus what the cluster has."""
     t = req.tables.training
@@ -460,16 +473,16 @@ def _shortfall(req: SearchRequest) -> str:
         h.num_gpus * (h.gpu_mem_bytes - catalog.CATALOG[h.gpu_type].runtime_reserve_bytes)
         for h in req.cluster.hosts
     )
-    tb = 1e12
     if need > have:
         return (
-            f"{req.model.name} does not fit: weights, gradients and optimizer state need "
-            f"{need / tb:.2f} TB, the cluster has {have / tb:.2f} TB of GPU memory "
-            "(after runtime reserves); add GPUs or use a smaller model"
+            f"{req.model.name} does not fit on {req.cluster.name}: its weights, gradients and "
+            f"{t.optimizer} state need {_bytes(need)}, the cluster has {_bytes(have)} of GPU "
+            "memory after runtime reserves; add GPUs or use a smaller model"
         )
     return (
         f"no plan fits {req.model.name} with global batch {req.global_batch_size} on "
-        f"{req.cluster.name}: states need {need / tb:.3f} TB of {have / tb:.3f} TB, but "
-        "activations of in-flight micro-batches do not fit at any TP degree / micro-batch "
-        "size tried; use a shorter sequence, more GPUs or more pipeline stages"
+        f"{req.cluster.name}: weights and optimizer state need {_bytes(need)} of "
+        f"{_bytes(have)}, but the activations of in-flight micro-batches do not fit at any "
+        "TP degree and micro-batch size tried; use a shorter --seq-len, more GPUs, or a "
+        "global batch that allows more micro-batches"
     )

@@ -1,0 +1,10 @@
+"""Benchmarks that print figures (not tests): ``python -m benchmarks [NAME ...]``.
+
+- ``megatron_check``: the cost model against Megatron-LM's published throughput
+  (Narayanan et al., SC'21, Table 1) on homogeneous A100-80 clusters.
+- ``planner_speed``: planner wall time from 16 to 1024 GPUs.
+- ``planner_quality``: our plans' tokens/s against the baselines on mixed clusters
+  with Sailor's measured profiles.
+"""
+
+BENCHMARKS = ("megatron_check", "planner_speed", "planner_quality")

@@ -1,0 +1,231 @@
+"""`autohet plan` and `autohet estimate` end to end through the real entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autohet_cli.plan import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = str(ROOT / "profiles" / "clusters" / "small-mix.yaml")
+OPT_PROFILE = str(ROOT / "profiles" / "sailor" / "OPT-350M.yaml")
+
+
+def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "autohet_cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    work = tmp_path_factory.mktemp("plan")
+    res = autohet(
+        "plan",
+        "--cluster",
+        SMALL,
+        "--model",
+        "OPT-350M",
+        "--profile",
+        OPT_PROFILE,
+        "--global-batch-size",
+        "32",
+        "--time-limit",
+        "10",
+        "--json",
+        "--out-dir",
+        "out",
+        cwd=work,
+    )
+    assert res.returncode == 0, res.stderr
+    return work, json.loads(res.stdout)
+
+
+def test_plan_json_has_the_contract_fields(planned: tuple[Path, dict[str, object]]) -> None:
+    work, out = planned
+    for key in (
+        "plan_path",
+        "iteration_time_s",
+        "tokens_per_s",
+        "memory_peak_fraction",
+        "solver",
+        "baselines",
+    ):
+        assert key in out
+    solver = out["solver"]
+    assert isinstance(solver, dict) and {"status", "gap", "time_s"} <= solver.keys()
+    baselines = out["baselines"]
+    assert isinstance(baselines, dict) and "megatron" in baselines and "whale" in baselines
+    path = work / str(out["plan_path"])
+    assert path.name == "small-mix.v1.yaml"
+    plan = load_plan(path)
+    assert plan.prediction is not None
+    assert plan.prediction.iteration_time_s == pytest.approx(out["iteration_time_s"], rel=1e-5)
+    assert plan.inputs["cluster"]["sha256"]
+    for value in baselines.values():
+        assert value is None or value >= float(out["iteration_time_s"]) * (1 - 1e-6)
+
+
+def test_second_plan_is_a_new_version(planned: tuple[Path, dict[str, object]]) -> None:
+    work, first = planned
+    before = (work / str(first["plan_path"])).read_bytes()
+    res = autohet(
+        "plan",
+        "--cluster",
+        SMALL,
+        "--model",
+        "OPT-350M",
+        "--profile",
+        OPT_PROFILE,
+        "--global-batch-size",
+        "32",
+        "--time-limit",
+        "10",
+        "--json",
+        "--out-dir",
+        "out",
+        cwd=work,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["plan_path"].endswith("small-mix.v2.yaml")
+    assert (work / str(first["plan_path"])).read_bytes() == before
+
+
+def test_explain_names_stages_binding_and_baselines(tmp_path: Path) -> None:
+    res = autohet(
+        "plan",
+        "--cluster",
+        SMALL,
+        "--model",
+        "OPT-350M",
+        "--profile",
+        OPT_PROFILE,
+        "--global-batch-size",
+        "16",
+        "--time-limit",
+        "10",
+        "--explain",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    for needle in (
+        "Pipeline",
+        "layers",
+        "mem %",
+        "bubble",
+        "Binding:",
+        "Solver:",
+        "megatron",
+        "speed-up",
+        "per 1M tokens",
+        "wrote plans/small-mix.v1.yaml",
+    ):
+        assert needle in text, needle
+
+
+def test_estimate_reads_a_plan_and_agrees(planned: tuple[Path, dict[str, object]]) -> None:
+    work, out = planned
+    res = autohet("estimate", str(out["plan_path"]), "--json", cwd=work)
+    assert res.returncode == 0, res.stderr
+    est = json.loads(res.stdout)
+    assert est["iteration_time_s"] == pytest.approx(out["iteration_time_s"], rel=1e-6)
+    assert est["tokens_per_s"] == pytest.approx(out["tokens_per_s"], rel=1e-6)
+
+
+def test_estimate_judges_a_hand_edited_plan(planned: tuple[Path, dict[str, object]]) -> None:
+    work, out = planned
+    text = (work / str(out["plan_path"])).read_text()
+    edited = work / "hand.yaml"
+    # A hand-made plan need not carry predictions or solver output.
+    import yaml
+
+    data = yaml.safe_load(text)
+    for key in ("prediction", "solver", "baselines"):
+        data.pop(key)
+    for p in data["pipelines"]:
+        for s in p["stages"]:
+            s.pop("predicted")
+    edited.write_text(yaml.safe_dump(data))
+    res = autohet("estimate", str(edited), "--json", cwd=work)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["iteration_time_s"] == pytest.approx(
+        out["iteration_time_s"], rel=1e-6
+    )
+
+
+def test_infeasible_model_is_a_clean_error(tmp_path: Path) -> None:
+    res = autohet(
+        "plan",
+        "--model",
+        "LLaMA-2-70B",
+        "--global-batch-size",
+        "8",
+        "--time-limit",
+        "5",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert re.search(r"need 1\.\d\d TB, the cluster has \d+\.\d\d GB", res.stderr), res.stderr
+    assert not (tmp_path / "plans").exists() or not list((tmp_path / "plans").iterdir())
+
+
+def test_bad_cluster_file_names_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "schema: autohet.cluster/v1\nname: x\nhosts:\n"
+        "  - {name: a, gpus: {type: A100-40, cuont: 2}}\n"
+    )
+    res = autohet(
+        "plan",
+        "--cluster",
+        str(bad),
+        "--model",
+        "gpt-tiny",
+        "--global-batch-size",
+        "4",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 1
+    assert "bad.yaml" in res.stderr and "cuont" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_unknown_model_lists_the_zoo(tmp_path: Path) -> None:
+    res = autohet("plan", "--model", "GPT-5", "--global-batch-size", "4", cwd=tmp_path)
+    assert res.returncode == 1
+    assert "unknown model" in res.stderr and "LLaMA-2-7B" in res.stderr
+
+
+def test_localhost_default_cluster_plans_the_tiny_gpt(tmp_path: Path) -> None:
+    res = autohet(
+        "plan",
+        "--model",
+        "gpt-tiny",
+        "--global-batch-size",
+        "8",
+        "--precision",
+        "fp32",
+        "--time-limit",
+        "5",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    plan = load_plan(tmp_path / out["plan_path"])
+    assert {d.host for d in plan.devices()} == {"localhost"}
+    assert plan.training.precision == "fp32"
