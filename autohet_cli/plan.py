@@ -18,7 +18,15 @@ from typing import Any
 
 from autohet_cli.errors import ConfigError, PlanError
 from autohet_cli.settings import TrainingSettings
-from autohet_cli.yamlio import as_list, as_mapping, check_keys, dump_yaml, load_yaml, write_new
+from autohet_cli.yamlio import (
+    as_list,
+    as_mapping,
+    check_keys,
+    coerce,
+    dump_yaml,
+    load_yaml,
+    write_new,
+)
 from autohet_cli.yamlio import field as get
 
 SCHEMA = "autohet.plan/v1"
@@ -298,7 +306,10 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
         },
         prediction=_prediction(d.get("prediction"), f"{where}: prediction"),
         solver=_solver(d.get("solver"), f"{where}: solver"),
-        baselines={str(k): None if v is None else float(v) for k, v in baselines.items()},
+        baselines={
+            str(k): None if v is None else coerce(v, float, f"{where}: baselines.{k}")
+            for k, v in baselines.items()
+        },
         idle=tuple(as_mapping(x, f"{where}: idle") for x in as_list(d.get("idle") or [], where)),
         notes=tuple(str(x) for x in as_list(d.get("notes") or [], f"{where}: notes")),
         parent=get(d, "parent", str, where, None),
@@ -314,7 +325,7 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
 
 def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
     pm = as_mapping(raw, at)
-    check_keys(pm, at, ["num_microbatches", "stages"], ["predicted"])
+    check_keys(pm, at, ["num_microbatches", "stages"])
     stages = []
     for j, sv in enumerate(as_list(pm["stages"], f"{at}.stages")):
         sat = f"{at}.stages[{j}]"

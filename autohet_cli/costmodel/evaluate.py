@@ -112,10 +112,12 @@ def evaluate(
             _send_ms(p.stages[s], p.stages[s + 1], pcosts[s].output_bytes, cluster)
             for s in range(len(p.stages) - 1)
         ]
-        sim = simulate_1f1b(
-            [c.fwd_ms for c in pcosts], [c.bwd_ms for c in pcosts], p.num_microbatches, sends
+        sim, closed = _pipeline_time(
+            tuple(c.fwd_ms for c in pcosts),
+            tuple(c.bwd_ms for c in pcosts),
+            p.num_microbatches,
+            tuple(sends),
         )
-        closed = closed_form_1f1b([c.fwd_ms + c.bwd_ms for c in pcosts], p.num_microbatches, sends)
         stages = tuple(
             StageEval(
                 cost=c,

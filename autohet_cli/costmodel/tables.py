@@ -87,7 +87,7 @@ def _calibrated(
                 output_bytes=est.output_bytes * _ratio(meas.output_bytes, base.output_bytes),
             )
         )
-    return replace(estimate, layers=tuple(layers))
+    return replace(estimate, layers=tuple(layers), source="calibrated")
 
 
 class CostTables:
@@ -117,11 +117,29 @@ class CostTables:
         anchor = self._nearest_measured(key)
         if anchor is None:
             return estimate
+        # The measured anchor includes TP communication, so the ratio is taken
+        # against the analytic time with its all-reduces, applied to the
+        # estimate with its all-reduces, and the result is marked "calibrated"
+        # so that table() does not add the all-reduces a second time.
+        base = self._analytic(gpu_type, anchor.key.tensor_parallel, anchor.key.micro_batch_size)
         return _calibrated(
-            estimate,
+            self._with_tp_comm(estimate, tp, mbs),
             anchor,
-            self._analytic(gpu_type, anchor.key.tensor_parallel, anchor.key.micro_batch_size),
+            self._with_tp_comm(base, anchor.key.tensor_parallel, anchor.key.micro_batch_size),
         )
+
+    def _with_tp_comm(self, entry: ProfileEntry, tp: int, mbs: int) -> ProfileEntry:
+        """An analytic entry with TP all-reduces folded in, at the catalog's
+        intra-host bandwidth for the GPU type."""
+        if tp == 1:
+            return entry
+        gbps = catalog.CATALOG[entry.key.gpu_type].intra_node_gbps
+        comm = [self._tp_comm_ms(i, tp, mbs, gbps) for i in range(len(entry.layers))]
+        layers = tuple(
+            replace(lt, fwd_ms=lt.fwd_ms + c, bwd_ms=lt.bwd_ms + c)
+            for lt, c in zip(entry.layers, comm, strict=True)
+        )
+        return replace(entry, layers=layers)
 
     def _analytic(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
         return analytic_entry(
@@ -165,7 +183,7 @@ class CostTables:
         return min(same, key=distance)
 
     def is_measured(self, gpu_type: str, tp: int, mbs: int) -> bool:
-        return self.entry(gpu_type, tp, mbs).source != "analytic"
+        return self.entry(gpu_type, tp, mbs).source in ("measured", "sailor")
 
     def table(self, gpu_type: str, tp: int, mbs: int, intra_gbps: float) -> LayerTable:
         key = (gpu_type, tp, mbs, intra_gbps)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import product
+from itertools import combinations, product
 
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.tables import LayerTable
@@ -235,25 +235,39 @@ def enumerate_parts(
     *,
     mixed_orders: bool,
 ) -> Iterator[tuple[tuple[Template, int], ...]]:
-    """Homogeneous combinations (each class: one option or unused) and mixed
-    pipelines spanning every class, big-memory classes first (early stages keep
-    more activations under 1F1B) and, with ``mixed_orders``, the reverse too."""
-    per_class: list[list[tuple[Template, int] | None]] = []
-    for c, opts in zip(classes, options, strict=True):
+    """Homogeneous combinations (each class: one of its options, or unused),
+    then mixed pipelines over every subset of two or more classes (big-memory
+    classes first, since early stages keep more activations under 1F1B, and
+    with ``mixed_orders`` the reverse too) beside homogeneous pipelines of the
+    other classes. A class too small to hold the model alone (no options) can
+    still serve in mixed pipelines."""
+
+    def homogeneous(i: int, limit: int | None) -> list[tuple[Template, int] | None]:
         entries: list[tuple[Template, int] | None] = [None]
-        entries += [(Template(classes=(c.index,) * d), k) for d, k in opts]
-        per_class.append(entries)
-    for combo in product(*per_class):
+        opts = options[i] if limit is None else options[i][:limit]
+        entries += [(Template(classes=(classes[i].index,) * d), k) for d, k in opts]
+        return entries
+
+    for combo in product(*(homogeneous(i, None) for i in range(len(classes)))):
         parts = tuple(x for x in combo if x is not None)
         if parts:
             yield parts
-    if len(classes) < 2:
-        return
+    for size in range(2, len(classes) + 1):
+        for subset in combinations(range(len(classes)), size):
+            others = [i for i in range(len(classes)) if i not in subset]
+            rest = list(product(*(homogeneous(i, 2) for i in others)))
+            for mixed in _mixed([classes[i] for i in subset], mixed_orders):
+                for combo in rest:
+                    yield (mixed, *(x for x in combo if x is not None))
+
+
+def _mixed(classes: Sequence[DeviceClass], both_orders: bool) -> Iterator[tuple[Template, int]]:
     order = sorted(classes, key=lambda c: -c.mem_bytes)
-    orders = [order, order[::-1]] if mixed_orders else [order]
-    limit = min(c.num_groups for c in classes)
-    for k in range(1, limit + 1):
-        depths = [c.num_groups // k for c in order]
+    orders = [order, order[::-1]] if both_orders else [order]
+    for k in range(1, min(c.num_groups for c in classes) + 1):
+        depth = {c.index: c.num_groups // k for c in classes}
         for ordered in orders:
-            stages = tuple(c.index for c in ordered for _ in range(depths[order.index(c)]))
-            yield ((Template(classes=stages), k),)
+            yield (
+                Template(classes=tuple(c.index for c in ordered for _ in range(depth[c.index]))),
+                k,
+            )

@@ -121,9 +121,7 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
             _trim(homogeneous_options(c.num_groups, d)) if d else []
             for c, d in zip(ctx.classes, _min_depths(req, ctx), strict=True)
         ]
-        usable = [c for c, o in zip(ctx.classes, options, strict=True) if o]
-        opts = [o for o in options if o]
-        for parts in enumerate_parts(usable, opts, mixed_orders=True):
+        for parts in enumerate_parts(ctx.classes, options, mixed_orders=True):
             if sum(k for _, k in parts) > M:
                 continue
             lb = lower_bound_ms(

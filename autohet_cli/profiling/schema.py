@@ -5,9 +5,11 @@ length) and lists, per partitionable layer, forward/backward/optimizer-update
 milliseconds for one micro-batch on one GPU of the TP group, the parameters that
 GPU holds, the activation bytes it keeps for backward and the bytes the layer
 sends to the next stage. ``source`` says where numbers came from: ``measured``
-(autohet profile run), ``sailor`` (imported measurements) or ``analytic``
-(computed from the catalog). Measured and imported entries already include TP
-communication; analytic ones do not, and the cost model adds it.
+(autohet profile run), ``sailor`` (imported measurements), ``analytic``
+(computed from the catalog) or ``calibrated`` (analytic scaled per layer to the
+nearest measurement of the same GPU type; made at planning time, never stored).
+Measured, imported and calibrated entries already include TP communication;
+analytic ones do not, and the cost model adds it.
 
 We store parameter *counts* (``num_params``) rather than bytes, so that memory
 follows the training precision and optimizer chosen at plan time.
@@ -33,7 +35,7 @@ from autohet_cli.yamlio import (
 from autohet_cli.yamlio import field as get
 
 SCHEMA = "autohet.profile/v1"
-SOURCES = ("measured", "sailor", "analytic")
+SOURCES = ("measured", "sailor", "analytic", "calibrated")
 _LAYER_KEYS = ("fwd_ms", "bwd_ms", "update_ms", "num_params", "act_bytes", "output_bytes")
 
 

@@ -371,11 +371,6 @@ def test_missing_required_keys_are_named(path: str, where: str) -> None:
         plan_from_dict(d, WHERE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: plan_from_dict builds baselines with float(v), so a non-numeric baseline "
-    "raises a bare ValueError (no file or field named) instead of a ConfigError",
-)
 def test_a_non_numeric_baseline_is_named() -> None:
     d = plan_to_dict(make_plan())
     d["baselines"]["megatron-homogeneous"] = "n/a"
@@ -383,11 +378,6 @@ def test_a_non_numeric_baseline_is_named() -> None:
         plan_from_dict(d, WHERE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: pipeline_from_dict allows a 'predicted' key on a pipeline but drops it, "
-    "so a hand-written pipelines[i].predicted silently disappears on load",
-)
 def test_a_pipeline_level_predicted_key_is_not_silently_dropped() -> None:
     d = plan_to_dict(make_plan())
     d["pipelines"][0]["predicted"] = {"time_ms": 12.0}
