@@ -12,8 +12,9 @@ the cluster file's ``inter_node_gbps``): NVLink 3 on A100 is 600 GB/s both ways,
 i.e. 300 GB/s = 2400 Gbit/s each way; PCIe 4.0 x16 is about 256 Gbit/s.
 
 ``matmul_efficiency`` is the fraction of peak an analytic profile assumes a
-transformer layer reaches (large GEMMs reach 70-80%, the rest of a layer less);
-measured profiles replace it.
+transformer layer reaches. Large GEMMs reach 70-80%, a whole layer less; 0.5
+puts the cost model within ~10-20% of Megatron-LM's published A100 throughput
+(benchmarks/megatron_check.py). Measured profiles replace it.
 
 ``cpu`` is a group of CPU cores acting as one device, so that a localhost
 cluster can be planned, launched and tested on machines without GPUs; its
@@ -40,7 +41,7 @@ class GpuSpec:
     intra_node_gbps: float
     pcie_gbps: float
     nvlink: bool
-    matmul_efficiency: float = 0.6
+    matmul_efficiency: float = 0.5
     runtime_reserve_bytes: int = 2 * GIB
     description: str = ""
 

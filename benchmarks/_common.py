@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from autohet_cli.plan import Pipeline
@@ -13,16 +15,40 @@ from autohet_cli.plan import Pipeline
 T = TypeVar("T")
 
 
-def timed(fn: Callable[[], T], repeats: int) -> tuple[float, list[float], T]:
-    """Median wall time over ``repeats`` runs, all the times, and the last result."""
-    times = []
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    wall_s: list[float]
+    cpu_s: list[float]  # this process only: what other jobs on the machine do not inflate
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.wall_s)
+
+    @property
+    def median_cpu_s(self) -> float:
+        return statistics.median(self.cpu_s)
+
+    def spread(self) -> str:
+        return f"{min(self.wall_s):.2f}-{max(self.wall_s):.2f}" if len(self.wall_s) > 1 else "-"
+
+
+def timed(fn: Callable[[], T], repeats: int) -> tuple[Timing, T]:
+    """Wall and CPU time of ``repeats`` runs, and the last result."""
+    wall, cpu = [], []
     result: T | None = None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = fn()
-        times.append(time.perf_counter() - start)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     assert result is not None
-    return statistics.median(times), times, result
+    return Timing(wall_s=wall, cpu_s=cpu), result
+
+
+def machine() -> str:
+    """CPU count and load, so timings can be read against what else was running."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} CPUs, load average {load} (1/5/15 min)"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

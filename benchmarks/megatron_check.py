@@ -164,6 +164,7 @@ def main() -> None:
             rows.append(
                 (
                     f"{row.params_b}B",
+                    f"{model.num_params / 1e9:.2f}",
                     f"{row.tp}/{row.pp}/{row.num_gpus // (row.tp * row.pp)}",
                     row.num_gpus,
                     row.global_batch,
@@ -183,13 +184,14 @@ def main() -> None:
                 )
             )
     headers = (
-        "model", "t/p/d", "GPUs", "B", "mbs", "paper", "T_paper", "T_ours", "pipe", "sync",
+        "model", "zoo B", "t/p/d", "GPUs", "B", "mbs", "paper", "T_paper", "T_ours", "pipe", "sync",
         "optim", "tf96", "x96", "tf72", "x72", "mem", "fits",
     )  # fmt: skip
     print(table(headers, rows))
     print(
+        "\nzoo B: parameters of our zoo model (billions; the paper rounds 1.65 to 1.7)."
         "\nT in s/iteration; pipe/sync/optim: our breakdown (s); mem: peak GPU memory / 80 GiB."
         "\nmbs: the first row per model is the paper scripts' micro-batch size, the second 1."
         "\nOur memory model keeps every activation (no recomputation), so the paper's"
-        " micro-batch sizes do not fit in it; the real runs recomputed activations."
+        " micro-batch sizes may not fit in it (fits = NO); the real runs recomputed activations."
     )

@@ -17,12 +17,14 @@ from autohet_cli.planner.explain import explain_text, summary_json
 def estimate(
     plan_file: Annotated[str, typer.Argument(help="A plan YAML (autohet.plan/v1)")],
     cluster: Annotated[
-        str | None, typer.Option(help="[default: the cluster the plan names]")
+        str | None, typer.Option(help="Cluster file (default: the one the plan names)")
     ] = None,
     profile: Annotated[
-        list[str] | None, typer.Option(help="[default: the plan's profiles]")
+        list[str] | None, typer.Option(help="Profile file(s) (default: the plan's)")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="[default: the plan's model]")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Zoo model or config.json (default: the plan's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict a plan's iteration time, tokens/s and per-GPU memory."""

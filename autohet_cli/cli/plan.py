@@ -19,14 +19,16 @@ def plan(
     global_batch_size: Annotated[int, typer.Option(help="Samples per iteration", min=1)],
     cluster: Annotated[
         str | None,
-        typer.Option(help="Cluster YAML or hostfile [default: the embedded localhost cluster]"),
+        typer.Option(help="Cluster YAML or hostfile (default: the embedded localhost cluster)"),
     ] = None,
     profile: Annotated[
         list[str] | None,
         typer.Option(help="Profile file(s); analytic estimates fill what they lack"),
     ] = None,
-    seq_len: Annotated[int | None, typer.Option(help="[default: the model's]")] = None,
-    name: Annotated[str | None, typer.Option(help="Plan name [default: cluster name]")] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Tokens per sample (default: the model's)")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Plan name (default: cluster name)")] = None,
     out_dir: Annotated[str, typer.Option(help="Where plans/<name>.v<N>.yaml go")] = "plans",
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
