@@ -111,7 +111,9 @@ class CostTables:
             seq_len=self.training.seq_len,
         )
         found = self.profile.entry(key)
-        if found is not None:
+        # A measurement at another precision (fp32 on a CPU, say) does not time
+        # a bf16 run; it can still anchor a calibrated estimate below.
+        if found is not None and found.dtype == self.training.precision:
             return found
         estimate = self._analytic(gpu_type, tp, mbs)
         anchor = self._nearest_measured(key)

@@ -33,6 +33,9 @@ PURE_MODULES = (
     "autohet_cli.profiling.schema",
     "autohet_cli.profiling.analytic",
     "autohet_cli.profiling.sailor",
+    "autohet_cli.profiling.measure",
+    "autohet_cli.settings",
+    "autohet_cli.inputs",
 )
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner")
 

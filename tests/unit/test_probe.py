@@ -1,0 +1,417 @@
+"""The probe measures this CPU; its result becomes a measured profile the planner uses.
+
+The probe is copied alone to a scratch directory and run as a script, as
+``autohet profile run`` does on a remote host, once per module (a few seconds).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autohet_cli.cluster import load_cluster
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import ProfileError
+from autohet_cli.models import ModelSpec, get_model
+from autohet_cli.planner.api import make_plan
+from autohet_cli.profiling import probe
+from autohet_cli.profiling.measure import layer_shapes, profile_from_probe, spec_for
+from autohet_cli.profiling.schema import Profile, profile_from_dict, profile_to_dict
+from autohet_cli.settings import TrainingSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "autohet_cli" / "profiling" / "probe.py"
+LOCALHOST = ROOT / "profiles" / "clusters" / "localhost.yaml"
+TINY = get_model("gpt-tiny")
+SEQ = 64
+TPS, MBSS = (1, 2), (1, 2, 8)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("probe")
+    shutil.copy(PROBE, work / "probe.py")
+    # One thread per device, as the localhost cluster's two `cpu` devices share two cores.
+    spec = spec_for(TINY, SEQ, TPS, MBSS, cpu_threads=1, time_budget_s=8)
+    (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-I", "probe.py", "--spec", "spec.json", "--out", "result.json"],
+        cwd=work,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "tp 2 mbs 8 block" in proc.stderr  # progress lines
+    out: dict[str, Any] = json.loads((work / "result.json").read_text(encoding="utf-8"))
+    return out
+
+
+def _layer(result: dict[str, Any], tp: int, mbs: int, kind: str) -> dict[str, Any]:
+    (run,) = (r for r in result["runs"] if r["tp"] == tp and r["mbs"] == mbs)
+    assert run["status"] == "ok", run
+    layer: dict[str, Any] = run["layers"][kind]
+    return layer
+
+
+# --- the probe itself -------------------------------------------------------------------------
+
+
+def test_probe_imports_only_the_standard_library_and_torch() -> None:
+    tree = ast.parse(PROBE.read_text(encoding="utf-8"))
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import in the probe"
+            modules.add((node.module or "").split(".")[0])
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    assert modules <= allowed, f"the probe must stay self-contained: {modules - allowed}"
+
+
+def test_result_describes_the_host_and_the_cpu_device(result: dict[str, Any]) -> None:
+    assert result["schema"] == probe.RESULT_SCHEMA and result["probe_version"]
+    host = result["host"]
+    assert host["hostname"] and host["python"] and host["torch"] and host["cpu_count"] >= 1
+    assert result["gpus"] == [] and result["dtype"] == "fp32"
+    device = result["device"]
+    assert device["type"] == "cpu" and device["name"] == "cpu" and device["threads"] == 1
+    assert 0 < device["mem_bytes"] <= 8 << 30 and device["cores"] >= 1
+    assert result["matmul"]["tflops"] > 0 and result["mem_bandwidth"]["gbytes_s"] > 0
+
+
+def test_every_combination_ran_with_positive_times(result: dict[str, Any]) -> None:
+    assert [(r["tp"], r["mbs"]) for r in result["runs"]] == [(t, m) for t in TPS for m in MBSS]
+    for run in result["runs"]:
+        assert run["status"] == "ok", run
+        assert set(run["layers"]) == {"embedding", "block", "head"}
+        for kind, layer in run["layers"].items():
+            assert layer["repeat"] >= 1
+            assert layer["fwd_ms"] > 0 and layer["bwd_ms"] > 0, (run["tp"], run["mbs"], kind)
+            assert layer["fwd_ms"] == pytest.approx(layer["compute_fwd_ms"] + layer["comm_fwd_ms"])
+            assert layer["bwd_ms"] == pytest.approx(layer["compute_bwd_ms"] + layer["comm_bwd_ms"])
+    for tp in TPS:
+        for kind in ("embedding", "block", "head"):
+            assert result["update"][str(tp)][kind]["status"] == "ok"
+            assert result["update"][str(tp)][kind]["ms"] > 0
+
+
+def test_backward_takes_longer_than_forward(result: dict[str, Any]) -> None:
+    # Summed over micro-batch sizes, so one noisy sample cannot decide it.
+    for tp in TPS:
+        for kind in ("block", "head"):
+            fwd = sum(_layer(result, tp, m, kind)["compute_fwd_ms"] for m in MBSS)
+            bwd = sum(_layer(result, tp, m, kind)["compute_bwd_ms"] for m in MBSS)
+            assert bwd > 0.8 * fwd, (tp, kind, fwd, bwd)
+
+
+def test_time_and_activations_grow_with_the_micro_batch(result: dict[str, Any]) -> None:
+    for tp in TPS:
+        small, big = _layer(result, tp, 1, "block"), _layer(result, tp, 8, "block")
+        t_small = small["compute_fwd_ms"] + small["compute_bwd_ms"]
+        t_big = big["compute_fwd_ms"] + big["compute_bwd_ms"]
+        assert t_big > 1.2 * t_small, (tp, t_small, t_big)  # 8x the tokens
+        for kind in ("embedding", "block", "head"):
+            act = [_layer(result, tp, m, kind)["act_bytes"] for m in MBSS]
+            assert 0 < act[0] < act[1] < act[2], (tp, kind, act)
+        assert big["output_bytes"] == 8 * SEQ * TINY.hidden_size * 4
+
+
+def test_parameters_and_activations_split_across_tp_ranks(result: dict[str, Any]) -> None:
+    layers = {layer.kind: layer for layer in TINY.layers()}
+    for kind in ("embedding", "block", "head"):
+        # At TP 1 the shard is the whole layer, exactly as the model zoo counts it.
+        assert _layer(result, 1, 1, kind)["num_params"] == layers[kind].num_params
+    one, two = _layer(result, 1, 2, "block"), _layer(result, 2, 2, "block")
+    # Norms and row-parallel biases stay whole: a little over half.
+    assert one["num_params"] / 2 <= two["num_params"] <= 0.52 * one["num_params"]
+    assert two["act_bytes"] < one["act_bytes"]
+    # The TP all-reduces were measured between two local gloo processes.
+    comm = result["tp_comm"]["2"]
+    assert comm["method"] == "gloo_allreduce", comm["note"]
+    assert two["comm_fwd_ms"] > 0 and two["comm_bwd_ms"] > 0 and one["comm_fwd_ms"] == 0
+
+
+def test_spec_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = spec_for(TINY, SEQ, [1], [1])
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"seq_len": 0}, "spec.seq_len"),
+        ({"tensor_parallel": []}, "spec.tensor_parallel"),
+        ({"micro_batch_sizes": [1, "2"]}, "spec.micro_batch_sizes[1]"),
+        ({"dtype": "int8"}, "spec.dtype"),
+        ({"time_budget_s": -1}, "spec.time_budget_s"),
+        ({"colour": "blue"}, "unknown key"),
+        ({"layers": {"block": {"hidden_size": 64}}}, "spec.layers.block: missing"),
+    ]
+    for change, field in cases:
+        with pytest.raises(probe.SpecError, match=field.replace("[", r"\[")):
+            probe.check_spec({**good, **change})
+    bad = tmp_path / "spec.json"
+    bad.write_text(json.dumps({**good, "schema": "nope"}), encoding="utf-8")
+    assert probe.main(["--spec", str(bad), "--out", str(tmp_path / "r.json")]) == 2
+    assert "spec.schema" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_what_cannot_fit_is_reported_as_oom_not_run() -> None:
+    # A vocabulary no CPU device holds: predicted, so nothing is allocated.
+    huge = ModelSpec(
+        name="huge-vocab",
+        family="gpt2",
+        num_blocks=1,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=256,
+        vocab_size=1 << 30,
+        num_positions=64,
+    )
+    spec = spec_for(huge, 16, [1], [1], cpu_threads=1, time_budget_s=2, comm="copy")
+    out = probe.run(spec)
+    (run,) = out["runs"]
+    assert run["status"] == "oom" and "embedding" in run["reason"]
+    assert run["layers"]["block"]["status"] == "ok"
+    assert out["update"]["1"]["embedding"]["status"] == "oom"
+    profile = profile_from_probe(huge, out, host="localhost")
+    assert not profile.entries and "cpu" in profile.devices
+    assert any("oom" in note for note in profile.meta["history"][0]["notes"])
+
+
+_LLAMA_MINI = ModelSpec(
+    name="llama-mini",
+    family="llama",
+    num_blocks=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_hidden_size=128,
+    vocab_size=128,
+    gated_mlp=True,
+    bias=False,
+    norm="rmsnorm",
+    tied_embeddings=False,
+    separate_final_norm=True,
+)
+_OPT_MINI = ModelSpec(
+    name="opt-mini",
+    family="opt",
+    num_blocks=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=4,
+    ffn_hidden_size=256,
+    vocab_size=128,
+    num_positions=18,
+    embed_proj_dim=32,
+    final_norm=False,
+)
+
+
+@pytest.mark.parametrize("model", [_LLAMA_MINI, _OPT_MINI], ids=lambda m: m.name)
+def test_other_layer_shapes_measure_with_exact_parameter_counts(model: ModelSpec) -> None:
+    # Rotary, grouped KV heads, SwiGLU, RMSNorm, a separate final norm; OPT's projections.
+    spec = spec_for(model, 16, [1, 2], [1], cpu_threads=1, time_budget_s=2, comm="copy")
+    out = probe.run(spec)
+    assert all(r["status"] == "ok" for r in out["runs"]), out["runs"]
+    assert "estimated as a ring all-reduce" in out["tp_comm"]["2"]["note"]
+    profile = profile_from_probe(model, out, host="localhost")
+    by_tp = {k.tensor_parallel: e for k, e in profile.entries.items()}
+    assert [lt.num_params for lt in by_tp[1].layers] == [ly.num_params for ly in model.layers()]
+    for one, two, layer in zip(by_tp[1].layers, by_tp[2].layers, model.layers(), strict=True):
+        assert len(by_tp[2].layers) == model.num_layers
+        if layer.kind == "norm":
+            assert two.num_params == one.num_params
+        else:
+            assert two.num_params < one.num_params
+
+
+def test_shard_problems_are_skipped_with_a_reason() -> None:
+    block = layer_shapes(TINY)["block"]
+    assert probe.shard_problem("block", block, 2) is None
+    assert "heads" in str(probe.shard_problem("block", block, 3))
+    assert probe.shard_problem("head", layer_shapes(TINY)["head"], 3) is None
+
+
+def test_out_of_memory_errors_are_recognised() -> None:
+    assert probe._is_oom(MemoryError())
+    assert probe._is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
+    assert probe._is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not probe._is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+# --- the measured profile ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured(result: dict[str, Any]) -> Profile:
+    return profile_from_probe(TINY, result, host="localhost")
+
+
+def test_profile_has_every_layer_of_every_combination(
+    measured: Profile, result: dict[str, Any]
+) -> None:
+    assert len(measured.entries) == len(TPS) * len(MBSS)
+    kinds = [layer.kind for layer in TINY.layers()]
+    for key, entry in measured.entries.items():
+        assert (key.model, key.gpu_type, key.seq_len) == (TINY.name, "cpu", SEQ)
+        assert entry.source == "measured" and entry.dtype == "fp32"
+        assert len(entry.layers) == TINY.num_layers
+        for kind, timing in zip(kinds, entry.layers, strict=True):
+            raw = _layer(result, key.tensor_parallel, key.micro_batch_size, kind)
+            assert timing.fwd_ms == raw["fwd_ms"] and timing.bwd_ms == raw["bwd_ms"]
+            assert timing.num_params == raw["num_params"]
+            assert timing.act_bytes == raw["act_bytes"]
+            upd = result["update"][str(key.tensor_parallel)][kind]["ms"]
+            assert timing.update_ms == upd
+    device = measured.devices["cpu"]
+    assert device.source == "measured"
+    assert device.matmul_tflops == result["matmul"]["tflops"]
+    assert device.mem_bytes == result["device"]["mem_bytes"]
+
+
+def test_profile_meta_records_host_time_and_versions(measured: Profile) -> None:
+    meta = measured.meta
+    assert meta["source"] == "measured" and meta["hosts"] == ["localhost"]
+    assert meta["created"].endswith("+00:00") and meta["probe_version"] == probe.PROBE_VERSION
+    assert meta["software"]["torch"] and meta["software"]["python"]
+    notes = meta["history"][0]["notes"]
+    assert any("gloo" in n for n in notes) and any("thread" in n for n in notes)
+
+
+def test_profile_round_trips_through_the_artifact(measured: Profile) -> None:
+    again = profile_from_dict(profile_to_dict(measured), "measured.yaml")
+    assert profile_to_dict(again) == profile_to_dict(measured)
+    assert again.entries == measured.entries and again.devices == measured.devices
+
+
+def test_update_time_is_estimated_where_adam_did_not_run(result: dict[str, Any]) -> None:
+    partial = copy.deepcopy(result)
+    partial["update"]["1"]["block"] = {"status": "oom", "reason": "MemoryError"}
+    profile = profile_from_probe(TINY, partial, host="h")
+    entry = next(e for k, e in profile.entries.items() if k.tensor_parallel == 1)
+    block = entry.layers[1]
+    bandwidth = result["mem_bandwidth"]["gbytes_s"] * 1e9
+    assert block.update_ms == pytest.approx(block.num_params * 30 / bandwidth * 1e3)
+    assert any("estimated" in n for n in profile.meta["history"][0]["notes"])
+
+
+def _set(doc: dict[str, Any], path: list[Any], value: Any) -> None:
+    for part in path[:-1]:
+        doc = doc[part]
+    if value is _DELETE:
+        del doc[path[-1]]
+    else:
+        doc[path[-1]] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (["schema"], "autohet.probe-result/v0", "schema"),
+        (["dtype"], "int8", "dtype"),
+        (["runs", 0, "layers", "block", "fwd_ms"], _DELETE, "runs[0].layers.block.fwd_ms"),
+        (["runs", 1, "layers", "head", "bwd_ms"], -1.0, "runs[1].layers.head.bwd_ms"),
+        (["runs", 2, "layers", "block", "num_params"], 1.5, "runs[2].layers.block.num_params"),
+        (["runs", 0, "layers"], {"block": {}}, "runs[0].layers.embedding"),
+        (["runs", 0, "tp"], 0, "runs[0].tp"),
+        (["runs"], {}, "runs"),
+        (["device", "mem_bytes"], "lots", "device.mem_bytes"),
+        (["device", "type"], "tpu", "device.type"),
+        (["device"], {"type": "cuda", "name": "Voodoo 5", "mem_bytes": 1}, "device.name"),
+        (["matmul", "tflops"], float("nan"), "matmul.tflops"),
+        (["mem_bandwidth"], _DELETE, "mem_bandwidth"),
+        (["spec", "model"], "gpt-small", "spec.model"),
+        (["spec", "layers", "block", "hidden_size"], 65, "spec.layers"),
+    ],
+)
+def test_malformed_results_name_host_and_field(
+    result: dict[str, Any], path: list[Any], value: Any, field: str
+) -> None:
+    bad = copy.deepcopy(result)
+    _set(bad, path, value)
+    with pytest.raises(ProfileError) as err:
+        profile_from_probe(TINY, bad, host="gpu-7")
+    message = str(err.value)
+    assert message.startswith("probe result from gpu-7: ") and field in message, message
+
+
+def test_a_second_run_of_the_same_combination_is_rejected(result: dict[str, Any]) -> None:
+    bad = copy.deepcopy(result)
+    bad["runs"].append(bad["runs"][0])
+    with pytest.raises(ProfileError, match="a second run of tp 1 mbs 1"):
+        profile_from_probe(TINY, bad, host="h")
+
+
+def test_a_gpu_name_becomes_its_canonical_type(result: dict[str, Any]) -> None:
+    gpu = copy.deepcopy(result)
+    gpu["device"] = {"type": "cuda", "name": "NVIDIA A100-SXM4-40GB", "mem_bytes": 40 << 30}
+    profile = profile_from_probe(TINY, gpu, host="a100-0")
+    assert set(profile.devices) == {"A100-40"}
+    assert {k.gpu_type for k in profile.entries} == {"A100-40"}
+
+
+def test_spec_for_rejects_nonsense() -> None:
+    with pytest.raises(ProfileError, match="seq_len"):
+        spec_for(TINY, 0, [1], [1])
+    with pytest.raises(ProfileError, match="tensor_parallel"):
+        spec_for(TINY, SEQ, [], [1])
+    with pytest.raises(ProfileError, match="micro_batch_sizes"):
+        spec_for(TINY, SEQ, [1], [0])
+    with pytest.raises(ProfileError, match="dtype"):
+        spec_for(TINY, SEQ, [1], [1], "int4")
+    llama = spec_for(get_model("LLaMA-3-8B"), 8192, [1, 2], [1], dtype="bf16")
+    assert set(llama["layers"]) == {"embedding", "block", "norm", "head"}
+    assert llama["layers"]["block"]["rotary"] and llama["layers"]["block"]["gated_mlp"]
+    assert not llama["layers"]["head"]["final_norm"]
+    probe.check_spec(llama)
+
+
+# --- planning with it -------------------------------------------------------------------------
+
+
+def test_localhost_plan_uses_the_measured_costs(measured: Profile) -> None:
+    cluster = load_cluster(LOCALHOST)
+    # A global batch of 2 keeps the planner to micro-batch sizes 1 and 2, both measured.
+    training = TrainingSettings(
+        global_batch_size=2, micro_batch_size=1, seq_len=SEQ, precision="fp32"
+    )
+    tables = CostTables(TINY, measured, training)
+    outcome = make_plan(
+        name="localhost",
+        cluster=cluster,
+        model=TINY,
+        tables=tables,
+        global_batch_size=2,
+        time_limit_s=20,
+        with_baselines=False,
+    )
+    plan = outcome.plan
+    tp, mbs = plan.tensor_parallel, plan.training.micro_batch_size
+    assert plan.prediction is not None and plan.prediction.iteration_time_s > 0
+    stages = [s for p in plan.pipelines for s in p.stages]
+    assert stages
+    for stage in stages:
+        assert stage.gpu_type == "cpu" and tables.is_measured("cpu", tp, mbs)
+        entry = tables.entry("cpu", tp, mbs)
+        assert entry.source == "measured"
+        layers = entry.layers[stage.layer_start : stage.layer_end]
+        assert stage.predicted is not None
+        assert stage.predicted.fwd_ms == pytest.approx(sum(lt.fwd_ms for lt in layers))
+        assert stage.predicted.bwd_ms == pytest.approx(sum(lt.bwd_ms for lt in layers))
+    assert math.isfinite(plan.prediction.tokens_per_s)
