@@ -30,3 +30,60 @@ class PlanError(AutohetError):
 
 class InfeasibleError(AutohetError):
     """No plan satisfies the constraints; the message names the shortfall."""
+
+
+class TransportError(AutohetError):
+    """Running a command or moving a file on a host failed (names the host)."""
+
+    def __init__(self, message: str, *, host: str | None = None) -> None:
+        super().__init__(message)
+        self.host = host
+
+
+class HostUnreachable(TransportError):
+    """No SSH session could be opened: DNS failure, connection refused, no route."""
+
+
+class ConnectTimeout(HostUnreachable):
+    """The host did not answer (TCP connect or SSH banner) within the connect timeout."""
+
+
+class HostKeyError(TransportError):
+    """The host's key is unknown (and not accepted) or has changed since it was recorded."""
+
+
+class AuthError(TransportError):
+    """The host refused our keys (or a key file is missing or encrypted)."""
+
+
+class CommandTimeout(TransportError):
+    """A command ran past its timeout; it was killed (with its process group)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        host: str | None = None,
+        timeout_s: float = 0.0,
+        stdout: str = "",
+        stderr: str = "",
+    ) -> None:
+        super().__init__(message, host=host)
+        self.timeout_s = timeout_s
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CommandFailed(TransportError):
+    """A command exited non-zero where success was required."""
+
+    def __init__(
+        self, message: str, *, host: str | None = None, exit_code: int, stderr: str = ""
+    ) -> None:
+        super().__init__(message, host=host)
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class SessionsExhausted(TransportError):
+    """An SSH connection already has as many sessions open as sshd allows (MaxSessions)."""

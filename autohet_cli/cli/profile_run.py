@@ -1,0 +1,142 @@
+"""`autohet profile run`: measure the GPUs of a cluster over SSH and write a profile."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autohet_cli.cluster import load_cluster
+from autohet_cli.errors import ConfigError, ProfileError
+from autohet_cli.models import get_model
+from autohet_cli.profiling.run import ProfileRunRequest, ProfileRunResult, run_profiling
+from autohet_cli.profiling.schema import load_profile, save_profile
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
+def run(
+    cluster: Annotated[Path, typer.Argument(help="Cluster YAML or hostfile")],
+    model: Annotated[str, typer.Option(help="Zoo model or HF config.json to time")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Profile to write; an existing one is merged "
+            "into (new measurements win, other types kept)"
+        ),
+    ] = Path("profiles/measured.yaml"),
+    tp: Annotated[str, typer.Option(help="TP degrees to time, e.g. 1,2,4,8")] = "1,2,4,8",
+    micro_batch_sizes: Annotated[str, typer.Option(help="e.g. 1,2,4")] = "1,2,4",
+    seq_len: Annotated[
+        int | None, typer.Option(help="Tokens per sample (default: the model's)")
+    ] = None,
+    hosts: Annotated[str | None, typer.Option(help="Only these hosts, e.g. a100-0,v100-0")] = None,
+    all_hosts: Annotated[
+        bool, typer.Option(help="Measure every host, not one per GPU type")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds per host for the measurement")] = 900.0,
+    accept_new_host_keys: Annotated[
+        bool,
+        typer.Option(
+            help="Trust and record host keys seen for the first time (like ssh's accept-new); "
+            "a changed key is always refused"
+        ),
+    ] = False,
+    known_hosts: Annotated[
+        Path | None, typer.Option(help="known_hosts file (default: ~/.ssh/known_hosts)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Measure each GPU type of CLUSTER over SSH (localhost runs locally) for MODEL.
+
+    Copies a small probe to one host per GPU type, times the model's layers at each
+    TP degree and micro-batch size that fits, measures matmul TFLOP/s and memory
+    bandwidth, and writes a profile that `autohet plan --profile` reads.
+    """
+    spec = get_model(model)
+    req = ProfileRunRequest(
+        cluster=load_cluster(cluster),
+        model=spec,
+        seq_len=seq_len or spec.default_seq_len,
+        tps=_ints(tp, "--tp"),
+        micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"),
+        hosts=[h for h in (hosts or "").split(",") if h],
+        all_hosts=all_hosts,
+        timeout_s=timeout,
+        known_hosts=known_hosts,
+        accept_new_host_keys=accept_new_host_keys,
+    )
+    result = _with_live_view(req, enabled=not as_json)
+    if result.profile is None:
+        raise ProfileError(
+            "no host could be profiled: " + "; ".join(f"{o.host}: {o.error}" for o in result.failed)
+        )
+    merged = load_profile(out).merged_with(result.profile) if out.exists() else result.profile
+    save_profile(merged, out, overwrite=True)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "profile_path": str(out),
+                    "hosts": {
+                        o.host: {
+                            "ok": o.error is None,
+                            "seconds": round(o.seconds, 3),
+                            "error": o.error,
+                        }
+                        for o in result.outcomes
+                    },
+                }
+            )
+        )
+    else:
+        for o in result.failed:
+            typer.secho(f"{o.host}: {o.error}", fg=typer.colors.RED, err=True)
+        typer.echo(
+            f"wrote {out}: {len(result.outcomes) - len(result.failed)} host(s) measured, "
+            f"{len(result.failed)} failed"
+        )
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def _with_live_view(req: ProfileRunRequest, *, enabled: bool) -> ProfileRunResult:
+    """One row per host (status, last line, seconds) while the probes run."""
+    rows: dict[str, tuple[str, float]] = {}
+    lock = threading.Lock()
+    start = time.monotonic()
+
+    def on_event(host: str, what: str) -> None:
+        with lock:
+            rows[host] = (what, time.monotonic() - start)
+
+    def render() -> Table:
+        table = Table(title=f"profiling {req.model.name} on {req.cluster.name}")
+        for col in ("host", "status", "s"):
+            table.add_column(col)
+        with lock:
+            for host, (what, at) in sorted(rows.items()):
+                table.add_row(host, what, f"{at:.0f}")
+        return table
+
+    if not enabled:
+        return run_profiling(req)
+    with Live(
+        get_renderable=render, console=Console(stderr=True), refresh_per_second=4, transient=False
+    ):
+        return run_profiling(req, on_event)

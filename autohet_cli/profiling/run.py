@@ -1,0 +1,194 @@
+"""``autohet profile run``: ship the probe to hosts over the transport, collect profiles.
+
+Effects live here (SSH, files on hosts); the conversion of what the probe
+prints into profile entries is pure (measure.py). One host per GPU type is
+measured unless ``all_hosts``: same type, same numbers. Each host runs in its
+own thread of a bounded pool, so a dead host costs its timeout, not the run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from autohet_cli.cluster import Cluster, Host
+from autohet_cli.errors import AutohetError, ConfigError, ProfileError
+from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.measure import profile_from_probe, spec_for
+from autohet_cli.profiling.schema import Profile
+from autohet_cli.transport.fanout import fan_out, runner_for
+
+PROBE = Path(__file__).with_name("probe.py")
+Event = Callable[[str, str], None]  # (host, what is happening)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileRunRequest:
+    cluster: Cluster
+    model: ModelSpec
+    seq_len: int
+    tps: Sequence[int] = (1, 2, 4, 8)
+    micro_batch_sizes: Sequence[int] = (1, 2, 4)
+    hosts: Sequence[str] = ()  # empty: choose
+    all_hosts: bool = False
+    timeout_s: float = 900.0
+    connect_timeout_s: float = 10.0
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    max_parallel: int = 8
+    time_budget_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostOutcome:
+    host: str
+    gpu_type: str
+    seconds: float
+    profile: Profile | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileRunResult:
+    profile: Profile | None
+    outcomes: tuple[HostOutcome, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> list[HostOutcome]:
+        return [o for o in self.outcomes if o.error is not None]
+
+
+def select_hosts(cluster: Cluster, names: Sequence[str], all_hosts: bool) -> list[Host]:
+    """The hosts to measure: the named ones, or every host, or per GPU type the
+    host with the most GPUs (so TP all-reduces can be measured at every degree)."""
+    if names:
+        known = {h.name for h in cluster.hosts}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ConfigError(
+                f"--hosts: {', '.join(unknown)} not in cluster {cluster.name!r} "
+                f"(hosts: {', '.join(sorted(known))})"
+            )
+        return [h for h in cluster.hosts if h.name in names]
+    if all_hosts:
+        return list(cluster.hosts)
+    best: dict[str, Host] = {}
+    for h in cluster.hosts:
+        if h.gpu_type not in best or h.num_gpus > best[h.gpu_type].num_gpus:
+            best[h.gpu_type] = h
+    return list(best.values())
+
+
+def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> ProfileRunResult:
+    note = on_event or (lambda _h, _m: None)
+    hosts = select_hosts(req.cluster, req.hosts, req.all_hosts)
+
+    def one(host: Host) -> HostOutcome:
+        start = time.monotonic()
+        try:
+            prof = profile_host(host, req, lambda msg: note(host.name, msg))
+        except AutohetError as exc:
+            note(host.name, f"failed: {exc}")
+            return HostOutcome(
+                host=host.name,
+                gpu_type=host.gpu_type,
+                seconds=time.monotonic() - start,
+                error=str(exc),
+            )
+        note(host.name, "done")
+        return HostOutcome(
+            host=host.name, gpu_type=host.gpu_type, seconds=time.monotonic() - start, profile=prof
+        )
+
+    results = fan_out(hosts, one, max_workers=req.max_parallel)
+    outcomes = []
+    for h in hosts:
+        got = results[h.name]
+        if isinstance(got, Exception):  # a bug, not a host problem: keep the others
+            got = HostOutcome(
+                host=h.name, gpu_type=h.gpu_type, seconds=0.0, error=f"{type(got).__name__}: {got}"
+            )
+        outcomes.append(got)
+    return ProfileRunResult(profile=combine(outcomes), outcomes=tuple(outcomes))
+
+
+def combine(outcomes: Sequence[HostOutcome]) -> Profile | None:
+    """Merge per-host profiles; meta lists every host measured and every failure."""
+    merged: Profile | None = None
+    for o in outcomes:
+        if o.profile is not None:
+            merged = o.profile if merged is None else merged.merged_with(o.profile)
+    if merged is None:
+        return None
+    meta = dict(merged.meta)
+    meta["hosts"] = sorted(o.host for o in outcomes if o.profile is not None)
+    meta["unreachable"] = {o.host: o.error for o in outcomes if o.error is not None}
+    return replace(merged, meta=meta)
+
+
+def python_for(host: Host) -> str:
+    """The interpreter on a host; a local host with the default name runs ours,
+    which has torch (the system python3 usually has not)."""
+    if host.is_local and host.python in ("python3", "python"):
+        return sys.executable
+    return host.python
+
+
+def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None]) -> Profile:
+    """Copy the probe and its spec to ``host``, run it, bring the result back."""
+    tps = [t for t in req.tps if t <= host.num_gpus] or [1]
+    spec = spec_for(
+        req.model,
+        req.seq_len,
+        tps,
+        req.micro_batch_sizes,
+        time_budget_s=req.time_budget_s,
+        cpu_threads=1 if host.gpu_type == "cpu" and host.num_gpus > 1 else None,
+    )
+    say("connecting")
+    with (
+        runner_for(
+            host,
+            known_hosts=req.known_hosts,
+            accept_new_host_keys=req.accept_new_host_keys,
+            connect_timeout_s=req.connect_timeout_s,
+        ) as runner,
+        tempfile.TemporaryDirectory(prefix="autohet-probe-") as tmp,
+    ):
+        home = runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
+        workdir = (
+            host.workdir.replace("~", home, 1) if host.workdir.startswith("~") else (host.workdir)
+        )
+        remote = f"{workdir.rstrip('/')}/profile-{uuid.uuid4().hex[:8]}"
+        runner.run(["mkdir", "-p", remote], timeout_s=30).check()
+        local_spec = Path(tmp) / "spec.json"
+        local_spec.write_text(json.dumps(spec), encoding="utf-8")
+        say("copying the probe")
+        runner.put(PROBE, f"{remote}/probe.py")
+        runner.put(local_spec, f"{remote}/spec.json")
+        say("measuring")
+        argv = [
+            python_for(host),
+            f"{remote}/probe.py",
+            "--spec",
+            f"{remote}/spec.json",
+            "--out",
+            f"{remote}/result.json",
+        ]
+        runner.run(
+            argv, timeout_s=req.timeout_s, on_line=lambda _stream, line: say(line[-80:])
+        ).check()
+        local_out = Path(tmp) / "result.json"
+        runner.get(f"{remote}/result.json", local_out)
+        runner.run(["rm", "-rf", remote], timeout_s=30)
+        try:
+            result = json.loads(local_out.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"host {host.name}: probe wrote invalid JSON: {exc}") from None
+    return profile_from_probe(req.model, result, host=host.name)
