@@ -101,10 +101,15 @@ def run(
                         }
                         for o in result.outcomes
                     },
+                    "network": result.profile.meta.get("network", []),
                 }
             )
         )
     else:
+        for link in result.profile.meta.get("network", []):
+            pair = " <-> ".join(link["hosts"])
+            figure = f"{link['gbps']} Gbit/s" if "gbps" in link else f"failed: {link['error']}"
+            typer.echo(f"network {pair}: {figure}")
         for o in result.failed:
             typer.secho(f"{o.host}: {o.error}", fg=typer.colors.RED, err=True)
         typer.echo(

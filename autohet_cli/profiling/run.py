@@ -22,6 +22,7 @@ from autohet_cli.errors import AutohetError, ConfigError, ProfileError
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.measure import profile_from_probe, spec_for
 from autohet_cli.profiling.schema import Profile
+from autohet_cli.transport.base import Runner
 from autohet_cli.transport.fanout import fan_out, runner_for
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -43,6 +44,8 @@ class ProfileRunRequest:
     accept_new_host_keys: bool = False
     max_parallel: int = 8
     time_budget_s: float | None = None
+    measure_network: bool = True
+    base_port: int = 29611
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,7 +118,36 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
                 host=h.name, gpu_type=h.gpu_type, seconds=0.0, error=f"{type(got).__name__}: {got}"
             )
         outcomes.append(got)
-    return ProfileRunResult(profile=combine(outcomes), outcomes=tuple(outcomes))
+    profile = combine(outcomes)
+    if profile is not None and req.measure_network:
+        ok = [h for h, o in zip(hosts, outcomes, strict=True) if o.error is None]
+        links = measure_links(ok, req, note)
+        if links:
+            profile = replace(profile, meta={**profile.meta, "network": links})
+    return ProfileRunResult(profile=profile, outcomes=tuple(outcomes))
+
+
+def link_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
+    """Every pair on small clusters; a ring of neighbours on big ones."""
+    if len(hosts) <= 4:
+        return [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1 :]]
+    return [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]
+
+
+def measure_links(
+    hosts: Sequence[Host], req: ProfileRunRequest, note: Event
+) -> list[dict[str, object]]:
+    """Inter-host Gbit/s per pair, one pair at a time so links do not contend."""
+    out: list[dict[str, object]] = []
+    for i, (a, b) in enumerate(link_pairs(hosts)):
+        note(a.name, f"bandwidth to {b.name}")
+        try:
+            gbps = measure_link(a, b, req, port=req.base_port + i)
+        except AutohetError as exc:
+            out.append({"hosts": [a.name, b.name], "error": str(exc)})
+            continue
+        out.append({"hosts": [a.name, b.name], "gbps": round(gbps, 3)})
+    return out
 
 
 def combine(outcomes: Sequence[HostOutcome]) -> Profile | None:
@@ -130,6 +162,14 @@ def combine(outcomes: Sequence[HostOutcome]) -> Profile | None:
     meta["hosts"] = sorted(o.host for o in outcomes if o.profile is not None)
     meta["unreachable"] = {o.host: o.error for o in outcomes if o.error is not None}
     return replace(merged, meta=meta)
+
+
+def remote_workdir(runner: Runner, host: Host) -> str:
+    """The host's workdir with a leading ``~`` expanded on that host."""
+    if not host.workdir.startswith("~"):
+        return host.workdir
+    home = runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
+    return home + host.workdir[1:]
 
 
 def python_for(host: Host) -> str:
@@ -161,10 +201,7 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
         ) as runner,
         tempfile.TemporaryDirectory(prefix="autohet-probe-") as tmp,
     ):
-        home = runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
-        workdir = (
-            host.workdir.replace("~", home, 1) if host.workdir.startswith("~") else (host.workdir)
-        )
+        workdir = remote_workdir(runner, host)
         remote = f"{workdir.rstrip('/')}/profile-{uuid.uuid4().hex[:8]}"
         runner.run(["mkdir", "-p", remote], timeout_s=30).check()
         local_spec = Path(tmp) / "spec.json"
@@ -192,3 +229,48 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
         except json.JSONDecodeError as exc:
             raise ProfileError(f"host {host.name}: probe wrote invalid JSON: {exc}") from None
     return profile_from_probe(req.model, result, host=host.name)
+
+
+NETPROBE = Path(__file__).with_name("netprobe.py")
+
+
+def measure_link(a: Host, b: Host, req: ProfileRunRequest, port: int) -> float:
+    """Gbit/s of a two-rank all-reduce between hosts ``a`` (rank 0) and ``b``."""
+    runners = [
+        runner_for(
+            h,
+            known_hosts=req.known_hosts,
+            accept_new_host_keys=req.accept_new_host_keys,
+            connect_timeout_s=req.connect_timeout_s,
+        )
+        for h in (a, b)
+    ]
+    try:
+        handles = []
+        for rank, (host, runner) in enumerate(zip((a, b), runners, strict=True)):
+            workdir = remote_workdir(runner, host)
+            remote = f"{workdir.rstrip('/')}/netprobe-{uuid.uuid4().hex[:8]}.py"
+            runner.run(["mkdir", "-p", workdir], timeout_s=30).check()
+            runner.put(NETPROBE, remote)
+            env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": a.address,
+                "MASTER_PORT": str(port),
+            }
+            if a.address.startswith("127.") and b.address.startswith("127."):
+                env["GLOO_SOCKET_IFNAME"] = "lo"  # keep loopback tests on loopback
+            handles.append((runner, remote, runner.start([python_for(host), remote], env=env)))
+        codes = [h.wait(req.timeout_s) for _, _, h in handles]
+        for (runner, remote, _), code in zip(handles, codes, strict=True):
+            runner.run(["rm", "-f", remote], timeout_s=30)
+            if code != 0:
+                raise ProfileError(
+                    f"bandwidth probe between {a.name} and {b.name} failed on "
+                    f"{runner.host_name} (exit {code})"
+                )
+        out = handles[0][2].stdout.strip().splitlines()
+        return float(json.loads(out[-1])["gbps"])
+    finally:
+        for r in runners:
+            r.close()

@@ -37,6 +37,7 @@ def _request(cluster: Cluster, farm: SshdFarm, **kw: object) -> ProfileRunReques
         connect_timeout_s=5,
         known_hosts=farm.known_hosts,
         time_budget_s=2.0,
+        measure_network=False,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -44,10 +45,17 @@ def _request(cluster: Cluster, farm: SshdFarm, **kw: object) -> ProfileRunReques
 def test_three_hosts_are_profiled_in_parallel_and_plannable(sshd_farm: SshdFarm) -> None:
     sshd_farm.start(3)
     cluster = _cluster(sshd_farm)
-    result = run_profiling(_request(cluster, sshd_farm))
+    result = run_profiling(_request(cluster, sshd_farm, measure_network=True))
     assert not result.failed, [o.error for o in result.failed]
     assert result.profile is not None
     assert result.profile.meta["hosts"] == ["fake-2", "fake-3", "fake-4"]
+    links = result.profile.meta["network"]
+    assert [link["hosts"] for link in links] == [
+        ["fake-2", "fake-3"],
+        ["fake-2", "fake-4"],
+        ["fake-3", "fake-4"],
+    ]
+    assert all(link.get("gbps", 0) > 0 for link in links), links
     entries = [e for k, e in result.profile.entries.items() if k.gpu_type == "cpu"]
     assert {e.key.micro_batch_size for e in entries} == {1, 2}
     assert all(e.source == "measured" and len(e.layers) == TINY.num_layers for e in entries)
