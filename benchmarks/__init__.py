@@ -5,6 +5,8 @@
 - ``planner_speed``: planner wall time from 16 to 1024 GPUs.
 - ``planner_quality``: our plans' tokens/s against the baselines on mixed clusters
   with Sailor's measured profiles.
+- ``profile_hosts``: `autohet profile run` on 3 real-sshd loopback hosts, serial vs
+  parallel.
 """
 
-BENCHMARKS = ("megatron_check", "planner_speed", "planner_quality")
+BENCHMARKS = ("megatron_check", "planner_speed", "planner_quality", "profile_hosts")

@@ -1,0 +1,101 @@
+"""`autohet profile run` on this machine's CPU cluster, then `autohet plan` from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from autohet_cli.profiling.schema import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCALHOST = str(ROOT / "profiles" / "clusters" / "localhost.yaml")
+
+
+def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "autohet_cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.yaml"
+    res = autohet(
+        "profile",
+        "run",
+        LOCALHOST,
+        "--model",
+        "gpt-tiny",
+        "--tp",
+        "1,2",
+        "--micro-batch-sizes",
+        "1,2",
+        "--out",
+        str(out),
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["hosts"]["localhost"]["ok"] is True
+    profile = load_profile(out)
+    assert profile.meta["hosts"] == ["localhost"]
+    assert "torch" in json.dumps(profile.meta)  # software versions recorded
+    keys = {(k.gpu_type, k.tensor_parallel, k.micro_batch_size) for k in profile.entries}
+    assert keys == {("cpu", 1, 1), ("cpu", 1, 2), ("cpu", 2, 1), ("cpu", 2, 2)}
+    res = autohet(
+        "plan",
+        "--model",
+        "gpt-tiny",
+        "--global-batch-size",
+        "4",
+        "--precision",
+        "fp32",
+        "--profile",
+        str(out),
+        "--time-limit",
+        "5",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["iteration_time_s"] > 0
+
+
+def test_profiling_again_merges_into_the_existing_file(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.yaml"
+    for mbs in ("1", "2"):
+        res = autohet(
+            "profile",
+            "run",
+            LOCALHOST,
+            "--model",
+            "gpt-tiny",
+            "--tp",
+            "1",
+            "--micro-batch-sizes",
+            mbs,
+            "--out",
+            str(out),
+            "--json",
+            cwd=tmp_path,
+        )
+        assert res.returncode == 0, res.stderr
+    keys = {k.micro_batch_size for k in load_profile(out).entries}
+    assert keys == {1, 2}
+
+
+def test_unknown_host_filter_is_a_clear_error(tmp_path: Path) -> None:
+    res = autohet(
+        "profile", "run", LOCALHOST, "--model", "gpt-tiny", "--hosts", "nope", cwd=tmp_path
+    )
+    assert res.returncode == 1
+    assert "--hosts: nope not in cluster" in res.stderr and "Traceback" not in res.stderr
