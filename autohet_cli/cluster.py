@@ -7,6 +7,7 @@ file, the field and the fix, because a cluster file is hand-written.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,14 @@ class Cluster:
 
     def total_mem_bytes(self) -> int:
         return sum(h.num_gpus * h.gpu_mem_bytes for h in self.hosts)
+
+
+def python_for(host: Host) -> str:
+    """The interpreter to run on a host. A local host left at the default name
+    runs this very interpreter, which has torch (a system python3 often has not)."""
+    if host.is_local and host.python in ("python3", "python"):
+        return sys.executable
+    return host.python
 
 
 def load_cluster(path: str | Path) -> Cluster:

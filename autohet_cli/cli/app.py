@@ -23,9 +23,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from autohet_cli.cli import estimate, models, plan, profile
+    from autohet_cli.cli import estimate, launch, models, plan, profile
 
-    for module in (profile, plan, estimate, models):
+    for module in (profile, plan, estimate, launch, models):
         module.register(app)
 
 

@@ -9,7 +9,6 @@ own thread of a bounded pool, so a dead host costs its timeout, not the run.
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 import uuid
@@ -17,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster, Host, python_for
 from autohet_cli.errors import AutohetError, ConfigError, ProfileError
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.measure import profile_from_probe, spec_for
@@ -168,16 +167,11 @@ def remote_workdir(runner: Runner, host: Host) -> str:
     """The host's workdir with a leading ``~`` expanded on that host."""
     if not host.workdir.startswith("~"):
         return host.workdir
-    home = runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
-    return home + host.workdir[1:]
+    return remote_home(runner) + host.workdir[1:]
 
 
-def python_for(host: Host) -> str:
-    """The interpreter on a host; a local host with the default name runs ours,
-    which has torch (the system python3 usually has not)."""
-    if host.is_local and host.python in ("python3", "python"):
-        return sys.executable
-    return host.python
+def remote_home(runner: Runner) -> str:
+    return runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
 
 
 def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None]) -> Profile:

@@ -1,0 +1,1 @@
+"""Launch: pure launch specs (what --dry-run prints) and the executor that runs them."""

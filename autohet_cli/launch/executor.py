@@ -1,0 +1,263 @@
+"""Run launch specs through the transport: copy the plan, start, watch, stop (effects).
+
+Every host's torchrun runs in its own process group; its pid goes to a pid file
+on the host, and stopping is always by that pid (TERM, wait, KILL), never by
+process name. The monitor polls every host: a worker group that exits with an
+error, or an SSH connection that drops, ends the job: the survivors are stopped,
+``events.json`` in the local run directory says what happened, and the exact
+``autohet recover`` command is returned to print.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.errors import AutohetError, TransportError
+from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.plan import Plan
+from autohet_cli.profiling.run import remote_home
+from autohet_cli.transport.base import ProcessHandle, Runner
+from autohet_cli.transport.fanout import runner_for
+
+STEP_LINE = re.compile(r"step (\d+) loss ([-+0-9.eE]+|nan|inf) tokens/s ([0-9.]+)")
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectOptions:
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(slots=True, kw_only=True)
+class Status:
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+
+    def line(self) -> str:
+        if self.loss is None:
+            return "starting"
+        return f"step {self.step} loss {self.loss:.4f} {self.tokens_per_s or 0:,.0f} tokens/s"
+
+
+@dataclass(slots=True, kw_only=True)
+class JobOutcome:
+    status: str  # finished | failed | host_lost | interrupted
+    exit_code: int
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    lost_hosts: list[str] = field(default_factory=list)
+    failed_hosts: list[str] = field(default_factory=list)
+    detail: str = ""
+    local_run_dir: str = ""
+    last_status: str = ""
+
+
+class Job:
+    """One launched plan: start it, watch it, stop it."""
+
+    def __init__(
+        self,
+        specs: Sequence[LaunchSpec],
+        cluster: Cluster,
+        plan_file: Path,
+        local_run_dir: Path,
+        *,
+        connect: ConnectOptions,
+        printer: Printer = print,
+    ) -> None:
+        self.specs = list(specs)
+        self.cluster = cluster
+        self.plan_file = plan_file
+        self.local_run_dir = local_run_dir
+        self.connect = connect
+        self.printer = printer
+        self.status = Status()
+        self.stop_requested = threading.Event()
+        self._runners: dict[str, Runner] = {}
+        self._handles: dict[str, ProcessHandle] = {}
+        self._logs: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ start
+
+    def start(self) -> None:
+        self.local_run_dir.mkdir(parents=True, exist_ok=True)
+        for spec in self.specs:
+            host = self.cluster.host(spec.host)
+            runner = runner_for(
+                host,
+                known_hosts=self.connect.known_hosts,
+                accept_new_host_keys=self.connect.accept_new_host_keys,
+                connect_timeout_s=self.connect.connect_timeout_s,
+            )
+            self._runners[spec.host] = runner
+            runner.run(["mkdir", "-p", spec.run_dir, spec.workdir], timeout_s=60).check()
+            runner.put(self.plan_file, spec.plan_path)
+        for spec in self.specs:
+            log = (self.local_run_dir / f"{spec.host}.log").open("a", encoding="utf-8")
+            self._logs[spec.host] = log
+            handle = self._runners[spec.host].start(
+                spec.argv, env=spec.env, cwd=spec.workdir, on_line=self._on_line(spec.host)
+            )
+            self._handles[spec.host] = handle
+            if handle.pid is not None:
+                self._runners[spec.host].run(
+                    [
+                        "sh",
+                        "-c",
+                        'printf "%s\\n" "$1" > "$2"',
+                        "sh",
+                        str(handle.pid),
+                        spec.pid_file,
+                    ],
+                    timeout_s=30,
+                )
+            self.printer(
+                f"{spec.host}: started {spec.nproc_per_node} worker(s), "
+                f"pid {handle.pid}, log {self.local_run_dir / (spec.host + '.log')}"
+            )
+
+    def _on_line(self, host: str) -> Callable[[str, str], None]:
+        def on_line(stream: str, line: str) -> None:
+            with self._lock:
+                log = self._logs[host]
+                log.write(f"{stream}: {line}\n")  # type: ignore[attr-defined]
+                log.flush()  # type: ignore[attr-defined]
+                m = STEP_LINE.search(line)
+                if m:
+                    self.status.step = int(m.group(1))
+                    self.status.loss = float(m.group(2))
+                    self.status.tokens_per_s = float(m.group(3))
+            self.printer(f"[{host}] {line}")
+
+        return on_line
+
+    # ------------------------------------------------------------ watch
+
+    def watch(self, poll_s: float = 0.5) -> JobOutcome:
+        """Block until every host finished, one failed or vanished, or stop was asked."""
+        codes: dict[str, int | None] = dict.fromkeys(self._handles)
+        while True:
+            if self.stop_requested.is_set():
+                self.stop_all()
+                return self._finish("interrupted", 130, codes, detail="stopped on request")
+            for host, handle in self._handles.items():
+                if codes[host] is not None:
+                    continue
+                try:
+                    codes[host] = handle.poll()
+                except TransportError as exc:
+                    self.stop_all(skip={host})
+                    return self._finish("host_lost", 1, codes, lost=[host], detail=str(exc))
+                if codes[host] not in (None, 0):
+                    self.stop_all(skip={host})
+                    return self._finish(
+                        "failed",
+                        int(codes[host] or 1),
+                        codes,
+                        failed=[host],
+                        detail=f"workers on {host} exited with code {codes[host]}",
+                    )
+            if all(c == 0 for c in codes.values()):
+                return self._finish("finished", 0, codes)
+            time.sleep(poll_s)
+
+    # ------------------------------------------------------------ stop
+
+    def stop_all(self, skip: set[str] | None = None, grace_s: float = 10.0) -> None:
+        """TERM every host's process group by pid, KILL what is left after grace_s."""
+        threads = []
+        for host, handle in self._handles.items():
+            if skip and host in skip:
+                continue
+            t = threading.Thread(target=_quiet_kill, args=(handle, grace_s), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(grace_s + 20)
+
+    def close(self) -> None:
+        for log in self._logs.values():
+            log.close()  # type: ignore[attr-defined]
+        for runner in self._runners.values():
+            try:
+                runner.close()
+            except AutohetError:
+                pass
+
+    def _finish(
+        self,
+        status: str,
+        code: int,
+        codes: dict[str, int | None],
+        *,
+        lost: list[str] | None = None,
+        failed: list[str] | None = None,
+        detail: str = "",
+    ) -> JobOutcome:
+        outcome = JobOutcome(
+            status=status,
+            exit_code=code,
+            exit_codes=dict(codes),
+            lost_hosts=lost or [],
+            failed_hosts=failed or [],
+            detail=detail,
+            local_run_dir=str(self.local_run_dir),
+            last_status=self.status.line(),
+        )
+        events = {
+            "status": outcome.status,
+            "exit_code": outcome.exit_code,
+            "exit_codes": outcome.exit_codes,
+            "lost_hosts": outcome.lost_hosts,
+            "failed_hosts": outcome.failed_hosts,
+            "detail": outcome.detail,
+            "last_status": outcome.last_status,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "plan": str(self.plan_file),
+        }
+        (self.local_run_dir / "events.json").write_text(json.dumps(events, indent=2) + "\n")
+        return outcome
+
+
+def home_directories(plan: Plan, cluster: Cluster, connect: ConnectOptions) -> dict[str, str]:
+    """Each plan host's home directory, for workdirs written as ``~/...``."""
+    out = {}
+    for name in plan.hosts():
+        host = cluster.host(name)
+        if not host.workdir.startswith("~"):
+            continue
+        with runner_for(
+            host,
+            known_hosts=connect.known_hosts,
+            accept_new_host_keys=connect.accept_new_host_keys,
+            connect_timeout_s=connect.connect_timeout_s,
+        ) as runner:
+            out[name] = remote_home(runner)
+    return out
+
+
+def _quiet_kill(handle: ProcessHandle, grace_s: float) -> None:
+    try:
+        handle.kill(grace_s)
+    except AutohetError:
+        pass  # the host is gone: nothing left to stop there
+
+
+def recover_command(plan_file: Path, cluster_file: str | None, lost: Sequence[str]) -> str:
+    argv = ["autohet", "recover", str(plan_file)]
+    if cluster_file:
+        argv += ["--cluster", cluster_file]
+    if lost:
+        argv += ["--lost", ",".join(lost)]
+    return shlex.join(argv)

@@ -1,0 +1,146 @@
+"""What runs where: the exact torchrun command, environment and paths per host (pure).
+
+One torchrun agent per host of the plan, static rendezvous at the first host:
+
+    python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node n_i
+        --master-addr ADDR --master-port PORT --max-restarts 0 [-m] SCRIPT ARGS...
+
+Host order is the order in which hosts first appear in the plan. torchrun numbers
+the workers of host i after those of hosts 0..i-1, so global ranks are not the
+plan's order; each worker therefore gets ``AUTOHET_HOST`` and finds itself as
+the ``LOCAL_RANK``-th device of that host in plan order (the runtime's
+Topology.slot_for_host). ``CUDA_VISIBLE_DEVICES`` lists exactly the host's plan
+GPUs in that same order, so worker i drives ``cuda:i`` = the plan's GPU.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from autohet_cli.cluster import Cluster, python_for
+from autohet_cli.errors import PlanError
+from autohet_cli.plan import Plan
+
+DEFAULT_MODULE = "autohet_cli.runtime.train"
+HOST_ENV = "AUTOHET_HOST"
+PLAN_ENV = "AUTOHET_PLAN"
+RUN_ENV = "AUTOHET_RUN_DIR"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchSpec:
+    host: str
+    address: str
+    node_rank: int
+    nproc_per_node: int
+    gpus: tuple[int, ...]  # plan GPUs of this host, in plan order
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    plan_path: str = ""  # where the plan is copied on the host
+    run_dir: str = ""  # on the host: logs, pid file, heartbeats, metrics
+    pid_file: str = ""
+
+    def command_line(self) -> str:
+        """The exact shell line (cd, env, argv), for --dry-run and for humans."""
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(self.env.items()))
+        return f"cd {shlex.quote(self.workdir)} && env {env} {shlex.join(self.argv)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    run_id: str  # e.g. a UTC timestamp; names the run directory
+    master_port: int = 29500
+    script: Sequence[str] = ()  # user script and its args; empty: the built-in trainer
+    train_args: Sequence[str] = ()  # extra args for the built-in trainer
+    user_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def host_order(plan: Plan) -> list[str]:
+    return plan.hosts()
+
+
+def build_launch_specs(
+    plan: Plan,
+    cluster: Cluster,
+    options: LaunchOptions,
+    homes: Mapping[str, str] | None = None,
+) -> list[LaunchSpec]:
+    """One spec per plan host; no I/O, so --dry-run shows exactly what would run.
+
+    ``homes`` (host → home directory, looked up on the host by the executor)
+    expands a workdir that starts with ``~``; without it ``~`` stays as written.
+    """
+    hosts = host_order(plan)
+    if not hosts:
+        raise PlanError(f"plan {plan.name!r} uses no device")
+    master = cluster.host(hosts[0])
+    master_addr = "127.0.0.1" if master.is_local else master.address
+    specs = []
+    for node_rank, name in enumerate(hosts):
+        host = cluster.host(name)
+        gpus = tuple(d.gpu for d in plan.devices() if d.host == name)
+        workdir = host.workdir.rstrip("/") or "/"
+        if homes and workdir.startswith("~") and name in homes:
+            workdir = homes[name].rstrip("/") + workdir[1:]
+        run_dir = f"{workdir}/runs/{plan.name}.v{plan.version}/{options.run_id}"
+        plan_path = f"{run_dir}/{plan.name}.v{plan.version}.yaml"
+        env = {
+            HOST_ENV: name,
+            PLAN_ENV: plan_path,
+            RUN_ENV: run_dir,
+            "PYTHONUNBUFFERED": "1",
+            **dict(options.user_env),
+        }
+        if host.gpu_type == "cpu":
+            env.setdefault("OMP_NUM_THREADS", "1")
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        argv = [
+            python_for(host),
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(hosts)),
+            "--node-rank",
+            str(node_rank),
+            "--nproc-per-node",
+            str(len(gpus)),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(options.master_port),
+            "--max-restarts",
+            "0",
+        ]
+        if options.script:
+            argv += list(options.script)
+        else:
+            argv += [
+                "-m",
+                DEFAULT_MODULE,
+                "--plan",
+                plan_path,
+                "--run-dir",
+                run_dir,
+                *options.train_args,
+            ]
+        specs.append(
+            LaunchSpec(
+                host=name,
+                address=host.address,
+                node_rank=node_rank,
+                nproc_per_node=len(gpus),
+                gpus=gpus,
+                argv=tuple(argv),
+                env=env,
+                workdir=workdir,
+                plan_path=plan_path,
+                run_dir=run_dir,
+                pid_file=str(PurePosixPath(run_dir) / "torchrun.pid"),
+            )
+        )
+    return specs
