@@ -1,11 +1,11 @@
 """Exhaustive reference planner for tiny cases (test helper, not shipped).
 
-It enumerates AutoHet's whole search space and scores every plan with the same
+It searches AutoHet's whole plan space and scores plans with the same
 ``costmodel.evaluate.evaluate`` the planner minimises:
 
-- one TP degree t for the plan; a TP group is t GPUs of one host (so a host with
-  n GPUs offers n // t groups); any number of pipelines (data-parallel replicas),
-  each an ordered list of TP groups (its stages, any hosts/types, order matters);
+- one TP degree t per plan; a TP group is t GPUs of one host (a host with n GPUs
+  offers n // t groups); any number of pipelines (data-parallel replicas), each
+  an ordered list of TP groups (its stages: any hosts and types, order matters);
 - each pipeline splits the layers into contiguous, non-empty, half-open ranges;
 - a micro-batch size dividing the global batch B; each pipeline takes >= 1
   micro-batch and they sum to M = B / mbs; GPUs may stay idle.
@@ -13,36 +13,56 @@ It enumerates AutoHet's whole search space and scores every plan with the same
 Symmetry. ``evaluate`` looks at a stage's host (type, memory, links), never at
 which GPU of the host it runs on, so a pipeline *shape* is (sequence of hosts,
 layer bounds) and a plan is a *multiset* of shapes (pipelines are unordered)
-whose host usage fits the hosts' TP-group counts. Devices are assigned at the end.
+whose host usage fits the hosts' TP-group counts. A *composition* is the
+multiset of host sequences alone. Devices are assigned at the end.
 
 Decomposition. ``evaluate`` gives iteration = max_p T_p(m_p) + sync + opt, where
-the pipeline time T_p and the memory fit of pipeline p depend only on its own
-shape and micro-batch count m_p, and sync/opt only on the shapes (all stage
-boundaries), not on the m_p. So for each multiset the best micro-batch
-distribution is the min-max allocation of M over the T_p (exact: a threshold
-search when every T_p is non-decreasing in m, which is checked, else a dynamic
-program over all compositions of M), and one ``evaluate`` of the whole plan gives
-its exact iteration time. ``naive_brute_force`` skips the decomposition (it
-evaluates every composition of M for every multiset) to check it on the tiniest
-cases.
+pipeline p's time T_p and memory fit depend only on its own shape and
+micro-batch count m_p, while sync and opt depend only on the shapes (all stage
+boundaries), not on the m_p. So for each multiset of shapes the best micro-batch
+distribution is the min-max allocation of M over the T_p (greedy when every T_p
+is non-decreasing in m, else a dynamic program over all compositions of M), and
+one ``evaluate`` of that whole plan gives its exact iteration time.
+
+Branch and bound, exact. Compositions are visited in order of a lower bound
+and the search stops when the bound reaches the best plan found. Bounds: a
+pipeline cannot finish before its stage s has run all m micro-batches forward
+and backward after the first forward reached it, and before the last backward
+then returns to stage 0 (plus the sends between); memory is checked exactly
+with ``stage_memory_bytes``; the optimizer step is the largest stage update;
+gradient sync moves at least the whole model's gradients through rings of the
+fastest link, spread over a pipeline's stages. Every exact pipeline time
+computed is checked against its bound, so a wrong bound fails loudly instead of
+pruning the optimum. ``prune=False`` turns the pruning off, and
+``naive_brute_force`` also skips the decomposition (every composition of M is a
+whole-plan ``evaluate``); tests compare the three on small cases.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import combinations, product
+from dataclasses import dataclass
+from itertools import combinations, combinations_with_replacement, product
 
 from autohet_cli.cluster import Cluster, cluster_from_dict
-from autohet_cli.costmodel.evaluate import PlanEval, evaluate
-from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.costmodel.evaluate import (
+    PlanEval,
+    evaluate,
+    ring_allreduce_ms,
+    stage_memory_bytes,
+)
+from autohet_cli.costmodel.tables import CostTables, StageCost
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Device, Pipeline, Stage
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
 from autohet_cli.settings import TrainingSettings
 
 INF = float("inf")
+Seq = tuple[int, ...]  # host index per stage
+Bounds = tuple[int, ...]  # 0 = b_0 < b_1 < ... < b_S = L
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,16 +72,9 @@ class Optimum:
     mbs: int
     pipelines: list[Pipeline]
     eval: PlanEval
-    multisets: int  # plans (multisets of shapes) looked at, over all (tp, mbs)
-
-
-@dataclass(slots=True)
-class _Shape:
-    hosts: tuple[int, ...]  # host index per stage
-    bounds: tuple[int, ...]  # 0 = b_0 < b_1 < ... < b_S = L
-    usage: tuple[int, ...]  # TP groups used per host
-    times: list[float] = field(default_factory=list)  # times[m-1] = T(m), inf if it OOMs
-    opt_ms: float = 0.0
+    compositions: int  # multisets of host sequences, over all (tp, mbs)
+    visited: int  # compositions whose layer splits were enumerated
+    evaluated: int  # whole plans scored by evaluate
 
 
 def describe(pipelines: Sequence[Pipeline]) -> str:
@@ -75,41 +88,12 @@ def describe(pipelines: Sequence[Pipeline]) -> str:
     return "; ".join(parts)
 
 
-def _materialize(
-    cluster: Cluster,
-    names: Sequence[str],
-    tp: int,
-    shapes: Sequence[_Shape],
-    ms: Sequence[int],
-) -> list[Pipeline]:
-    """Concrete pipelines: each stage takes the next free TP group of its host."""
-    nxt = [0] * len(names)
-    out = []
-    for shape, m in zip(shapes, ms, strict=True):
-        stages = []
-        for s, h in enumerate(shape.hosts):
-            g = nxt[h]
-            nxt[h] += 1
-            host = cluster.host(names[h])
-            stages.append(
-                Stage(
-                    layer_start=shape.bounds[s],
-                    layer_end=shape.bounds[s + 1],
-                    gpu_type=host.gpu_type,
-                    tensor_parallel=tp,
-                    devices=tuple(Device(host=host.name, gpu=g * tp + i) for i in range(tp)),
-                )
-            )
-        out.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
-    return out
-
-
-def _host_sequences(caps: Sequence[int], max_len: int) -> Iterator[tuple[int, ...]]:
+def _host_sequences(caps: Sequence[int], max_len: int) -> Iterator[Seq]:
     """Every ordered sequence of hosts, length 1..max_len, using host h <= caps[h] times."""
     used = [0] * len(caps)
     seq: list[int] = []
 
-    def rec() -> Iterator[tuple[int, ...]]:
+    def rec() -> Iterator[Seq]:
         if seq:
             yield tuple(seq)
         if len(seq) == max_len:
@@ -125,114 +109,47 @@ def _host_sequences(caps: Sequence[int], max_len: int) -> Iterator[tuple[int, ..
     yield from rec()
 
 
-def _shapes(caps: Sequence[int], num_layers: int) -> list[_Shape]:
-    out = []
-    for hosts in _host_sequences(caps, num_layers):
-        usage = tuple(hosts.count(h) for h in range(len(caps)))
-        for cuts in combinations(range(1, num_layers), len(hosts) - 1):
-            out.append(_Shape(hosts=hosts, bounds=(0, *cuts, num_layers), usage=usage))
-    return out
-
-
-def _multisets(
-    shapes: Sequence[_Shape], caps: Sequence[int], max_pipelines: int
-) -> Iterator[list[int]]:
-    """Multisets of shape indices (non-decreasing) whose usage fits ``caps``."""
-    left = list(caps)
-    chosen: list[int] = []
-
-    def rec(start: int) -> Iterator[list[int]]:
-        if chosen:
-            yield chosen
-        if len(chosen) == max_pipelines:
-            return
-        for i in range(start, len(shapes)):
-            u = shapes[i].usage
-            if all(x <= y for x, y in zip(u, left, strict=True)):
-                for h, x in enumerate(u):
-                    left[h] -= x
-                chosen.append(i)
-                yield from rec(i)
-                chosen.pop()
-                for h, x in enumerate(u):
-                    left[h] += x
-
-    yield from rec(0)
-
-
-def _fill_times(
-    shape: _Shape,
-    cluster: Cluster,
-    names: Sequence[str],
-    tables: CostTables,
-    tp: int,
-    mbs: int,
-    max_m: int,
-) -> None:
-    """T(m) for m = 1..max_m from ``evaluate`` of the pipeline alone (no sync)."""
-    while len(shape.times) < max_m:
-        m = len(shape.times) + 1
-        if shape.times and shape.times[-1] == INF:
-            shape.times.append(INF)  # memory only grows with m
-            continue
-        (p,) = _materialize(cluster, names, tp, [shape], [m])
-        ev = evaluate([p], cluster, tables, mbs)
-        shape.opt_ms = ev.optimizer_ms
-        shape.times.append(ev.pipeline_ms if ev.fits else INF)
-
-
-def _is_monotone(times: Sequence[float]) -> bool:
-    return all(a <= b for a, b in zip(times, times[1:], strict=False))
-
-
-def _min_max_shares(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
-    """Micro-batches per pipeline (>= 1, summing to M) minimising max_p T_p(m_p)."""
+def _min_max(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
+    """Micro-batches per pipeline (each >= 1, summing to M) minimising max_p T_p(m_p);
+    ``times[p][m - 1]`` is T_p(m) for m = 1..M - P + 1 (inf: does not fit)."""
     P = len(times)
     if P > M:
         return None
-    if all(_is_monotone(t[: M - P + 1]) for t in times):
-        return _threshold(times, M)
+    top = M - P + 1
+    if all(all(a <= b for a, b in zip(t[:top], t[1:top], strict=False)) for t in times):
+        return _greedy(times, M)
     return _dp(times, M)
 
 
-def _threshold(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
+def _greedy(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
+    """Exact for non-decreasing T_p: always grow the pipeline whose next value is least."""
     P = len(times)
-    top = M - P + 1
-    if any(t[0] == INF for t in times):
+    ms = [1] * P
+    worst = max(t[0] for t in times)
+    if worst == INF:
         return None
-    values = sorted({x for t in times for x in t[:top] if x < INF})
-
-    def counts(tau: float) -> list[int]:
-        return [sum(1 for x in t[:top] if x <= tau) for t in times]
-
-    if sum(counts(values[-1])) < M:
-        return None
-    lo, hi = 0, len(values) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sum(counts(values[mid])) >= M:
-            hi = mid
-        else:
-            lo = mid + 1
-    tau = values[lo]
-    ms = counts(tau)
-    extra = sum(ms) - M
-    for i in range(P):  # give back what is not needed; T stays <= tau
-        give = min(extra, ms[i] - 1)
-        ms[i] -= give
-        extra -= give
-    return max(t[m - 1] for t, m in zip(times, ms, strict=True)), ms
+    heap = [(t[1], p) for p, t in enumerate(times) if len(t) > 1]
+    heapq.heapify(heap)
+    for _ in range(M - P):
+        value, p = heapq.heappop(heap)
+        if value == INF:
+            return None
+        ms[p] += 1
+        worst = max(worst, value)
+        if ms[p] < len(times[p]):
+            heapq.heappush(heap, (times[p][ms[p]], p))
+    return worst, ms
 
 
 def _dp(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
     P = len(times)
-    # best[i][r]: min over m_i..m_{P-1} (each >= 1, sum r) of max T
+    # best[i][r]: least max T over pipelines i.. taking r micro-batches, each >= 1
     best = [[INF] * (M + 1) for _ in range(P + 1)]
     pick = [[0] * (M + 1) for _ in range(P + 1)]
     best[P][0] = -INF
     for i in range(P - 1, -1, -1):
         for r in range(1, M + 1):
-            for m in range(1, r + 1):
+            for m in range(1, min(r, len(times[i])) + 1):
                 v = max(times[i][m - 1], best[i + 1][r - m])
                 if v < best[i][r]:
                     best[i][r], pick[i][r] = v, m
@@ -245,10 +162,237 @@ def _dp(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | N
     return best[0][M], ms
 
 
-def _hosts_for(cluster: Cluster, tp: int) -> tuple[list[str], list[int]]:
-    names = [h.name for h in cluster.hosts if h.num_gpus // tp >= 1]
-    caps = [cluster.host(n).num_gpus // tp for n in names]
-    return names, caps
+class _Space:
+    """One (TP degree, micro-batch size): the hosts' TP groups, bounds and caches."""
+
+    def __init__(self, cluster: Cluster, tables: CostTables, tp: int, mbs: int, M: int) -> None:
+        self.cluster, self.tables, self.tp, self.mbs, self.M = cluster, tables, tp, mbs, M
+        hosts = [h for h in cluster.hosts if h.num_gpus // tp >= 1]
+        self.hosts = hosts
+        self.caps = [h.num_gpus // tp for h in hosts]
+        self.lt = [tables.table(h.gpu_type, tp, mbs, h.intra_node_gbps) for h in hosts]
+        L = self.L = tables.model.num_layers
+        self.splits = {
+            S: [(0, *cuts, L) for cuts in combinations(range(1, L), S - 1)] for S in range(1, L + 1)
+        }
+        self.seqs = list(_host_sequences(self.caps, L)) if hosts else []
+        self._lb: dict[tuple[Seq, Bounds], list[float]] = {}
+        self._exact: dict[tuple[Seq, Bounds], list[float]] = {}
+        self._opt: dict[tuple[Seq, Bounds], float] = {}
+        self._best_lb: dict[Seq, list[float]] = {}
+        self._best_opt: dict[Seq, float] = {}
+        # Sync bounds: each layer's gradients as the lightest type reports them.
+        grad = tables.training.grad_bytes_per_param
+        self.grad_prefix = [0.0]
+        for i in range(L):
+            least = min(t.params(i, i + 1) for t in self.lt) if hosts else 0
+            self.grad_prefix.append(self.grad_prefix[-1] + least * grad)
+
+    # ---------------------------------------------------------------- bounds
+
+    def _stage_costs(self, seq: Seq, bounds: Bounds) -> list[StageCost]:
+        return [self.lt[h].stage(bounds[s], bounds[s + 1]) for s, h in enumerate(seq)]
+
+    def lb_times(self, seq: Seq, bounds: Bounds) -> list[float]:
+        """Lower bound of T(m), m = 1..M (inf: does not fit at m)."""
+        key = (seq, bounds)
+        got = self._lb.get(key)
+        if got is not None:
+            return got
+        S = len(seq)
+        costs = self._stage_costs(seq, bounds)
+        hosts = [self.hosts[h] for h in seq]
+        sends = [
+            costs[s].output_bytes
+            / (self.cluster.link_gbps(hosts[s].name, hosts[s + 1].name) * 1e9 / 8)
+            * 1e3
+            for s in range(S - 1)
+        ]
+        c = [x.fwd_ms + x.bwd_ms for x in costs]
+        pre = [0.0] * S
+        for s in range(1, S):
+            pre[s] = pre[s - 1] + c[s - 1] + 2 * sends[s - 1]
+        out = []
+        for m in range(1, self.M + 1):
+            fits = all(
+                stage_memory_bytes(costs[s], self.tables, hosts[s].gpu_type, s, S, m)
+                / hosts[s].gpu_mem_bytes
+                <= 1.0
+                for s in range(S)
+            )
+            out.append(max(p + m * x for p, x in zip(pre, c, strict=True)) if fits else INF)
+        self._lb[key] = out
+        self._opt[key] = max(x.update_ms for x in costs)
+        return out
+
+    def opt_ms(self, seq: Seq, bounds: Bounds) -> float:
+        self.lb_times(seq, bounds)
+        return self._opt[(seq, bounds)]
+
+    def best_lb(self, seq: Seq) -> list[float]:
+        got = self._best_lb.get(seq)
+        if got is None:
+            lists = [self.lb_times(seq, b) for b in self.splits[len(seq)]]
+            got = self._best_lb[seq] = [min(col) for col in zip(*lists, strict=True)]
+            self._best_opt[seq] = min(self.opt_ms(seq, b) for b in self.splits[len(seq)])
+        return got
+
+    def best_opt(self, seq: Seq) -> float:
+        self.best_lb(seq)
+        return self._best_opt[seq]
+
+    def _link(self, a: int, b: int) -> float:
+        return self.cluster.link_gbps(self.hosts[a].name, self.hosts[b].name)
+
+    def composition_sync_lb(self, comp: Sequence[Seq]) -> float:
+        """Every segment's ring runs inside one host (only a host every pipeline
+        uses) or over some link between the composition's hosts, times TP; the
+        segments cover the model, and a pipeline of S stages syncs them on S stages."""
+        P = len(comp)
+        if P < 2:
+            return 0.0
+        used = sorted(set().union(*comp))
+        common = set.intersection(*(set(s) for s in comp))
+        per_byte = [ring_allreduce_ms(1.0, P, self.hosts[h].intra_node_gbps) for h in common]
+        links = [self._link(a, b) for a in used for b in used if a < b]
+        if links:
+            per_byte.append(self.tp * ring_allreduce_ms(1.0, P, max(links)))
+        return min(per_byte) * self.grad_prefix[-1] / min(len(s) for s in comp)
+
+    def sync_lb(self, shapes: Sequence[tuple[Seq, Bounds]]) -> float:
+        """``evaluate``'s gradient sync with each layer at its lightest type's size."""
+        P = len(shapes)
+        if P < 2:
+            return 0.0
+        cuts = sorted({b for _, bounds in shapes for b in bounds})
+        busy = [[0.0] * len(seq) for seq, _ in shapes]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            holders = [
+                (p, next(s for s in range(len(seq)) if bounds[s] <= a < bounds[s + 1]))
+                for p, (seq, bounds) in enumerate(shapes)
+            ]
+            hosts = sorted({shapes[p][0][s] for p, s in holders})
+            nbytes = self.grad_prefix[b] - self.grad_prefix[a]
+            if len(hosts) == 1:
+                gbps = self.hosts[hosts[0]].intra_node_gbps
+            else:
+                gbps = min(self._link(x, y) for x in hosts for y in hosts if x < y)
+                nbytes *= self.tp
+            t = ring_allreduce_ms(nbytes, P, gbps)
+            for p, s in holders:
+                busy[p][s] += t
+        return max(max(row) for row in busy)
+
+    def composition_lb(self, comp: Sequence[Seq]) -> float:
+        solved = _min_max([self.best_lb(s) for s in comp], self.M)
+        if solved is None:
+            return INF
+        opt = max(self.best_opt(s) for s in comp)
+        return solved[0] + opt + self.composition_sync_lb(comp)
+
+    # ---------------------------------------------------------------- exact
+
+    def exact_times(self, seq: Seq, bounds: Bounds, upto: int) -> list[float]:
+        """T(m) for m = 1..upto from ``evaluate`` of the pipeline alone."""
+        key = (seq, bounds)
+        times = self._exact.setdefault(key, [])
+        lb = self.lb_times(seq, bounds)
+        while len(times) < upto:
+            m = len(times) + 1
+            (p,) = self.materialize([(seq, bounds)], [m])
+            ev = evaluate([p], self.cluster, self.tables, self.mbs)
+            t = ev.pipeline_ms if ev.fits else INF
+            # The bound must hold, else pruning could drop the optimum.
+            assert lb[m - 1] <= t * (1 + 1e-9) + 1e-9, (seq, bounds, m, lb[m - 1], t)
+            assert (lb[m - 1] == INF) == (t == INF), (seq, bounds, m, lb[m - 1], t)
+            assert math.isclose(ev.optimizer_ms, self._opt[key], rel_tol=1e-9, abs_tol=1e-12)
+            times.append(t)
+        return times
+
+    def materialize(
+        self, shapes: Sequence[tuple[Seq, Bounds]], ms: Sequence[int]
+    ) -> list[Pipeline]:
+        """Concrete pipelines: each stage takes the next free TP group of its host."""
+        nxt = [0] * len(self.hosts)
+        out = []
+        for (seq, bounds), m in zip(shapes, ms, strict=True):
+            stages = []
+            for s, h in enumerate(seq):
+                g = nxt[h]
+                nxt[h] += 1
+                host = self.hosts[h]
+                stages.append(
+                    Stage(
+                        layer_start=bounds[s],
+                        layer_end=bounds[s + 1],
+                        gpu_type=host.gpu_type,
+                        tensor_parallel=self.tp,
+                        devices=tuple(
+                            Device(host=host.name, gpu=g * self.tp + i) for i in range(self.tp)
+                        ),
+                    )
+                )
+            out.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
+        return out
+
+    # ---------------------------------------------------------------- enumeration
+
+    def compositions(self) -> Iterator[tuple[Seq, ...]]:
+        """Multisets of host sequences fitting the hosts, at most M of them."""
+        by_usage: dict[tuple[int, ...], list[Seq]] = {}
+        for seq in self.seqs:
+            usage = tuple(seq.count(h) for h in range(len(self.caps)))
+            by_usage.setdefault(usage, []).append(seq)
+        usages = list(by_usage)
+        left = list(self.caps)
+        counts = [0] * len(usages)
+
+        def rec(start: int, total: int) -> Iterator[tuple[Seq, ...]]:
+            if total:
+                groups = [
+                    combinations_with_replacement(by_usage[u], k)
+                    for u, k in zip(usages, counts, strict=True)
+                    if k
+                ]
+                for combo in product(*groups):
+                    yield tuple(s for g in combo for s in g)
+            if total == self.M:
+                return
+            for i in range(start, len(usages)):
+                u = usages[i]
+                if all(x <= y for x, y in zip(u, left, strict=True)):
+                    for h, x in enumerate(u):
+                        left[h] -= x
+                    counts[i] += 1
+                    yield from rec(i, total + 1)
+                    counts[i] -= 1
+                    for h, x in enumerate(u):
+                        left[h] += x
+
+        yield from rec(0, 0)
+
+    def layer_splits(self, comp: Sequence[Seq]) -> Iterator[list[tuple[Seq, Bounds]]]:
+        """Every assignment of layer bounds to the pipelines of a composition, up
+        to swapping pipelines with the same host sequence."""
+        groups = list(Counter(comp).items())
+        choices = [combinations_with_replacement(self.splits[len(seq)], k) for seq, k in groups]
+        for combo in product(*choices):
+            yield [(seq, b) for (seq, _), bs in zip(groups, combo, strict=True) for b in bs]
+
+
+def _spaces(
+    cluster: Cluster,
+    tables: CostTables,
+    global_batch_size: int,
+    tp_candidates: Sequence[int],
+    mbs_candidates: Sequence[int],
+) -> Iterator[_Space]:
+    for tp in tp_candidates:
+        if not any(h.num_gpus >= tp for h in cluster.hosts):
+            continue
+        for mbs in mbs_candidates:
+            if global_batch_size % mbs == 0:
+                yield _Space(cluster, tables, tp, mbs, global_batch_size // mbs)
 
 
 def brute_force(
@@ -258,60 +402,66 @@ def brute_force(
     *,
     tp_candidates: Sequence[int] = (1, 2, 4, 8),
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
+    prune: bool = True,
 ) -> Optimum | None:
-    """The exact optimum of ``evaluate(...).iteration_ms`` over the whole space
-    (None when nothing fits)."""
-    L = tables.model.num_layers
-    best: Optimum | None = None
-    looked = 0
-    for tp in tp_candidates:
-        names, caps = _hosts_for(cluster, tp)
-        if not names:
-            continue
-        for mbs in mbs_candidates:
-            if global_batch_size % mbs:
+    """The exact minimum of ``evaluate(...).iteration_ms`` over the whole space
+    (None when no plan fits in memory)."""
+    queue: list[tuple[float, int, _Space, tuple[Seq, ...]]] = []
+    total = 0
+    for space in _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates):
+        for comp in space.compositions():
+            total += 1
+            lb = space.composition_lb(comp) if prune else 0.0
+            if lb < INF:
+                queue.append((lb, len(queue), space, comp))
+    queue.sort(key=lambda x: (x[0], x[1]))
+    best: tuple[float, _Space, list[Pipeline], PlanEval] | None = None
+    visited = evaluated = 0
+    for lb, _, space, comp in queue:
+        if best is not None and lb >= best[0]:
+            break
+        visited += 1
+        M = space.M
+        top = M - len(comp) + 1
+        for shapes in space.layer_splits(comp):
+            opt = max(space.opt_ms(*sh) for sh in shapes)
+            sync_lb = space.sync_lb(shapes) if prune else 0.0
+            if prune:
+                bound = _min_max([space.lb_times(*sh) for sh in shapes], M)
+                if bound is None:
+                    continue
+                if best is not None and bound[0] + opt + sync_lb >= best[0]:
+                    continue
+            solved = _min_max([space.exact_times(*sh, top) for sh in shapes], M)
+            if solved is None:
                 continue
-            M = global_batch_size // mbs
-            shapes = _shapes(caps, L)
-            for chosen in _multisets(shapes, caps, M):
-                looked += 1
-                P = len(chosen)
-                picked = [shapes[i] for i in chosen]
-                for s in picked:
-                    _fill_times(s, cluster, names, tables, tp, mbs, M - P + 1)
-                solved = _min_max_shares([s.times for s in picked], M)
-                if solved is None:
-                    continue
-                pipe_ms, ms = solved
-                lower = pipe_ms + max(s.opt_ms for s in picked)  # sync >= 0
-                if best is not None and lower >= best.iteration_ms:
-                    continue
-                pipelines = _materialize(cluster, names, tp, picked, ms)
-                ev = evaluate(pipelines, cluster, tables, mbs)
-                assert ev.fits
-                assert math.isclose(ev.pipeline_ms, pipe_ms, rel_tol=1e-12, abs_tol=1e-12)
-                if best is None or ev.iteration_ms < best.iteration_ms:
-                    best = Optimum(
-                        iteration_ms=ev.iteration_ms,
-                        tp=tp,
-                        mbs=mbs,
-                        pipelines=pipelines,
-                        eval=ev,
-                        multisets=0,
-                    )
+            pipe_ms, ms = solved
+            if prune and best is not None and pipe_ms + opt + sync_lb >= best[0]:
+                continue
+            pipelines = space.materialize(shapes, ms)
+            ev = evaluate(pipelines, cluster, tables, space.mbs)
+            evaluated += 1
+            assert ev.fits
+            assert math.isclose(ev.pipeline_ms, pipe_ms, rel_tol=1e-12, abs_tol=1e-12)
+            assert ev.grad_sync_ms >= sync_lb * (1 - 1e-9), (ev.grad_sync_ms, sync_lb)
+            if best is None or ev.iteration_ms < best[0]:
+                best = (ev.iteration_ms, space, pipelines, ev)
     if best is None:
         return None
+    value, space, pipelines, ev = best
     return Optimum(
-        iteration_ms=best.iteration_ms,
-        tp=best.tp,
-        mbs=best.mbs,
-        pipelines=best.pipelines,
-        eval=best.eval,
-        multisets=looked,
+        iteration_ms=value,
+        tp=space.tp,
+        mbs=space.mbs,
+        pipelines=pipelines,
+        eval=ev,
+        compositions=total,
+        visited=visited,
+        evaluated=evaluated,
     )
 
 
-def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
+def _compositions_of(total: int, parts: int) -> Iterator[tuple[int, ...]]:
     for cuts in combinations(range(1, total), parts - 1):
         bounds = (0, *cuts, total)
         yield tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
@@ -325,22 +475,17 @@ def naive_brute_force(
     tp_candidates: Sequence[int] = (1, 2, 4, 8),
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
 ) -> float | None:
-    """Like ``brute_force`` but every micro-batch composition is a whole-plan
-    ``evaluate``: no decomposition, no bound. Only for the tiniest cases."""
-    L = tables.model.num_layers
+    """No decomposition, no bound: every multiset of shapes with every composition
+    of M is one whole-plan ``evaluate``. Only for the tiniest cases."""
     best = INF
-    for tp, mbs in product(tp_candidates, mbs_candidates):
-        names, caps = _hosts_for(cluster, tp)
-        if not names or global_batch_size % mbs:
-            continue
-        M = global_batch_size // mbs
-        shapes = _shapes(caps, L)
-        for chosen in _multisets(shapes, caps, M):
-            picked = [shapes[i] for i in chosen]
-            for ms in _compositions(M, len(picked)):
-                ev = evaluate(_materialize(cluster, names, tp, picked, ms), cluster, tables, mbs)
-                if ev.fits:
-                    best = min(best, ev.iteration_ms)
+    for space in _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates):
+        for comp in space.compositions():
+            for shapes in space.layer_splits(comp):
+                for ms in _compositions_of(space.M, len(shapes)):
+                    pipelines = space.materialize(shapes, ms)
+                    ev = evaluate(pipelines, cluster, tables, space.mbs)
+                    if ev.fits:
+                        best = min(best, ev.iteration_ms)
     return None if best == INF else best
 
 
@@ -371,23 +516,27 @@ def synthetic_tables(
     seq_len: int = 64,
     tps: Sequence[int] = (1, 2, 4, 8),
     mbss: Sequence[int] = (1, 2, 4, 8),
-    block_params: int = 10_000_000,
+    block_params: int = 2_000_000,
     act_mb_per_block: float = 20.0,
+    mbs_exponent: float = 0.95,
+    tp_overhead: float = 1.3,
     out_mb: float = 4.0,
     head_factor: float = 1.5,
     update_ms_per_block: float = 0.1,
     block_skew: Sequence[float] = (),
 ) -> CostTables:
     """Hand-made measured profile: per GPU type, forward+backward ms of one block
-    at TP 1 and micro-batch 1 (backward = 2 x forward). Larger micro-batches are
-    more efficient per sample (mbs ** 0.85), TP divides compute with 15% overhead
-    per doubling; the embedding costs 0.3 blocks, the head ``head_factor``
-    blocks. ``block_skew`` multiplies individual blocks' times."""
+    at TP 1 and micro-batch 1 (backward = 2 x forward). A micro-batch of b costs
+    b ** ``mbs_exponent`` times one sample; TP t divides compute by t and
+    multiplies it by ``tp_overhead`` per doubling; the embedding costs 0.3 blocks,
+    the head ``head_factor`` blocks; ``block_skew`` scales individual blocks.
+    Embedding and head hold half a block's parameters; activations kept and
+    bytes sent grow with the micro-batch."""
     entries = {}
     for gpu, ms in block_ms.items():
         for tp in tps:
             for mbs in mbss:
-                scale = mbs**0.85 / tp * 1.15 ** (tp.bit_length() - 1)
+                scale = mbs**mbs_exponent / tp * tp_overhead ** (tp.bit_length() - 1)
                 layers = []
                 for layer in model.layers():
                     w = {"embedding": 0.3, "block": 1.0, "head": head_factor}.get(layer.kind, 0.2)
@@ -425,21 +574,21 @@ def tiny_cluster(
     hosts: Sequence[tuple[str, str, int, float | None]],
     *,
     inter_node_gbps: float = 100.0,
+    pairs: Sequence[tuple[str, str, float]] = (),
     name: str = "tiny",
 ) -> Cluster:
-    """``hosts``: (name, GPU type, count, mem_gb or None for the catalog's)."""
+    """``hosts``: (name, GPU type, count, mem_gb or None for the catalog's);
+    ``pairs``: (host, host, Gbit/s) link overrides."""
     raw_hosts = []
     for hname, gpu, count, mem_gb in hosts:
         gpus: dict[str, object] = {"type": gpu, "count": count}
         if mem_gb is not None:
             gpus["mem_gb"] = mem_gb
         raw_hosts.append({"name": hname, "gpus": gpus})
+    network: dict[str, object] = {"inter_node_gbps": inter_node_gbps}
+    if pairs:
+        network["pairs"] = [{"hosts": [a, b], "gbps": g} for a, b, g in pairs]
     return cluster_from_dict(
-        {
-            "schema": "autohet.cluster/v1",
-            "name": name,
-            "network": {"inter_node_gbps": inter_node_gbps},
-            "hosts": raw_hosts,
-        },
+        {"schema": "autohet.cluster/v1", "name": name, "network": network, "hosts": raw_hosts},
         name,
     )

@@ -79,6 +79,8 @@ def build_launch_specs(
         raise PlanError(f"plan {plan.name!r} uses no device")
     master = cluster.host(hosts[0])
     master_addr = "127.0.0.1" if master.is_local else master.address
+    addresses = [cluster.host(h).address for h in hosts]
+    loopback_only = all(a.startswith("127.") or a in ("localhost", "local") for a in addresses)
     specs = []
     for node_rank, name in enumerate(hosts):
         host = cluster.host(name)
@@ -95,6 +97,8 @@ def build_launch_specs(
             "PYTHONUNBUFFERED": "1",
             **dict(options.user_env),
         }
+        if loopback_only:
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # fake hosts on one machine: stay on loopback
         if host.gpu_type == "cpu":
             env.setdefault("OMP_NUM_THREADS", "1")
         else:

@@ -1,0 +1,13 @@
+"""What runs inside each worker: execute an autohet plan with torch.distributed.
+
+- ``topology``  rank mapping, layer segments, sync groups, batch shares (pure)
+- ``context``   environment, device, process groups
+- ``model_api`` the plug-in point for models (``--model-fn``); ``gpt`` the built-in GPT
+- ``data``      synthetic token batches, a function of (seed, step)
+- ``stage``     this rank's layers, named like the whole model; tensor parallelism
+- ``pipeline``  1F1B over the pipeline's own micro-batches
+- ``gradsync``  per-segment gradient all-reduce across pipelines
+- ``trainer``   the step loop with hooks; ``train`` the entry point
+
+Importing this package loads nothing heavy; the submodules import torch.
+"""

@@ -1,0 +1,204 @@
+"""One pipeline's 1F1B (PipeDream-flush) schedule over its own micro-batches.
+
+Why not ``torch.distributed.pipelining``: each of our pipelines could be one of
+its schedules over a per-(pipeline, TP rank) group, but ``Schedule1F1B`` raises
+when a pipeline has fewer micro-batches than stages, and the planner's uneven
+batch shares produce exactly that (a deep pipeline of slow GPUs may get one or
+two micro-batches). Using it only where it applies would mean two code paths for
+one schedule, so none of it is used; the other differences (it scales gradients
+by the pipeline's own micro-batch count unless ``scale_grads=False``, and infers
+boundary shapes with an extra handshake at the first step) would need handling
+too. The loop below is Megatron-LM's non-interleaved schedule
+(``forward_backward_pipelining_without_interleaving``): the compute order of
+``topology.one_f_one_b``, with each steady-state send batched with the receive
+that follows it in one ``batch_isend_irecv``, so two neighbours never both sit in
+a send waiting for the other's receive (which NCCL would deadlock on). Any
+micro-batch count works.
+
+Stage boundaries carry tensors of ``ModelParts.activation_shape`` in float32 (the
+residual stream stays fp32 under autocast); each TP rank of a stage talks to the
+same TP rank of its neighbours, the boundary activations being replicated across
+a stage's TP ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from autohet_cli.runtime.topology import BACKWARD, FORWARD, RankInfo
+
+COMM_DTYPE = torch.float32
+
+
+class P2P:
+    """Activation/gradient exchange with the previous and next stage."""
+
+    def __init__(
+        self,
+        *,
+        prev_rank: int | None,
+        next_rank: int | None,
+        shape: tuple[int, ...],
+        device: torch.device,
+    ) -> None:
+        self.prev, self.next = prev_rank, next_rank  # global ranks; None at the ends
+        self.shape, self.device = shape, device
+
+    def _exchange(
+        self,
+        *,
+        send_prev: Tensor | None = None,
+        send_next: Tensor | None = None,
+        recv_prev: bool = False,
+        recv_next: bool = False,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        ops, from_prev, from_next = [], None, None
+        if send_prev is not None and self.prev is not None:
+            ops.append(dist.P2POp(dist.isend, send_prev.contiguous(), self.prev))
+        if recv_prev and self.prev is not None:
+            from_prev = torch.empty(self.shape, dtype=COMM_DTYPE, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, from_prev, self.prev))
+        if send_next is not None and self.next is not None:
+            ops.append(dist.P2POp(dist.isend, send_next.contiguous(), self.next))
+        if recv_next and self.next is not None:
+            from_next = torch.empty(self.shape, dtype=COMM_DTYPE, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, from_next, self.next))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return from_prev, from_next
+
+    def recv_forward(self) -> Tensor | None:
+        return self._exchange(recv_prev=True)[0]
+
+    def send_forward(self, t: Tensor | None) -> None:
+        self._exchange(send_next=t)
+
+    def recv_backward(self) -> Tensor | None:
+        return self._exchange(recv_next=True)[1]
+
+    def send_backward(self, t: Tensor | None) -> None:
+        self._exchange(send_prev=t)
+
+    def send_forward_recv_backward(self, t: Tensor | None) -> Tensor | None:
+        return self._exchange(send_next=t, recv_next=True)[1]
+
+    def send_backward_recv_forward(self, t: Tensor | None) -> Tensor | None:
+        return self._exchange(send_prev=t, recv_prev=True)[0]
+
+
+Microbatch = tuple[Tensor, Tensor]
+
+
+class PipelineSchedule:
+    """Runs one iteration's forwards and backwards on this rank's stage.
+
+    ``loss_fn(output, targets)`` returns the sum of the micro-batch's per-sample
+    losses; it is divided by ``global_batch_size`` before backward, so the
+    gradients left on the stage are those of this pipeline's share of the mean loss.
+    """
+
+    def __init__(
+        self,
+        *,
+        stage: torch.nn.Module,
+        info: RankInfo,
+        p2p: P2P,
+        loss_fn: Callable[[Any, Tensor], Tensor],
+        global_batch_size: int,
+        device: torch.device,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> None:
+        self.stage, self.info, self.p2p = stage, info, p2p
+        self.loss_fn, self.global_batch_size, self.device = loss_fn, global_batch_size, device
+        self.autocast, self.loss_context = autocast, loss_context
+        self.loss_scale = 1.0  # fp16 loss scaling multiplies the backward of the loss
+        self.trace: list[tuple[str, int]] = []  # compute order of the last run
+
+    def run(self, microbatches: list[Microbatch]) -> Tensor:
+        """One iteration; returns this stage's summed loss share (zero off the last stage)."""
+        m = len(microbatches)
+        assert m == self.info.num_microbatches, (m, self.info.num_microbatches)
+        self.trace = []
+        self._counts = {FORWARD: 0, BACKWARD: 0}
+        self._loss_sum = torch.zeros((), device=self.device)
+        batches = iter(microbatches)
+        warmup = min(self.info.num_stages - self.info.stage - 1, m)
+        remaining = m - warmup
+        in_flight: deque[tuple[Tensor | None, Tensor]] = deque()
+        p2p = self.p2p
+
+        for _ in range(warmup):
+            received = p2p.recv_forward()
+            x, out, to_send = self._forward(next(batches), received)
+            p2p.send_forward(to_send)
+            in_flight.append((x, out))
+        received = p2p.recv_forward() if remaining else None
+        for i in range(remaining):
+            x, out, to_send = self._forward(next(batches), received)
+            grad = p2p.send_forward_recv_backward(to_send)
+            in_flight.append((x, out))
+            x, out = in_flight.popleft()
+            input_grad = self._backward(x, out, grad)
+            if i == remaining - 1:
+                p2p.send_backward(input_grad)
+            else:
+                received = p2p.send_backward_recv_forward(input_grad)
+        for _ in range(warmup):
+            x, out = in_flight.popleft()
+            input_grad = self._backward(x, out, p2p.recv_backward())
+            p2p.send_backward(input_grad)
+        assert not in_flight
+        return self._loss_sum
+
+    def _record(self, kind: str) -> None:
+        self.trace.append((kind, self._counts[kind]))
+        self._counts[kind] += 1
+
+    def _forward(
+        self, batch: Microbatch, received: Tensor | None
+    ) -> tuple[Tensor | None, Tensor, Tensor | None]:
+        """(stage input needing a grad, output to backward from, tensor to send on)."""
+        self._record(FORWARD)
+        inputs, targets = batch
+        x: Tensor | None = None
+        if self.info.is_first_stage:
+            stage_input = inputs.to(self.device)
+        else:
+            assert received is not None
+            x = received.requires_grad_()
+            stage_input = x
+        with self.autocast():
+            out = self.stage(stage_input)
+        if not self.info.is_last_stage:
+            return x, out, out.detach().to(COMM_DTYPE)
+        with self.loss_context():
+            loss = self.loss_fn(out, targets.to(self.device)) / self.global_batch_size
+        self._loss_sum += _plain(loss.detach())
+        return x, loss, None
+
+    def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
+        self._record(BACKWARD)
+        if self.info.is_last_stage:
+            with self.loss_context():
+                torch.autograd.backward(out * self.loss_scale)
+        else:
+            assert grad is not None
+            torch.autograd.backward(out, grad.to(out.dtype))
+        if x is None:
+            return None
+        assert x.grad is not None
+        return x.grad
+
+
+def _plain(t: Tensor) -> Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -1,0 +1,139 @@
+"""This rank's part of the model, named like the whole model.
+
+``StageModule`` holds the rank's layers in ``self.layers``, an ``nn.ModuleDict``
+keyed by *global* layer index, so its ``state_dict``/``named_parameters`` use the
+full model's names (``layers.<i>.<name>``) on every rank, whatever the plan: the
+seam checkpointing builds on (torch.distributed.checkpoint keys by these names;
+TP-sharded parameters are DTensors, which DCP reshards on load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
+
+from autohet_cli.runtime.context import Runtime
+from autohet_cli.runtime.model_api import (
+    ModelFn,
+    ModelParts,
+    ModelRequest,
+    layer_of,
+    local_layers,
+)
+
+
+class StageModule(nn.Module):
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): layers[i] for i in sorted(layers)})
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Whole (TP-gathered) tensors on CPU, keyed by full names.
+
+        A collective over the stage's TP group: all its ranks must call it together.
+        """
+        out = {}
+        for name, value in self.state_dict().items():
+            if isinstance(value, DTensor):
+                value = value.full_tensor()
+            out[name] = value.detach().cpu().clone()
+        return out
+
+
+def model_request(runtime: Runtime, seed: int) -> ModelRequest:
+    info, plan = runtime.info, runtime.plan
+    return ModelRequest(
+        model_name=plan.model_name,
+        num_layers=plan.num_layers,
+        layer_start=info.layer_start,
+        layer_end=info.layer_end,
+        seed=seed,
+        seq_len=plan.training.seq_len,
+        micro_batch_size=plan.training.micro_batch_size,
+        tensor_parallel=info.tp_size,
+    )
+
+
+def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> tuple[StageModule, ModelParts]:
+    """Build, place, tensor-parallelise and tie this rank's layers."""
+    request = model_request(runtime, seed)
+    parts = model_fn(request)
+    layers = local_layers(parts, request)
+    for index, layer in layers.items():
+        layer.to(runtime.device)
+        if runtime.tp_mesh is not None:
+            tp_plan = getattr(layer, "tp_plan", None)
+            if tp_plan is None:
+                raise ValueError(
+                    f"layer {index} ({type(layer).__name__}) has no tp_plan() method, "
+                    f"but its stage has tensor_parallel {runtime.info.tp_size}"
+                )
+            frozen = [n for n, p in layer.named_parameters() if not p.requires_grad]
+            # Every TP rank built the same full weights: slice locally, no broadcast.
+            parallelize_module(layer, runtime.tp_mesh, tp_plan(), src_data_rank=None)
+            for name in frozen:  # distributing a parameter makes it trainable again
+                layer.get_parameter(name).requires_grad_(False)
+    stage = StageModule(layers)
+    tie_parameters(stage, parts.tied)
+    return stage, parts
+
+
+def tie_parameters(stage: StageModule, tied: Sequence[tuple[str, ...]]) -> None:
+    """Make the local copies of each tied group one Parameter (the first one held)."""
+    present = dict(stage.named_parameters(remove_duplicate=False))
+    held = {int(i) for i in stage.layers.keys()}
+    for names in tied:
+        local = [n for n in names if layer_of(n) in held]
+        missing = [n for n in local if n not in present]
+        if missing:
+            raise ValueError(f"tied parameters {missing} are not parameters of their layers")
+        keep = present[local[0]] if local else None
+        for name in local[1:]:
+            if _layout(present[name]) != _layout(keep):
+                raise ValueError(f"tied {name} is laid out unlike {local[0]} under TP")
+            module_path, _, leaf = name.rpartition(".")
+            setattr(stage.get_submodule(module_path), leaf, keep)
+
+
+def _layout(t: Tensor | None) -> tuple[object, ...]:
+    if isinstance(t, DTensor):
+        return (tuple(t.shape), tuple(t.placements))
+    return (None if t is None else tuple(t.shape),)
+
+
+def trainable_parameters(stage: StageModule) -> Iterator[tuple[str, nn.Parameter]]:
+    """Each trainable parameter once, under the first full name that holds it."""
+    for name, p in stage.named_parameters():
+        if p.requires_grad:
+            yield name, p
+
+
+def local_tensor(t: Tensor) -> Tensor:
+    """The rank's own shard of a (possibly DTensor) tensor, sharing its storage."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def normalize_grads(stage: StageModule) -> None:
+    """Give every trainable parameter a gradient laid out like the parameter.
+
+    Zeros where the step did not reach a parameter. DTensor may leave a gradient in
+    another placement than its parameter (a vocabulary-sharded embedding gets a
+    replicated gradient); redistribute it so gradient sync and the optimizer see
+    this rank's shard only.
+    """
+    for _, p in trainable_parameters(stage):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        elif isinstance(p, DTensor) and isinstance(p.grad, DTensor):
+            if p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)

@@ -1,0 +1,182 @@
+"""Launch specs are pure: compare the generated commands with expected text exactly."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from autohet_cli.cluster import cluster_from_dict
+from autohet_cli.launch.executor import recover_command
+from autohet_cli.launch.specs import LaunchOptions, build_launch_specs
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.settings import TrainingSettings
+
+CLUSTER = cluster_from_dict(
+    {
+        "schema": "autohet.cluster/v1",
+        "name": "lab",
+        "defaults": {"python": "/opt/venv/bin/python", "workdir": "/srv/autohet"},
+        "hosts": [
+            {"name": "a100-0", "address": "127.0.0.2", "gpus": {"type": "A100-40", "count": 4}},
+            {"name": "v100-0", "address": "127.0.0.3", "gpus": {"type": "V100-16", "count": 4}},
+            {"name": "cpu-0", "address": "127.0.0.4", "gpus": {"type": "cpu", "count": 2}},
+        ],
+    },
+    "test",
+)
+
+
+def stage(start: int, end: int, gpu: str, host: str, *idx: int) -> Stage:
+    return Stage(
+        layer_start=start,
+        layer_end=end,
+        gpu_type=gpu,
+        tensor_parallel=len(idx),
+        devices=tuple(Device(host=host, gpu=i) for i in idx),
+    )
+
+
+# Pipeline 0 starts on the V100 host, so it is node 0 and the master; the A100 GPUs
+# are used out of index order (3 then 1), which CUDA_VISIBLE_DEVICES must keep.
+PLAN = Plan(
+    name="lab",
+    version=3,
+    model_name="gpt-tiny",
+    num_layers=6,
+    training=TrainingSettings(global_batch_size=8, micro_batch_size=1, seq_len=64),
+    tensor_parallel=1,
+    pipelines=(
+        Pipeline(
+            num_microbatches=5,
+            stages=(stage(0, 3, "V100-16", "v100-0", 2), stage(3, 6, "A100-40", "a100-0", 3)),
+        ),
+        Pipeline(num_microbatches=3, stages=(stage(0, 6, "A100-40", "a100-0", 1),)),
+    ),
+)
+
+
+def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> None:
+    specs = build_launch_specs(
+        PLAN, CLUSTER, LaunchOptions(run_id="R1", master_port=29600, train_args=["--steps=20"])
+    )
+    assert [s.host for s in specs] == ["v100-0", "a100-0"]
+    run = "/srv/autohet/runs/lab.v3/R1"
+    v100, a100 = specs
+    assert v100.argv == (
+        "/opt/venv/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.3",
+        "--master-port",
+        "29600",
+        "--max-restarts",
+        "0",
+        "-m",
+        "autohet_cli.runtime.train",
+        "--plan",
+        f"{run}/lab.v3.yaml",
+        "--run-dir",
+        run,
+        "--steps=20",
+    )
+    assert a100.argv[5:8] == ("--node-rank", "1", "--nproc-per-node")
+    assert a100.argv[8] == "2"
+    assert a100.gpus == (3, 1)
+    assert a100.env == {
+        "AUTOHET_HOST": "a100-0",
+        "AUTOHET_PLAN": f"{run}/lab.v3.yaml",
+        "AUTOHET_RUN_DIR": run,
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_VISIBLE_DEVICES": "3,1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    assert a100.pid_file == f"{run}/torchrun.pid"
+    assert v100.command_line() == (
+        "cd /srv/autohet && env AUTOHET_HOST=v100-0 "
+        f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
+        "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 /opt/venv/bin/python -m "
+        "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 127.0.0.3 --master-port 29600 "
+        f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
+        f"--run-dir {run} --steps=20"
+    )
+
+
+def test_user_script_and_env_replace_the_built_in_trainer() -> None:
+    (spec, _) = build_launch_specs(
+        PLAN,
+        CLUSTER,
+        LaunchOptions(
+            run_id="R",
+            script=["my_train.py", "--epochs", "3"],
+            user_env={"WANDB_MODE": "offline; rm -rf /"},
+        ),
+    )
+    assert spec.argv[-3:] == ("my_train.py", "--epochs", "3")
+    assert "autohet_cli.runtime.train" not in spec.argv
+    assert spec.env["WANDB_MODE"] == "offline; rm -rf /"
+    assert "'WANDB_MODE=offline; rm -rf /'" in spec.command_line()
+
+
+def test_cpu_hosts_get_one_thread_per_worker_and_no_cuda_devices() -> None:
+    plan = Plan(
+        name="cpu",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(
+            global_batch_size=2, micro_batch_size=1, seq_len=64, precision="fp32"
+        ),
+        tensor_parallel=1,
+        pipelines=(Pipeline(num_microbatches=2, stages=(stage(0, 6, "cpu", "cpu-0", 0),)),),
+    )
+    (spec,) = build_launch_specs(plan, CLUSTER, LaunchOptions(run_id="R"))
+    assert spec.env["OMP_NUM_THREADS"] == "1" and "CUDA_VISIBLE_DEVICES" not in spec.env
+
+
+def test_home_directories_expand_a_tilde_workdir() -> None:
+    cluster = cluster_from_dict(
+        {
+            "schema": "autohet.cluster/v1",
+            "name": "h",
+            "hosts": [
+                {"name": "localhost", "address": "localhost", "gpus": {"type": "cpu", "count": 1}}
+            ],
+        },
+        "t",
+    )
+    plan = Plan(
+        name="h",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=64),
+        tensor_parallel=1,
+        pipelines=(Pipeline(num_microbatches=1, stages=(stage(0, 6, "cpu", "localhost", 0),)),),
+    )
+    (dry,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"))
+    assert dry.workdir == "~/autohet"
+    (spec,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"), {"localhost": "/h"})
+    assert spec.workdir == "/h/autohet" and spec.run_dir == "/h/autohet/runs/h.v1/R"
+    assert spec.argv[0] == sys.executable  # a local host runs this interpreter
+    assert spec.argv[spec.argv.index("--master-addr") + 1] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("lost", "expected"),
+    [
+        ((), "autohet recover plans/x.v1.yaml --cluster c.yaml"),
+        (("b", "c d"), "autohet recover plans/x.v1.yaml --cluster c.yaml --lost 'b,c d'"),
+    ],
+)
+def test_recover_command_is_exact_and_quoted(lost: tuple[str, ...], expected: str) -> None:
+    from pathlib import Path
+
+    assert recover_command(Path("plans/x.v1.yaml"), "c.yaml", lost) == expected
