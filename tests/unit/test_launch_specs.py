@@ -103,7 +103,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "cd /srv/autohet && env AUTOHET_HOST=v100-0 "
         f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
         "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 /opt/venv/bin/python -m "
-        "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 127.0.0.3 --master-port 29600 "
+        "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 "
+        "--master-addr 127.0.0.3 --master-port 29600 "
         f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
         f"--run-dir {run} --steps=20"
     )
