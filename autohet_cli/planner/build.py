@@ -44,18 +44,31 @@ def place(
     tp: int,
     first_block: int,
     num_layers: int,
+    *,
+    stage_major: bool = False,
 ) -> list[Pipeline] | None:
-    """Concrete pipelines for a solution; None if a stage would hold no layer."""
+    """Concrete pipelines for a solution; None if a stage would hold no layer.
+
+    Pipeline-major placement (the default) gives each pipeline consecutive
+    groups, keeping its stage-to-stage sends inside a host. Stage-major gives
+    the copies of one stage consecutive groups, keeping that stage's gradient
+    all-reduce inside a host instead; the search tries both.
+    """
     pools = [iter(class_groups(c, cluster, tp)) for c in classes]
     pipelines = []
     for (tpl, k), ns, m, r in zip(parts, blocks, microbatches, extra, strict=True):
         bounds = _bounds(ns, first_block, num_layers)
         if bounds is None:
             return None
+        if stage_major:
+            drawn = [[next(pools[c]) for _ in range(k)] for c in tpl.classes]
+            grid = [[drawn[s][p] for s in range(len(tpl.classes))] for p in range(k)]
+        else:
+            grid = [[next(pools[c]) for c in tpl.classes] for _ in range(k)]
         for p in range(k):
             stages = []
             for s, c in enumerate(tpl.classes):
-                devices = next(pools[c])
+                devices = grid[p][s]
                 stages.append(
                     Stage(
                         layer_start=bounds[s],
@@ -119,6 +132,22 @@ def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]
         for dst in fast_first:
             if dst != slow:
                 out.append(_move_microbatch(pipelines, slow, dst))
+    # Boundaries of alike pipelines together: when copies share the bottleneck,
+    # moving one copy's boundary leaves the other as slow as before.
+    for members in _alike(pipelines).values():
+        if len(members) < 2:
+            continue
+        stages = pipelines[members[0]].stages
+        for b in range(len(stages) - 1):
+            for delta in (-1, 1):
+                if _shift(stages, b, delta) is None:
+                    continue
+                cand = list(pipelines)
+                for i in members:
+                    moved = _shift(pipelines[i].stages, b, delta)
+                    assert moved is not None
+                    cand[i] = replace(pipelines[i], stages=moved)
+                out.append(cand)
     # Boundaries: shift each boundary of each pipeline by one layer either way.
     for i in order:
         stages = pipelines[i].stages
@@ -130,6 +159,14 @@ def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]
                     cand[i] = replace(pipelines[i], stages=moved)
                     out.append(cand)
     return out
+
+
+def _alike(pipelines: list[Pipeline]) -> dict[tuple[object, ...], list[int]]:
+    groups: dict[tuple[object, ...], list[int]] = {}
+    for i, p in enumerate(pipelines):
+        key = tuple((s.layer_start, s.layer_end, s.gpu_type) for s in p.stages)
+        groups.setdefault(key, []).append(i)
+    return groups
 
 
 def _move_microbatch(pipelines: list[Pipeline], src: int, dst: int) -> list[Pipeline]:

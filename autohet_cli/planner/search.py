@@ -125,7 +125,11 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
             if sum(k for _, k in parts) > M:
                 continue
             lb = lower_bound_ms(
-                parts, ctx.stats, M, _sync_ms_per_param(req, ctx, parts), ctx.params_per_gpu
+                parts,
+                ctx.stats,
+                M,
+                _sync_ms_per_param(req, ctx, parts, optimistic=True),
+                ctx.params_per_gpu,
             )
             g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
             est = _estimate(req, ctx, parts, M)
@@ -301,14 +305,39 @@ def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
 
 
 def _sync_ms_per_param(
-    req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]]
+    req: SearchRequest,
+    ctx: _Context,
+    parts: Sequence[tuple[Template, int]],
+    *,
+    optimistic: bool = False,
 ) -> float:
+    """Ring all-reduce ms per parameter of one stage, across all pipelines.
+
+    Placement fills hosts in order, so a grouping whose groups fit on one host
+    syncs over that host's links; otherwise over the slowest inter-host link.
+    ``optimistic`` takes the fastest link any segment could use instead, which
+    keeps lower bounds valid whatever the placement.
+    """
     d = sum(k for _, k in parts)
     nbytes = req.tables.training.grad_bytes_per_param
-    hosts = sum(len(c.hosts) for c in ctx.classes)
+    used = [0] * len(ctx.classes)
+    for tpl, k in parts:
+        for c in tpl.classes:
+            used[c] += k
+    hosts = 0
+    for cls, need in zip(ctx.classes, used, strict=True):
+        for per_host in cls.groups_per_host:
+            if need <= 0:
+                break
+            hosts += 1
+            need -= per_host
+    intra = max(cls.intra_node_gbps for cls, n in zip(ctx.classes, used, strict=True) if n)
+    if optimistic:
+        fastest = max([intra, req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()])
+        return ring_allreduce_ms(nbytes, d, fastest)
     if hosts > 1:
         return ring_allreduce_ms(nbytes * ctx.tp, d, _slowest_link(req.cluster))
-    return ring_allreduce_ms(nbytes, d, ctx.classes[0].intra_node_gbps)
+    return ring_allreduce_ms(nbytes, d, intra)
 
 
 def _estimate(
@@ -391,22 +420,30 @@ def _solve_grouping(
             break
         m_hat = list(shares.microbatches)
     assert shares is not None
-    pipelines = place(
-        g.parts,
-        [x.blocks for x in splits],
-        shares.microbatches,
-        shares.extra,
-        ctx.classes,
-        req.cluster,
-        g.tp,
-        a,
-        req.model.num_layers,
-    )
-    if pipelines is None:
+    placed = []
+    for stage_major in (False, True):
+        pipelines = place(
+            g.parts,
+            [x.blocks for x in splits],
+            shares.microbatches,
+            shares.extra,
+            ctx.classes,
+            req.cluster,
+            g.tp,
+            a,
+            req.model.num_layers,
+            stage_major=stage_major,
+        )
+        if pipelines is None:
+            return None, None
+        ev = evaluate(pipelines, req.cluster, req.tables, g.mbs)
+        if ev.fits:
+            placed.append((score(pipelines, ev), pipelines, ev))
+        if g.num_pipelines == 1:
+            break  # one pipeline: both placements are the same
+    if not placed:
         return None, None
-    ev = evaluate(pipelines, req.cluster, req.tables, g.mbs)
-    if not ev.fits:
-        return None, None
+    _, pipelines, ev = min(placed, key=lambda x: x[0])
     cand = Candidate(
         pipelines=pipelines,
         tp=g.tp,

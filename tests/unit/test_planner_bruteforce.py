@@ -126,15 +126,6 @@ CASES = [
         analytic=True,
         idle_types=("A100-40",),
         mixed_pipeline=True,
-        xfail_search=(
-            "search 0.02795 ms (tp=1 mbs=2, one pipeline of 4 RTX stages, m=8) vs optimum "
-            "0.02760 ms (tp=1 mbs=1, two pipelines [V100@v0 0:3 | RTX@r0 3:4 | RTX@r0 4:6], "
-            "m=8 each), +1.24%: grouping 2x[V100,RTX,RTX] is solved but the split MILP "
-            "(mean-block costs) gives [0:2|2:4|4:6] (0.02876 ms) and refine moves one "
-            "replica's boundary at a time, which cannot lower the max when identical "
-            "replicas share the bottleneck"
-        ),
-        xfail_make_plan="same miss as the search; the best baseline (only-RTX-3090) is the same",
     ),
     # Memory binds: a V100 (2.2 GB) cannot hold the model, so it must pipeline.
     Case(
@@ -191,14 +182,6 @@ CASES = [
         global_batch_size=8,
         inter_node_gbps=10.0,
         idle_types=("V100-16",),
-        xfail_search=(
-            "search 27.47 ms (tp=2 mbs=8, one pipeline on a0) vs optimum 22.29 ms (tp=1 "
-            "mbs=4, two 1-stage pipelines on a0, V100s idle): _sync_ms_per_param charges "
-            "every grouping the slowest inter-host link once the cluster has two hosts, so "
-            "lower_bound_ms of 2x[A100] (tp=1, mbs=4) is 38.23 ms > the 22.29 ms that plan "
-            "costs (an invalid bound: pruning and 'optimal' status can be wrong); "
-            "make_plan recovers it through the only-A100-40 baseline"
-        ),
     ),
     # Two A100 hosts on a slow link, a V100 host well connected to both: pipelines
     # A(a0) -> V -> A(a1) keep every gradient all-reduce inside one host.
