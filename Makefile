@@ -18,10 +18,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
+	@echo "== 1. plan a heterogeneous fleet (A100 + V100 + RTX 3090, Sailor's measured OPT-350M)"
 	$(VENV)/bin/autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M \
 	  --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --name demo-paper-mix \
-	  --out-dir $(PLANS) --time-limit 30 --explain
-	$(VENV)/bin/autohet estimate $$(ls -t $(PLANS)/demo-paper-mix.v*.yaml | head -1)
+	  --out-dir $(PLANS) --time-limit 20 --explain
+	@echo "== 2. plan and launch a tiny GPT on the embedded localhost cluster (2 CPU devices)"
+	$(VENV)/bin/autohet plan --model gpt-tiny --global-batch-size 8 --precision fp32 \
+	  --name demo-local --out-dir $(PLANS) --time-limit 10 --explain
+	$(VENV)/bin/autohet launch $$(ls -t $(PLANS)/demo-local.v*.yaml | head -1) --steps 30 \
+	  --train-arg=--lr=0.003
 
 test: install lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
