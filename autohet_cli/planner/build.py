@@ -60,8 +60,12 @@ def place(
         bounds = _bounds(ns, first_block, num_layers)
         if bounds is None:
             return None
-        if stage_major:
+        if stage_major or tpl.hosts:
             drawn = [[next(pools[c]) for _ in range(k)] for c in tpl.classes]
+            if tpl.hosts and any(
+                g[0].host != tpl.hosts[s] for s, row in enumerate(drawn) for g in row
+            ):
+                return None  # the pools did not line up with the aligned hosts
             grid = [[drawn[s][p] for s in range(len(tpl.classes))] for p in range(k)]
         else:
             grid = [[next(pools[c]) for c in tpl.classes] for _ in range(k)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import combinations, product
+from itertools import combinations, permutations, product
 
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.tables import LayerTable
@@ -130,6 +130,7 @@ def block_stats(table: LayerTable, model: ModelSpec) -> BlockStats:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Template:
     classes: tuple[int, ...]  # class index per stage, in stage order
+    hosts: tuple[str, ...] = ()  # host per stage for host-aligned pipelines, else empty
 
     @property
     def num_stages(self) -> int:
@@ -271,3 +272,51 @@ def _mixed(classes: Sequence[DeviceClass], both_orders: bool) -> Iterator[tuple[
                 Template(classes=tuple(c.index for c in ordered for _ in range(depth[c.index]))),
                 k,
             )
+
+
+ALIGNED_MAX_HOSTS = 4
+
+
+def aligned_parts(classes: Sequence[DeviceClass]) -> Iterator[tuple[tuple[Template, int], ...]]:
+    """Host-aligned pipelines for small clusters: k pipelines whose stage
+    positions are whole hosts (each host gives every pipeline groups // k
+    stages), in every order of the hosts. Placed stage-major, the copies of a
+    stage share a host, so its gradient all-reduce never leaves the host, and
+    the host order decides which links the activations cross (a slow pair of
+    hosts can be kept apart by a third one between them). Same-class hosts keep
+    their pool order so that stage-major placement lands each position on its
+    host. Only for up to ALIGNED_MAX_HOSTS hosts: the orders grow factorially."""
+    hosts = [
+        (c.index, n, name)
+        for c in classes
+        for name, n in zip(c.hosts, c.groups_per_host, strict=True)
+    ]
+    if not 2 <= len(hosts) <= ALIGNED_MAX_HOSTS:
+        return
+    for k in range(1, max(n for _, n, _ in hosts) + 1):
+        usable = [i for i, (_, n, _) in enumerate(hosts) if n >= k]
+        for size in range(2, len(usable) + 1):
+            for chosen in combinations(usable, size):
+                for order in permutations(chosen):
+                    if not _pool_order(order, hosts):
+                        continue
+                    per = [(hosts[i][0], hosts[i][2], hosts[i][1] // k) for i in order]
+                    yield (
+                        (
+                            Template(
+                                classes=tuple(c for c, _, d in per for _ in range(d)),
+                                hosts=tuple(h for _, h, d in per for _ in range(d)),
+                            ),
+                            k,
+                        ),
+                    )
+
+
+def _pool_order(order: Sequence[int], hosts: Sequence[tuple[int, int, str]]) -> bool:
+    last: dict[int, int] = {}
+    for i in order:
+        cls = hosts[i][0]
+        if last.get(cls, -1) > i:
+            return False
+        last[cls] = i
+    return True

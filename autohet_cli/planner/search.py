@@ -16,6 +16,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from autohet_cli import catalog
 from autohet_cli.cluster import Cluster
@@ -30,6 +31,7 @@ from autohet_cli.planner.groups import (
     DeviceClass,
     Grouping,
     Template,
+    aligned_parts,
     block_range,
     block_stats,
     device_classes,
@@ -121,7 +123,9 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
             _trim(homogeneous_options(c.num_groups, d)) if d else []
             for c, d in zip(ctx.classes, _min_depths(req, ctx), strict=True)
         ]
-        for parts in enumerate_parts(ctx.classes, options, mixed_orders=True):
+        for parts in chain(
+            enumerate_parts(ctx.classes, options, mixed_orders=True), aligned_parts(ctx.classes)
+        ):
             if sum(k for _, k in parts) > M:
                 continue
             lb = lower_bound_ms(
@@ -296,6 +300,13 @@ def _slowest_link(cluster: Cluster) -> float:
 def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     out = []
     slow = _slowest_link(req.cluster)
+    if tpl.hosts:  # host-aligned: the links between the stage hosts are known
+        return [
+            ctx.stats[tpl.classes[s]].out_bytes
+            / (req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]) * 1e9 / 8)
+            * 1e3
+            for s in range(tpl.num_stages - 1)
+        ]
     for a, b in zip(tpl.classes, tpl.classes[1:], strict=False):
         c = ctx.classes[a]
         same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
@@ -332,6 +343,11 @@ def _sync_ms_per_param(
             hosts += 1
             need -= per_host
     intra = max(cls.intra_node_gbps for cls, n in zip(ctx.classes, used, strict=True) if n)
+    if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
+        slowest_intra = min(
+            req.cluster.host(h).intra_node_gbps for tpl, _ in parts for h in tpl.hosts
+        )
+        return ring_allreduce_ms(nbytes, d, slowest_intra)
     if optimistic:
         fastest = max([intra, req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()])
         return ring_allreduce_ms(nbytes, d, fastest)

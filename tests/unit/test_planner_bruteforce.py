@@ -191,14 +191,6 @@ CASES = [
         global_batch_size=8,
         pairs=(("a0", "a1", 5.0),),
         mixed_pipeline=True,
-        xfail_search=(
-            "planner returns two pipelines [a0|a0], [a1|a1] (32.68 ms, sync over the 5 Gbit/s "
-            "a0-a1 link); optimum is two pipelines [A100@a0 0:3 | V100@v0 3:4 | A100@a1 4:6] "
-            "(17.44 ms, every segment all-reduced inside one host): templates never "
-            "interleave classes (A, V, A) and placement never puts data-parallel peers "
-            "of a stage on one host"
-        ),
-        xfail_make_plan="same miss as the search; no baseline recovers it",
     ),
 ]
 
