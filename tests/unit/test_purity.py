@@ -36,6 +36,11 @@ PURE_MODULES = (
     "autohet_cli.profiling.measure",
     "autohet_cli.settings",
     "autohet_cli.inputs",
+    "autohet_cli.launch.specs",
+    "autohet_cli.recovery.manifest",
+    "autohet_cli.recovery.replan",
+    "autohet_cli.recovery.transfer",
+    "autohet_cli.recovery.report",
 )
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner")
 

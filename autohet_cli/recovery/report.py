@@ -1,0 +1,128 @@
+"""What ``autohet recover`` reports (``--json``): phases, bytes moved, new plan, step (pure).
+
+The contract keys, relied on by scripts and the recovery benchmark:
+``new_plan_path``, ``bytes_from_peers``, ``bytes_from_remote``, ``phases``
+(phase name -> seconds, in the order they ran) and ``resumed_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autohet_cli.recovery.replan import Replan
+    from autohet_cli.recovery.transfer import TransferPlan
+
+SCHEMA = "autohet.recovery/v1"
+# The phases of a recovery, in order (others may be added; order is as recorded).
+PHASES = ("detect", "checkpoint", "replan", "transfer", "verify", "relaunch", "first_step")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoveryReport:
+    new_plan_path: str
+    resumed_step: int
+    bytes_from_peers: int
+    bytes_from_remote: int
+    phases: Mapping[str, float] = field(default_factory=dict)  # seconds, in order
+    old_plan_path: str = ""
+    lost_hosts: tuple[str, ...] = ()
+    added_hosts: tuple[str, ...] = ()
+    chosen: str = ""  # contingency | solved | kept
+    solved: bool = False
+    kept_in_place_fraction: float | None = None
+    iteration_time_s: float | None = None  # predicted, of the new plan
+    predicted_transfer_s: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.phases.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "new_plan_path": self.new_plan_path,
+            "old_plan_path": self.old_plan_path,
+            "resumed_step": self.resumed_step,
+            "bytes_from_peers": self.bytes_from_peers,
+            "bytes_from_remote": self.bytes_from_remote,
+            "phases": {k: round(v, 6) for k, v in self.phases.items()},
+            "total_s": round(self.total_s, 6),
+            "lost_hosts": list(self.lost_hosts),
+            "added_hosts": list(self.added_hosts),
+            "chosen": self.chosen,
+            "solved": self.solved,
+            "kept_in_place_fraction": _round(self.kept_in_place_fraction),
+            "iteration_time_s": _round(self.iteration_time_s),
+            "predicted_transfer_s": _round(self.predicted_transfer_s),
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 6)
+
+
+class PhaseClock:
+    """Times named phases for the report: ``with clock.phase("transfer"): ...``.
+
+    A phase entered twice adds up. The clock is injectable for tests.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._phases: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._phases[name] = self._phases.get(name, 0.0) + self._now() - start
+
+    @property
+    def phases(self) -> dict[str, float]:
+        return dict(self._phases)
+
+
+def build_report(
+    *,
+    replan: Replan,
+    transfer: TransferPlan,
+    new_plan_path: str,
+    old_plan_path: str,
+    phases: Mapping[str, float],
+    resumed_step: int | None = None,
+) -> RecoveryReport:
+    """The report from the replan and the transfer plan that were carried out.
+
+    ``resumed_step`` defaults to the checkpoint's step (the next step to run).
+    """
+    chosen = replan.candidate(replan.chosen)
+    prediction = replan.plan.prediction
+    return RecoveryReport(
+        new_plan_path=new_plan_path,
+        old_plan_path=old_plan_path,
+        resumed_step=transfer.step if resumed_step is None else resumed_step,
+        bytes_from_peers=transfer.bytes_from_peers,
+        bytes_from_remote=transfer.bytes_from_remote,
+        phases=dict(phases),
+        lost_hosts=replan.lost,
+        added_hosts=replan.added,
+        chosen=replan.chosen,
+        solved=replan.solved,
+        kept_in_place_fraction=None if chosen is None else chosen.stability.fraction,
+        iteration_time_s=None if prediction is None else prediction.iteration_time_s,
+        predicted_transfer_s=transfer.predicted_time_s,
+        notes=replan.plan.notes,
+    )
