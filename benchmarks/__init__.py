@@ -7,6 +7,14 @@
   with Sailor's measured profiles.
 - ``profile_hosts``: `autohet profile run` on 3 real-sshd loopback hosts, serial vs
   parallel.
+- ``runtime_overhead``: the worker runtime's step time against torch DDP and
+  ``Schedule1F1B`` (2 gloo processes on CPU, gpt-small).
 """
 
-BENCHMARKS = ("megatron_check", "planner_speed", "planner_quality", "profile_hosts")
+BENCHMARKS = (
+    "megatron_check",
+    "planner_speed",
+    "planner_quality",
+    "profile_hosts",
+    "runtime_overhead",
+)

@@ -23,9 +23,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from autohet_cli.cli import estimate, launch, models, plan, profile
+    from autohet_cli.cli import estimate, launch, models, plan, profile, recover
 
-    for module in (profile, plan, estimate, launch, models):
+    for module in (profile, plan, estimate, launch, recover, models):
         module.register(app)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from autohet_cli.errors import PlanError
 from autohet_cli.launch.executor import ConnectOptions, Job, home_directories, recover_command
 from autohet_cli.launch.specs import LaunchOptions, build_launch_specs
 from autohet_cli.plan import Plan, check_against_cluster, load_plan
+from autohet_cli.recovery.manifest import remote_root
 from autohet_cli.yamlio import sha256_file
 
 
@@ -65,7 +67,11 @@ def launch(
     rid = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     extra = [f"--steps={steps}", *(train_arg or [])]
     options = LaunchOptions(
-        run_id=rid, master_port=master_port, script=script or (), train_args=extra
+        run_id=rid,
+        master_port=master_port,
+        script=script or (),
+        train_args=extra,
+        remote_storage=remote_root(cl.remote_storage, os.environ),
     )
     connect = ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
     homes = None if dry_run else home_directories(plan, cl, connect)

@@ -57,6 +57,7 @@ class LaunchOptions:
     script: Sequence[str] = ()  # user script and its args; empty: the built-in trainer
     train_args: Sequence[str] = ()  # extra args for the built-in trainer
     user_env: Mapping[str, str] = field(default_factory=dict)
+    remote_storage: str | None = None  # checkpoints' remote copy, for the built-in trainer
 
 
 def host_order(plan: Plan) -> list[str]:
@@ -130,6 +131,9 @@ def build_launch_specs(
                 plan_path,
                 "--run-dir",
                 run_dir,
+                "--checkpoint-dir",
+                host.checkpoint_dir,
+                *(["--remote-storage", options.remote_storage] if options.remote_storage else []),
                 *options.train_args,
             ]
         specs.append(

@@ -7,11 +7,19 @@ Start one worker per plan device under torchrun, in plan order (see
 
 Without torchrun the worker runs alone, which a one-device plan allows: the
 single-process reference every distributed plan must match.
+
+``--steps N`` is the step training ends at: a run resumed from step k
+(``--resume``) runs steps k .. N-1. ``--checkpoint-every K`` saves after every
+K-th step (``runtime.checkpoint``; docs/checkpoint-format.md); every rank beats a
+heartbeat under ``RUN_DIR/heartbeat/`` and a lost peer ends the run within the
+collective timeout (``runtime.health``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,14 +28,37 @@ import torch
 
 from autohet_cli.errors import AutohetError
 from autohet_cli.plan import load_plan
+from autohet_cli.runtime.checkpoint import (
+    CHECKPOINT_DIR_ENV,
+    Checkpointer,
+    CheckpointError,
+    CheckpointHook,
+    RemoteCopy,
+    checkpoint_root,
+    remote_url,
+)
+from autohet_cli.runtime.context import WorkerEnv, pick_device
+from autohet_cli.runtime.health import (
+    DEFAULT_INTERVAL_S,
+    HealthMonitor,
+    default_timeout_s,
+    init_process_group,
+)
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
+
+RUN_DIR_ENV = "AUTOHET_RUN_DIR"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m autohet_cli.runtime.train", description=__doc__)
     p.add_argument("--plan", required=True, type=Path, help="plan file (autohet.plan/v1)")
-    p.add_argument("--steps", required=True, type=int, help="optimizer steps to run")
+    p.add_argument(
+        "--steps",
+        required=True,
+        type=int,
+        help="train up to this step (a resumed run continues from its checkpoint's step)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument(
@@ -52,9 +83,60 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="after the last step every rank writes its parameters, TP-gathered and keyed "
         "by full names, to DIR/rank<R>.pt (for tests and debugging)",
     )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="save a checkpoint after every K-th step (default 0: never)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"this host's checkpoint directory (default ${CHECKPOINT_DIR_ENV}, else "
+        "RUN_DIR/../../checkpoints)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="STEP",
+        help="load the newest complete checkpoint (or the one of STEP) before training",
+    )
+    p.add_argument(
+        "--remote-storage",
+        metavar="URL",
+        help="fsspec URL checkpoints are copied to in the background (default "
+        "$AUTOHET_REMOTE_STORAGE, else /tmp/autohet-remote; 'none': no copy)",
+    )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        metavar="S",
+        help="seconds before a collective (and a step) counts as stuck (default 60 on CPU, "
+        "300 on GPU)",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between background heartbeats (default {DEFAULT_INTERVAL_S:g})",
+    )
     args = p.parse_args(argv)
     if args.steps < 0:
         p.error("--steps must be >= 0")
+    if args.checkpoint_every < 0:
+        p.error("--checkpoint-every must be >= 0")
+    if args.resume not in (None, "latest"):
+        if not args.resume.isdigit():
+            p.error(f"--resume {args.resume!r}: expected a step number (or no value: the newest)")
+        args.resume = int(args.resume)
+    if args.collective_timeout is not None and args.collective_timeout <= 0:
+        p.error("--collective-timeout must be > 0")
+    if args.heartbeat_interval <= 0:
+        p.error("--heartbeat-interval must be > 0")
     return args
 
 
@@ -80,6 +162,9 @@ def _info(trainer: Trainer) -> dict[str, int]:
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
     config = TrainConfig(seed=args.seed, lr=args.lr, device=args.device, model_fn=args.model_fn)
+    run_dir = args.run_dir or (
+        Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None
+    )
     metrics = args.metrics
     if metrics is None and args.run_dir is not None:
         args.run_dir.mkdir(parents=True, exist_ok=True)
@@ -87,11 +172,53 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     hooks: list[Hook] = [MetricsHook(metrics)]
     if args.dump_state is not None:
         hooks.append(DumpStateHook(args.dump_state))
+    device = pick_device(args.device, WorkerEnv.from_environ())
+    timeout_s = args.collective_timeout or default_timeout_s(device)
+    init_process_group(device, timeout_s)
     trainer = Trainer(plan, config, hooks=hooks)
+    health = HealthMonitor(
+        trainer.runtime, run_dir=run_dir, interval_s=args.heartbeat_interval, timeout_s=timeout_s
+    )
+    health.start()
     try:
-        return trainer.fit(args.steps)
+        checkpointer = _checkpointer(args, trainer, run_dir)
+        if checkpointer is not None and args.resume is not None:
+            checkpointer.resume(None if args.resume == "latest" else args.resume)
+        # The watchdog's step ends before a save: saves have their own, longer timeout.
+        trainer.hooks.append(health)
+        if checkpointer is not None and args.checkpoint_every:
+            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every))
+        results = trainer.fit(max(0, args.steps - trainer.step))
+    except BaseException as exc:
+        health.fail(exc)  # a lost peer is reported here and the process ends
+        raise
+    else:
+        health.stop()
     finally:
         trainer.close()
+    return results
+
+
+def _checkpointer(
+    args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
+) -> Checkpointer | None:
+    if not args.checkpoint_every and args.resume is None:
+        return None
+    root = checkpoint_root(args.checkpoint_dir, run_dir)
+    if root is None:
+        raise CheckpointError(
+            f"no checkpoint directory: pass --checkpoint-dir, set ${CHECKPOINT_DIR_ENV} or "
+            "--run-dir"
+        )
+    url = remote_url(args.remote_storage)
+    plan = trainer.plan
+    return Checkpointer(
+        trainer,
+        root=root,
+        plan_ref=f"{plan.name}.v{plan.version}",
+        plan_sha256=hashlib.sha256(args.plan.read_bytes()).hexdigest(),
+        remote=RemoteCopy(url, plan.name) if url else None,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

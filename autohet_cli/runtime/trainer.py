@@ -268,16 +268,20 @@ class Trainer:
 
     # ----------------------------------------------------------------- state (seams)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, flat_optimizer: bool = False) -> dict[str, Any]:
         """This rank's training state, model and optimizer keyed by full parameter names.
 
         ``torch.distributed.checkpoint.state_dict.get_state_dict`` maps the optimizer
         state from parameter ids to the same names; TP shards are DTensors. Saved with
         ``torch.distributed.checkpoint`` from every rank, it loads under any plan.
+        ``flat_optimizer``: one entry per name and key (``state.<name>.exp_avg``,
+        ``param_groups.<name>.lr``) instead of ``param_groups`` lists, which differ
+        between plans; what checkpoints use (``runtime.checkpoint``).
         """
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model, optimizer = get_state_dict(self.stage, self.optimizer)
+        options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
+        model, optimizer = get_state_dict(self.stage, self.optimizer, options=options)
         return {
             "model": model,
             "optimizer": optimizer,
@@ -286,14 +290,16 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of ``state_dict``; the next ``fit`` continues at ``state["step"]``."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+        flat = "state" not in state["optimizer"]
         set_state_dict(
             self.stage,
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optimizer"],
+            options=StateDictOptions(flatten_optimizer_state_dict=flat),
         )
         self.step = int(state["step"])
         if self.scaler is not None and state.get("loss_scale"):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cluster_file(farm: SshdFarm, path: Path) -> Path:
+def _cluster_file(farm: SshdFarm, path: Path, remote_storage: str | None = None) -> Path:
     hosts = []
     for h in farm.hosts:
         hosts.append(
@@ -39,16 +39,15 @@ def _cluster_file(farm: SshdFarm, path: Path) -> Path:
                 "gpus": {"type": "cpu", "count": 1},
             }
         )
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "schema": "autohet.cluster/v1",
-                "name": "fake",
-                "network": {"inter_node_gbps": 10},
-                "hosts": hosts,
-            }
-        )
-    )
+    doc = {
+        "schema": "autohet.cluster/v1",
+        "name": "fake",
+        "network": {"inter_node_gbps": 10},
+        "hosts": hosts,
+    }
+    if remote_storage:
+        doc["remote_storage"] = remote_storage
+    path.write_text(yaml.safe_dump(doc))
     return path
 
 

@@ -85,6 +85,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         f"{run}/lab.v3.yaml",
         "--run-dir",
         run,
+        "--checkpoint-dir",
+        "/tmp/autohet-ckpt",
         "--steps=20",
     )
     assert a100.argv[5:8] == ("--node-rank", "1", "--nproc-per-node")
@@ -106,7 +108,7 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 "
         "--master-addr 127.0.0.3 --master-port 29600 "
         f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
-        f"--run-dir {run} --steps=20"
+        f"--run-dir {run} --checkpoint-dir /tmp/autohet-ckpt --steps=20"
     )
 
 

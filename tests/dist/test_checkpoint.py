@@ -1,0 +1,279 @@
+"""Checkpoints through the real worker entry point: layout, manifest, remote copy, resume.
+
+One 4-worker run saves (``--checkpoint-every 2``, 4 steps) under a plan of two
+pipelines with different stage cuts spread over two fake hosts ``a`` and ``b``,
+each with its own checkpoint directory, as ``autohet launch`` would start them
+(``AUTOHET_HOST``, one ``--checkpoint-dir`` per host). The tests then check what
+docs/checkpoint-format.md promises and resume under other plans: one pipeline
+with TP 2 and another cut (4 workers), and the one-device plan (no torchrun).
+Every loss must match the uninterrupted single-process run within 1e-5
+(relative), AdamW included: the per-step losses of a resumed run continue the
+curve, across TP degrees and stage cuts.
+
+Resuming needs each loading host's step directory to hold the files its ranks
+read; ``autohet recover`` arranges that by copying, which the tests do by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
+
+from autohet_cli.plan import Device, Plan, write_plan
+from autohet_cli.recovery.manifest import load_manifest
+from autohet_cli.runtime.checkpoint import sha256_file
+
+pytestmark = pytest.mark.dist
+
+SEED, LR, STEPS = "7", "0.001", 6
+TIMEOUT_S = 150
+NAME = "ckpt"  # every plan below shares it, so they share the checkpoints
+STEP_2, STEP_4 = "step-00000002", "step-00000004"
+
+
+def _two_host_plan() -> Plan:
+    """Pipelines [0,2)+[2,6] (3 micro-batches) and [0,4)+[4,6) (5): stage 0 on a, 1 on b."""
+    base = make_plan(NAME, [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])], optimizer="adam")
+    return replace(
+        base,
+        pipelines=tuple(
+            replace(
+                p,
+                stages=tuple(
+                    replace(s, devices=(Device(host="ab"[j], gpu=i),))
+                    for j, s in enumerate(p.stages)
+                ),
+            )
+            for i, p in enumerate(base.pipelines)
+        ),
+    )
+
+
+def _args(plan_path: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        *("-m", "autohet_cli.runtime.train", "--plan", str(plan_path), "--steps", str(steps)),
+        *("--seed", SEED, "--lr", LR, "--device", "cpu", *extra),
+    ]
+
+
+def _losses(metrics: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in map(json.loads, metrics.read_text().splitlines())}
+
+
+def _run(cmd: list[str], *, expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, *cmd],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    if expect_ok:
+        assert proc.returncode == 0, f"{cmd[:2]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    tmp: Path
+    plans: Path  # directory of the plan files (versions of NAME)
+    dirs: dict[str, Path]  # host -> its checkpoint dir
+    remote: Path
+    losses: dict[int, float]  # the saving run's
+    reference: dict[int, float]  # the uninterrupted single-process run's
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    tmp = tmp_path_factory.mktemp("ckpt")
+    plans = tmp / "plans"
+    plans.mkdir()
+    # The reference: one device, STEPS steps straight through.
+    ref_plan = make_plan("reference", [(8, [(0, NUM_LAYERS)])], optimizer="adam")
+    _, ref_path = write_plan(ref_plan, plans)
+    _run(_args(ref_path, STEPS, "--metrics", str(tmp / "reference.jsonl")))
+    # The saving run: 4 workers on hosts a (ranks 0-1) and b (ranks 2-3).
+    _, path = write_plan(_two_host_plan(), plans)
+    dirs = {h: tmp / f"disk-{h}" for h in "ab"}
+    remote = tmp / "remote"
+    port = str(_free_port())
+    procs = []
+    for rank, (host, local_rank) in enumerate([("a", 0), ("a", 1), ("b", 0), ("b", 1)]):
+        env = _env() | {
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(local_rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "AUTOHET_HOST": host,
+        }
+        args = _args(
+            path,
+            4,
+            *("--run-dir", str(tmp / f"run-{host}"), "--checkpoint-every", "2"),
+            *("--checkpoint-dir", str(dirs[host]), "--remote-storage", str(remote)),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for p in procs:
+            _, stderr = p.communicate(timeout=TIMEOUT_S)
+            assert p.returncode == 0, f"worker failed ({p.returncode}):\n{stderr[-4000:]}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return Saved(
+        tmp=tmp,
+        plans=plans,
+        dirs=dirs,
+        remote=remote,
+        losses=_losses(tmp / "run-a" / "metrics.jsonl"),
+        reference=_losses(tmp / "reference.jsonl"),
+    )
+
+
+def _copy_root(saved: Saved, dest: Path, hosts: str = "ab") -> Path:
+    """One checkpoint dir holding what ``hosts`` wrote: what recovery would assemble."""
+    for host in hosts:
+        shutil.copytree(saved.dirs[host], dest, dirs_exist_ok=True)
+    return dest
+
+
+def _assert_continues(saved: Saved, losses: dict[int, float], first: int) -> None:
+    assert sorted(losses) == list(range(first, STEPS))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
+
+
+def _one_device(saved: Saved) -> Path:
+    _, path = write_plan(make_plan(NAME, [(8, [(0, NUM_LAYERS)])], optimizer="adam"), saved.plans)
+    return path
+
+
+# --------------------------------------------------------------------- the saved layout
+
+
+def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Saved) -> None:
+    assert sorted(saved.losses) == [0, 1, 2, 3]
+    for step, loss in saved.losses.items():
+        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
+    for step_dir in (STEP_2, STEP_4):
+        a, b = (saved.dirs[h] / NAME / step_dir for h in "ab")
+        assert sorted(os.listdir(a)) == [
+            ".metadata",
+            "COMPLETE",
+            "__0_0.distcp",
+            "__1_0.distcp",
+            "manifest.json",
+        ]
+        assert sorted(os.listdir(b)) == ["__2_0.distcp", "__3_0.distcp"]
+        manifest = load_manifest(a / "manifest.json")
+        assert (manifest.step, manifest.plan, manifest.world_size) == (
+            int(step_dir[5:]),
+            f"{NAME}.v1",
+            4,
+        )
+        assert {(f.path, f.host, f.rank) for f in manifest.files} == {
+            (".metadata", "a", 0),
+            ("__0_0.distcp", "a", 0),
+            ("__1_0.distcp", "a", 1),
+            ("__2_0.distcp", "b", 2),
+            ("__3_0.distcp", "b", 3),
+        }
+        for f in manifest.files:
+            local = saved.dirs[f.host] / NAME / step_dir / f.path
+            assert sha256_file(local) == f.sha256 and local.stat().st_size == f.num_bytes
+            # The remote copy: every file, byte for byte, and COMPLETE.
+            assert sha256_file(saved.remote / NAME / step_dir / f.path) == f.sha256
+        assert (saved.remote / NAME / step_dir / "COMPLETE").is_file()
+        assert load_manifest(saved.remote / NAME / step_dir / "manifest.json") == manifest
+
+
+# --------------------------------------------------------------------- resuming
+
+
+def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
+    """Other cut ([0,3) + [3,6)), TP 2, one pipeline instead of two; AdamW state resharded."""
+    root = _copy_root(saved, saved.tmp / "tp2-disk")
+    _, path = write_plan(
+        make_plan(NAME, [(8, [(0, 3), (3, 6)])], tp=2, optimizer="adam"), saved.plans
+    )
+    metrics = saved.tmp / "tp2.jsonl"
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    proc = _run(
+        [
+            *launcher,
+            *_args(path, STEPS, "--resume", "--checkpoint-dir", str(root)),
+            *("--metrics", str(metrics), "--remote-storage", "none"),
+        ]
+    )
+    assert f"resumed from {root / NAME / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
+def test_incomplete_checkpoint_is_refused_and_resume_falls_back(saved: Saved) -> None:
+    root = _copy_root(saved, saved.tmp / "incomplete-disk")
+    (root / NAME / STEP_4 / "COMPLETE").unlink()
+    path = _one_device(saved)
+    common = ("--checkpoint-dir", str(root), "--remote-storage", "none")
+    proc = _run(_args(path, STEPS, "--resume", "4", *common), expect_ok=False)
+    assert proc.returncode == 1
+    assert f"checkpoint {root / NAME / STEP_4} is incomplete (no COMPLETE marker" in proc.stderr
+    metrics = saved.tmp / "fallback.jsonl"
+    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
+    assert f"skipping incomplete checkpoint {root / NAME / STEP_4}" in proc.stderr
+    assert f"resumed from {root / NAME / STEP_2} at step 2" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 2)
+
+
+def test_corrupted_file_is_detected_by_its_sha256(saved: Saved) -> None:
+    root = _copy_root(saved, saved.tmp / "corrupt-disk")
+    victim = root / NAME / STEP_4 / "__2_0.distcp"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    common = ("--checkpoint-dir", str(root), "--remote-storage", "none")
+    proc = _run(_args(_one_device(saved), STEPS, "--resume", *common), expect_ok=False)
+    assert proc.returncode == 1
+    assert f"{victim} is corrupt: its sha256 is" in proc.stderr
+
+
+def test_missing_file_is_named_or_fetched_from_the_remote_copy(saved: Saved) -> None:
+    """Host b's files never copied over: an error naming them, or the remote copy fills in."""
+    root = _copy_root(saved, saved.tmp / "a-only-disk", hosts="a")
+    path = _one_device(saved)
+    proc = _run(
+        _args(path, STEPS, "--resume", "--checkpoint-dir", str(root), "--remote-storage", "none"),
+        expect_ok=False,
+    )
+    assert proc.returncode == 1
+    missing = root / NAME / STEP_4 / "__2_0.distcp"
+    assert f"{missing} is missing: rank 0 reads it, and host b wrote it" in proc.stderr
+    metrics = saved.tmp / "fetched.jsonl"
+    proc = _run(
+        _args(path, STEPS, "--resume", "--checkpoint-dir", str(root), "--metrics", str(metrics))
+        + ["--remote-storage", f"file://{saved.remote}"]
+    )
+    assert "fetched __2_0.distcp" in proc.stderr and "fetched __3_0.distcp" in proc.stderr
+    assert sha256_file(missing) == sha256_file(saved.dirs["b"] / NAME / STEP_4 / "__2_0.distcp")
+    _assert_continues(saved, _losses(metrics), 4)

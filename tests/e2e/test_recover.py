@@ -1,0 +1,249 @@
+"""Fault injection: train on 3 sshd hosts with checkpoints, kill one, `autohet recover`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.sshd import SshdFarm
+from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive
+
+pytestmark = pytest.mark.e2e
+STEPS = 12
+EVERY = 3
+
+
+def _losses(text: str) -> dict[int, float]:
+    return {
+        int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+) loss ([0-9.]+)", text)
+    }
+
+
+def _reference(tmp: Path) -> dict[int, float]:
+    """The uninterrupted run: one process, same global batch, seed and steps."""
+    from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+    from autohet_cli.settings import TrainingSettings
+
+    one = Plan(
+        name="ref",
+        version=0,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(
+            global_batch_size=8, micro_batch_size=1, seq_len=64, precision="fp32"
+        ),
+        tensor_parallel=1,
+        pipelines=(
+            Pipeline(
+                num_microbatches=8,
+                stages=(
+                    Stage(
+                        layer_start=0,
+                        layer_end=6,
+                        gpu_type="cpu",
+                        tensor_parallel=1,
+                        devices=(Device(host="localhost", gpu=0),),
+                    ),
+                ),
+            ),
+        ),
+    )
+    _, path = write_plan(one, tmp / "ref")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autohet_cli.runtime.train",
+            "--plan",
+            str(path),
+            "--steps",
+            str(STEPS),
+            "--lr",
+            "0.003",
+            "--run-dir",
+            str(tmp / "ref-run"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    return _losses(out)
+
+
+def test_kill_a_host_then_recover_resumes_on_the_survivors(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    remote = tmp_path / "remote"
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", remote_storage=str(remote))
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        "--steps",
+        "1000",
+        "--train-arg=--lr=0.003",
+        f"--train-arg=--checkpoint-every={EVERY}",
+    )
+    assert proc.stdout is not None
+    before = []
+    for line in proc.stdout:
+        before.append(line)
+        if "step 8 " in line:
+            break
+    sshd_farm.hosts[2].stop()  # fake-4 vanishes with its workers and its disk's sshd
+    rest, _ = proc.communicate(timeout=120)
+    assert "--lost fake-4" in rest
+    assert not _workers_alive(sshd_farm)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autohet_cli",
+            "recover",
+            str(plan),
+            "--lost",
+            "fake-4",
+            "--steps",
+            str(STEPS),
+            "--checkpoint-every",
+            str(EVERY),
+            "--train-arg=--lr=0.003",
+            "--known-hosts",
+            str(tmp_path / "sshd" / "known_hosts"),
+            "--json",
+            "--master-port",
+            "29517",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    for key in ("new_plan_path", "bytes_from_peers", "bytes_from_remote", "phases", "resumed_step"):
+        assert key in report
+    assert report["resumed_step"] in (6, 9)
+    assert report["new_plan_path"].endswith("e2e.v2.yaml")
+    # Only fake-4's own shard lived nowhere else: remote storage is read for it alone.
+    assert report["bytes_from_remote"] > 0
+    ref = _reference(tmp_path)
+    logs = "".join(p.read_text() for p in (tmp_path / "runs").glob("e2e.v2/*/*.log"))
+    after = _losses(logs)
+    resumed = [s for s in after if s >= report["resumed_step"]]
+    assert resumed and max(resumed) == STEPS - 1
+    for step in resumed:
+        assert after[step] == pytest.approx(ref[step], abs=1e-4), (step, after[step], ref[step])
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("e2e/step-*") if p.is_dir())
+
+
+def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    remote = tmp_path / "remote"
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", remote_storage=str(remote))
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        "--steps",
+        "1000",
+        "--train-arg=--lr=0.003",
+        f"--train-arg=--checkpoint-every={EVERY}",
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 8 " in line:
+            break
+    sshd_farm.hosts[2].stop()
+    proc.communicate(timeout=120)
+    survivors = [h.checkpoint_dir for h in sshd_farm.hosts[:2]]
+    # Killed while writing the newest checkpoint: no COMPLETE marker anywhere.
+    newest = _step_dirs(survivors[0])[-1].name
+    for root in (*survivors, remote):
+        marker = root / "e2e" / newest / "COMPLETE"
+        if marker.exists():
+            marker.unlink()
+    older = _step_dirs(survivors[0])[-2].name
+    # A shard on a surviving peer is corrupt: it must be detected and fetched elsewhere.
+    shard = next((survivors[0] / "e2e" / older).glob("__*_0.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    def run_recover(*extra: str) -> dict[str, object]:
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autohet_cli",
+                "recover",
+                str(plan),
+                "--lost",
+                "fake-4",
+                "--known-hosts",
+                str(tmp_path / "sshd" / "known_hosts"),
+                "--json",
+                *extra,
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autohet_cli",
+            "recover",
+            str(plan),
+            "--lost",
+            "fake-4",
+            "--known-hosts",
+            str(tmp_path / "sshd" / "known_hosts"),
+            "--dry-run",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    moved = json.loads(dry.stdout[dry.stdout.index("{") :])
+    assert moved["step"] == int(older.split("-")[1])
+    manifest = json.loads((survivors[0] / "e2e" / older / "manifest.json").read_text())
+    lost_files = {f["path"] for f in manifest["files"] if f["host"] == "fake-4"}
+    remote_items = [i for i in moved["transfers"]["items"] if i["source"]["kind"] == "remote"]
+    # remote storage only for files no survivor holds intact: fake-4's, and the corrupt one
+    assert {i["file"] for i in remote_items} <= lost_files | {shard.name}
+    assert not list((tmp_path / "plans").glob("e2e.v2.yaml"))  # a dry run writes nothing
+
+    first = run_recover("--no-resume")
+    assert first["resumed_step"] == int(older.split("-")[1])
+    assert first["bytes_from_remote"] > 0
+    assert (survivors[0] / "e2e" / older / shard.name).read_bytes() != bytes(data)
+    # Interrupted or not, running it again finds everything in place: nothing moves.
+    second = run_recover("--no-resume")
+    assert second["bytes_from_peers"] == 0 and second["bytes_from_remote"] == 0

@@ -1,0 +1,251 @@
+"""Checkpoints in one process: round trip, manifest, markers, remote copy, refusals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.recovery.manifest import Manifest, ManifestFile, load_manifest
+from autohet_cli.runtime.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    RemoteCopy,
+    Uploader,
+    UploadJob,
+    checkpoint_root,
+    incomplete_reason,
+    list_steps,
+    remote_url,
+    rename_optimizer,
+    sha256_file,
+    tied_aliases,
+)
+from autohet_cli.runtime.trainer import TrainConfig, Trainer
+from autohet_cli.settings import TrainingSettings
+
+PLAN = Plan(
+    name="one",
+    version=3,
+    model_name="gpt-tiny",
+    num_layers=6,
+    training=TrainingSettings(
+        global_batch_size=4, micro_batch_size=2, seq_len=16, precision="fp32", optimizer="adam"
+    ),
+    tensor_parallel=1,
+    pipelines=(
+        Pipeline(
+            num_microbatches=2,
+            stages=(
+                Stage(
+                    layer_start=0,
+                    layer_end=6,
+                    gpu_type="cpu",
+                    tensor_parallel=1,
+                    devices=(Device(host="h0", gpu=0),),
+                ),
+            ),
+        ),
+    ),
+)
+CONFIG = TrainConfig(seed=3, device="cpu")
+SHA = "0" * 64
+
+
+@pytest.fixture(autouse=True)
+def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.stage.state_dict().items()}
+
+
+def _checkpointer(trainer: Trainer, root: Path, remote: Path | None = None) -> Checkpointer:
+    return Checkpointer(
+        trainer,
+        root=root,
+        plan_ref="one.v3",
+        plan_sha256="a" * 64,
+        remote=RemoteCopy(str(remote), "one") if remote else None,
+    )
+
+
+def _fresh(tmp: Path, steps: int) -> tuple[Trainer, Checkpointer]:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    trainer = Trainer(PLAN, CONFIG)
+    trainer.fit(steps)
+    return trainer, _checkpointer(trainer, tmp / "ckpt", tmp / "remote")
+
+
+# --------------------------------------------------------------------- round trip
+
+
+def test_save_then_resume_continues_bitwise(tmp_path: Path) -> None:
+    trainer, ckpt = _fresh(tmp_path, 2)
+    step_dir = ckpt.save()
+    ckpt.close()
+    trainer.fit(1)
+    want = _params(trainer)
+
+    assert step_dir == tmp_path / "ckpt" / "one" / "step-00000002"
+    manifest = load_manifest(step_dir / "manifest.json")  # the recovery side's parser
+    assert (manifest.step, manifest.plan, manifest.world_size) == (2, "one.v3", 1)
+    assert sorted(f.path for f in manifest.files) == [".metadata", "__0_0.distcp"]
+    for f in manifest.files:
+        assert (f.host, f.rank) == ("h0", 0)
+        assert sha256_file(step_dir / f.path) == f.sha256
+        assert sha256_file(tmp_path / "remote" / "one" / "step-00000002" / f.path) == f.sha256
+    assert (tmp_path / "remote" / "one" / "step-00000002" / "COMPLETE").is_file()
+    assert list_steps(tmp_path / "ckpt" / "one") == {2: None}
+
+    resumed, ckpt = _fresh(tmp_path, 0)
+    assert ckpt.resume() == 2 and resumed.step == 2
+    resumed.fit(1)
+    got = _params(resumed)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
+    trainer, ckpt = _fresh(tmp_path, 0)
+    assert ckpt.resume() is None and trainer.step == 0
+
+
+def test_refusals_name_the_directory_or_file(tmp_path: Path) -> None:
+    _, ckpt = _fresh(tmp_path, 1)
+    step_dir = ckpt.save()
+    ckpt.close()
+    with pytest.raises(CheckpointError, match="no checkpoint .*step-00000005 on any host"):
+        ckpt.resume(5)
+    (step_dir / "COMPLETE").unlink()
+    with pytest.raises(CheckpointError, match=f"checkpoint {step_dir} is incomplete"):
+        ckpt.resume(1)
+    (step_dir / "COMPLETE").touch()
+    meta = step_dir / ".metadata"
+    meta.write_bytes(meta.read_bytes() + b"x")
+    with pytest.raises(CheckpointError, match=f"{meta} is corrupt"):
+        ckpt.resume(1)
+
+
+def test_a_stale_step_directory_is_cleared_before_saving(tmp_path: Path) -> None:
+    _, ckpt = _fresh(tmp_path, 1)
+    stale = tmp_path / "ckpt" / "one" / "step-00000001"
+    stale.mkdir(parents=True)
+    (stale / "__7_0.distcp").write_bytes(b"old")
+    (stale / "COMPLETE").touch()
+    ckpt.save()
+    ckpt.close()
+    assert not (stale / "__7_0.distcp").exists()
+    assert incomplete_reason(stale) is None
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def test_tied_optimizer_state_is_filed_under_the_groups_first_name() -> None:
+    tied = [("layers.0.wte.weight", "layers.5.lm_head.weight")]
+    head_only = {
+        "state.layers.5.lm_head.weight.exp_avg": 1,
+        "param_groups.layers.5.lm_head.weight.lr": 2,
+        "state.layers.5.ln_f.weight.exp_avg": 3,
+    }
+    aliases = tied_aliases(list(head_only), tied)
+    assert aliases == {"layers.5.lm_head.weight": "layers.0.wte.weight"}
+    renamed = rename_optimizer(head_only, aliases)
+    assert renamed == {
+        "state.layers.0.wte.weight.exp_avg": 1,
+        "param_groups.layers.0.wte.weight.lr": 2,
+        "state.layers.5.ln_f.weight.exp_avg": 3,
+    }
+    back = rename_optimizer(renamed, {v: k for k, v in aliases.items()})
+    assert back == head_only
+    assert tied_aliases(["state.layers.0.wte.weight.step"], tied) == {}
+
+
+def test_step_directories_and_their_markers(tmp_path: Path) -> None:
+    plan_dir = tmp_path / "plan"
+    for step, files in [(2, ["COMPLETE", "manifest.json"]), (4, ["manifest.json"]), (6, [])]:
+        d = plan_dir / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        for f in files:
+            (d / f).touch()
+    (plan_dir / "notes").mkdir()
+    steps = list_steps(plan_dir)
+    assert steps[2] is None
+    assert "no COMPLETE marker" in (steps[4] or "") and "no COMPLETE marker" in (steps[6] or "")
+    assert sorted(steps) == [2, 4, 6]
+    assert list_steps(tmp_path / "nowhere") == {}
+
+
+def test_where_checkpoints_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    for env in ("AUTOHET_CHECKPOINT_DIR", "AUTOHET_REMOTE_STORAGE", "AUTOHET_REMOTE"):
+        monkeypatch.delenv(env, raising=False)
+    run = Path("/w/runs/p.v1/20250101")
+    assert checkpoint_root(None, run) == Path("/w/runs/checkpoints")
+    assert checkpoint_root(None, None) is None
+    monkeypatch.setenv("AUTOHET_CHECKPOINT_DIR", "/env/ckpt")
+    assert checkpoint_root(None, run) == Path("/env/ckpt")
+    assert checkpoint_root(Path("/flag"), run) == Path("/flag")
+    assert remote_url(None) == "/tmp/autohet-remote"
+    monkeypatch.setenv("AUTOHET_REMOTE", "s3://b/old")
+    assert remote_url(None) == "s3://b/old"
+    monkeypatch.setenv("AUTOHET_REMOTE_STORAGE", "memory://new")
+    assert remote_url(None) == "memory://new"
+    assert remote_url("none") is None and remote_url("file:///x") == "file:///x"
+
+
+def test_rank0_uploads_complete_only_after_every_file_arrived(tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in [("__0_0.distcp", b"zero"), (".metadata", b"meta"), ("manifest.json", b"{}")]:
+        (local / name).write_bytes(data)
+    (local / "__1_0.distcp").write_bytes(b"one!")
+    files = tuple(
+        ManifestFile(path=n, sha256=SHA, num_bytes=4, host="h", rank=r)
+        for n, r in [("__0_0.distcp", 0), (".metadata", 0), ("__1_0.distcp", 1)]
+    )
+    manifest = Manifest(step=8, plan="p.v1", plan_sha256=SHA, world_size=2, files=files)
+    remote = RemoteCopy(f"file://{tmp_path / 'remote'}", "p")
+    rank0 = Uploader(remote, timeout_s=30)
+    rank0.start(
+        UploadJob(step=8, local_dir=local, names=("__0_0.distcp", ".metadata"), manifest=manifest)
+    )
+    time.sleep(0.5)
+    target = tmp_path / "remote" / "p" / "step-00000008"
+    assert (target / "manifest.json").is_file() and not (target / "COMPLETE").exists()
+    rank1 = Uploader(remote)
+    threading.Timer(
+        0.2, rank1.start, [UploadJob(step=8, local_dir=local, names=("__1_0.distcp",))]
+    ).start()
+    rank0.join()
+    rank1.join()
+    assert (target / "COMPLETE").is_file() and (target / "__1_0.distcp").read_bytes() == b"one!"
+    assert not rank0.errors and not rank1.errors
+
+
+def test_an_upload_that_never_completes_warns_and_leaves_no_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "manifest.json").write_bytes(b"{}")
+    lost = ManifestFile(path="__1_0.distcp", sha256=SHA, num_bytes=4, host="h", rank=1)
+    manifest = Manifest(step=1, plan="p.v1", plan_sha256=SHA, world_size=2, files=(lost,))
+    uploader = Uploader(RemoteCopy(str(tmp_path / "remote"), "p"), timeout_s=0.5)
+    uploader.start(UploadJob(step=1, local_dir=local, names=(), manifest=manifest))
+    uploader.join()
+    assert uploader.errors and "__1_0.distcp did not reach" in uploader.errors[0]
+    assert "warning: upload of" in capsys.readouterr().err
+    assert not (tmp_path / "remote" / "p" / "step-00000001" / "COMPLETE").exists()
