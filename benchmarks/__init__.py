@@ -17,4 +17,5 @@ BENCHMARKS = (
     "planner_quality",
     "profile_hosts",
     "runtime_overhead",
+    "recovery_time",
 )
