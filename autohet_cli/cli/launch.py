@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -48,6 +51,12 @@ def launch(
         bool, typer.Option(help="Trust host keys seen for the first time (like ssh accept-new)")
     ] = False,
     known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file")] = None,
+    auto_recover: Annotated[
+        bool,
+        typer.Option(
+            help="If a host is lost, run autohet recover at once (same steps, keys and port + 1)"
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON")] = False,
 ) -> None:
     """Start torchrun on every host of PLAN, stream output, stop everything on Ctrl-C.
@@ -115,6 +124,20 @@ def launch(
         )
         if outcome.status in ("host_lost", "failed"):
             typer.echo(f"to continue on the survivors: {hint}")
+    if auto_recover and outcome.status in ("host_lost", "failed"):
+        argv = [
+            *shlex.split(hint)[1:],
+            "--steps",
+            str(steps),
+            "--master-port",
+            str(master_port + 1),
+            *(f"--train-arg={a}" for a in (train_arg or [])),
+        ]
+        if known_hosts:
+            argv += ["--known-hosts", str(known_hosts)]
+        typer.echo(f"auto-recover: autohet {shlex.join(argv)}")
+        code = subprocess.call([sys.executable, "-m", "autohet_cli", *argv])
+        raise typer.Exit(code)
     raise typer.Exit(outcome.exit_code)
 
 

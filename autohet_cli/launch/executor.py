@@ -87,6 +87,11 @@ class Job:
         self._handles: dict[str, ProcessHandle] = {}
         self._logs: dict[str, object] = {}
         self._lock = threading.Lock()
+        # Workers beat every ~2 s; 20 s of silence plus a 2 s check stays within
+        # the 30 s in which a lost host must be noticed.
+        self.heartbeat_timeout_s = 20.0
+        self.heartbeat_check_s = 2.0
+        self._last_heartbeat_check = time.monotonic()
 
     # ------------------------------------------------------------ start
 
@@ -110,6 +115,9 @@ class Job:
                 spec.argv, env=spec.env, cwd=spec.workdir, on_line=self._on_line(spec.host)
             )
             self._handles[spec.host] = handle
+            deadline = time.monotonic() + 15  # the SSH pid line arrives asynchronously
+            while handle.pid is None and handle.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             if handle.pid is not None:
                 self._runners[spec.host].run(
                     [
@@ -170,17 +178,70 @@ class Job:
                     )
             if all(c == 0 for c in codes.values()):
                 return self._finish("finished", 0, codes)
+            stale = self._stale_hosts(codes)
+            if stale:
+                self.printer(f"lost: heartbeats on {', '.join(stale)} are stale; stopping all")
+                self.stop_all()
+                return self._finish(
+                    "host_lost",
+                    1,
+                    codes,
+                    lost=stale,
+                    detail=f"heartbeats on {', '.join(stale)} stale for over "
+                    f"{self.heartbeat_timeout_s:.0f} s",
+                )
             time.sleep(poll_s)
+
+    def _stale_hosts(self, codes: dict[str, int | None]) -> list[str]:
+        """Hosts whose running workers' heartbeat files stopped being rewritten.
+
+        Checked every ``heartbeat_check_s`` over the transport: the age comes from
+        the host's own clock (``date`` vs the files' mtimes), so clock skew between
+        the controller and the hosts does not matter. Hosts that never wrote a
+        heartbeat (user scripts) are never judged by it.
+        """
+        now = time.monotonic()
+        if now - self._last_heartbeat_check < self.heartbeat_check_s:
+            return []
+        self._last_heartbeat_check = now
+        stale = []
+        for spec in self.specs:
+            if codes.get(spec.host) is not None:
+                continue
+            try:
+                res = self._runners[spec.host].run(
+                    [
+                        "sh",
+                        "-c",
+                        'now=$(date +%s); for f in "$1"/heartbeat/rank*; do '
+                        '[ -f "$f" ] && echo $((now - $(stat -c %Y "$f"))); done; true',
+                        "sh",
+                        spec.run_dir,
+                    ],
+                    timeout_s=20,
+                )
+            except AutohetError:
+                continue  # the process poll reports a lost connection
+            ages = [int(x) for x in res.stdout.split() if x.lstrip("-").isdigit()]
+            if ages and max(ages) > self.heartbeat_timeout_s:
+                stale.append(spec.host)
+        return stale
 
     # ------------------------------------------------------------ stop
 
     def stop_all(self, skip: set[str] | None = None, grace_s: float = 10.0) -> None:
-        """TERM every host's process group by pid, KILL what is left after grace_s."""
+        """TERM every host's process group by pid, KILL what is left after grace_s.
+
+        torchrun starts each worker in a session of its own, so the workers are
+        not in the launcher's process group: their pids are collected from the
+        process tree under our pid first, and whatever of them outlives the
+        group's stop is killed by pid (a stopped or hung worker ignores TERM)."""
         threads = []
         for host, handle in self._handles.items():
             if skip and host in skip:
                 continue
-            t = threading.Thread(target=_quiet_kill, args=(handle, grace_s), daemon=True)
+            runner = self._runners[host]
+            t = threading.Thread(target=_stop_tree, args=(runner, handle, grace_s), daemon=True)
             t.start()
             threads.append(t)
         for t in threads:
@@ -247,11 +308,24 @@ def home_directories(plan: Plan, cluster: Cluster, connect: ConnectOptions) -> d
     return out
 
 
-def _quiet_kill(handle: ProcessHandle, grace_s: float) -> None:
+_TREE = (
+    'ps -eo pid=,ppid= | awk -v root="$1" \'{kids[$2]=kids[$2]" "$1} END {n=split(root,q," "); '
+    'while (n>0) {p=q[n]; n--; m=split(kids[p],c," "); for (i=1;i<=m;i++) {print c[i]; '
+    "q[++n]=c[i]}}}'"
+)
+
+
+def _stop_tree(runner: Runner, handle: ProcessHandle, grace_s: float) -> None:
     try:
+        tree: list[str] = []
+        if handle.pid is not None and handle.poll() is None:
+            res = runner.run(["sh", "-c", _TREE, "sh", str(handle.pid)], timeout_s=20)
+            tree = [p for p in res.stdout.split() if p.isdigit() and int(p) > 1]
         handle.kill(grace_s)
+        if tree:
+            runner.run(["kill", "-KILL", *tree], timeout_s=20)  # by pid; gone ones are fine
     except AutohetError:
-        pass  # the host is gone: nothing left to stop there
+        pass  # the host is gone: nothing left to stop there that we could reach
 
 
 def recover_command(plan_file: Path, cluster_file: str | None, lost: Sequence[str]) -> str:

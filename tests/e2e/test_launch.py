@@ -177,3 +177,50 @@ def test_a_vanished_host_is_detected_and_survivors_stopped(farm3: SshdFarm, tmp_
     assert not _workers_alive(farm3)
     events = json.loads(next((tmp_path / "runs").glob("e2e.v1/*/events.json")).read_text())
     assert events["lost_hosts"] == ["fake-4"] or events["failed_hosts"], events
+
+
+def test_frozen_workers_are_caught_by_heartbeat_and_auto_recovered(
+    farm3: SshdFarm, tmp_path: Path
+) -> None:
+    """fake-4's workers stop (SIGSTOP) while its SSH stays up: only heartbeats tell."""
+    cluster = _cluster_file(farm3, tmp_path / "cluster.yaml", remote_storage=str(tmp_path / "r"))
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        "--steps",
+        "12",
+        "--train-arg=--checkpoint-every=3",
+        "--train-arg=--collective-timeout=300",
+        "--auto-recover",
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 7 " in line:
+            break
+    frozen = [
+        ln.split()[0]
+        for ln in _workers_alive(farm3)
+        if str(farm3.hosts[2].root) in ln and "runtime.train" in ln
+    ]
+    assert frozen
+    for pid in frozen:
+        os.kill(int(pid), signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    for line in proc.stdout:
+        seen.append(line)
+        if "heartbeats on fake-4 are stale" in line:
+            break
+    detected_s = time.monotonic() - frozen_at
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(seen) + rest
+    assert detected_s < 30, out
+    assert "auto-recover: autohet recover" in out, out
+    assert proc.returncode == 0, out  # the recovered run finished on the survivors
+    assert re.search(r"step 11 loss", rest), rest
+    for pid in frozen:  # killed by the launcher's process-group stop
+        assert subprocess.run(
+            ["ps", "-p", pid, "-o", "stat="], capture_output=True, text=True
+        ).stdout.strip() in ("", "Z")
