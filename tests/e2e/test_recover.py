@@ -211,15 +211,13 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
         assert res.returncode == 0, res.stdout + res.stderr
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    dry = subprocess.run(
+    dry = subprocess.run(  # no --lost: recover probes every host and finds fake-4 gone
         [
             sys.executable,
             "-m",
             "autohet_cli",
             "recover",
             str(plan),
-            "--lost",
-            "fake-4",
             "--known-hosts",
             str(tmp_path / "sshd" / "known_hosts"),
             "--dry-run",
@@ -232,6 +230,7 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     )
     assert dry.returncode == 0, dry.stdout + dry.stderr
     moved = json.loads(dry.stdout[dry.stdout.index("{") :])
+    assert moved["lost"] == ["fake-4"]
     assert moved["step"] == int(older.split("-")[1])
     manifest = json.loads((survivors[0] / "e2e" / older / "manifest.json").read_text())
     lost_files = {f["path"] for f in manifest["files"] if f["host"] == "fake-4"}

@@ -229,3 +229,32 @@ def test_localhost_default_cluster_plans_the_tiny_gpt(tmp_path: Path) -> None:
     plan = load_plan(tmp_path / out["plan_path"])
     assert {d.host for d in plan.devices()} == {"localhost"}
     assert plan.training.precision == "fp32"
+
+
+def test_launch_refuses_a_plan_made_for_another_cluster_file(tmp_path: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(Path(ROOT / "profiles" / "clusters" / "localhost.yaml").read_text())
+    res = autohet(
+        "plan",
+        "--cluster",
+        str(cluster),
+        "--model",
+        "gpt-tiny",
+        "--global-batch-size",
+        "4",
+        "--precision",
+        "fp32",
+        "--time-limit",
+        "5",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)["plan_path"]
+    cluster.write_text(cluster.read_text() + "# edited after planning\n")
+    res = autohet("launch", plan, "--dry-run", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "sha256" in res.stderr and "re-plan" in res.stderr and "--force" in res.stderr
+    res = autohet("launch", plan, "--dry-run", "--force", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "torch.distributed.run" in res.stdout
