@@ -98,6 +98,7 @@ def launch(
         plan_file,
         Path("runs") / f"{plan.name}.v{plan.version}" / rid,
         connect=connect,
+        shares=tuple(p.num_microbatches for p in plan.pipelines),
         printer=(lambda _line: None) if as_json else typer.echo,
     )
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -101,6 +101,8 @@ def recover(
                             "lost": gone,
                             "step": choice.step,
                             "new_plan_hosts": new_plan.hosts(),
+                            "plan_diff": _diff(old, new_plan),
+                            "notes": list(new_plan.notes),
                             "transfers": tp.to_dict(),
                         },
                         indent=2,
@@ -168,6 +170,7 @@ def _relaunch(
         path,
         Path("runs") / f"{plan.name}.v{plan.version}" / rid,
         connect=connect,
+        shares=tuple(p.num_microbatches for p in plan.pipelines),
         printer=say,
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -181,6 +184,30 @@ def _relaunch(
         job.close()
     say(f"{outcome.status}: {outcome.detail or outcome.last_status}")
     return outcome.exit_code
+
+
+def _diff(old: Plan, new: Plan) -> dict[str, object]:
+    """Stage by stage, old and new: host:gpus [start, end) per pipeline, and the batch."""
+
+    def shape(p: Plan) -> list[str]:
+        return [
+            f"m={pl.num_microbatches}: "
+            + " | ".join(
+                f"{s.host}:{','.join(str(d.gpu) for d in s.devices)} [{s.layer_start},"
+                f"{s.layer_end})"
+                for s in pl.stages
+            )
+            for pl in p.pipelines
+        ]
+
+    removed = sorted(set(old.hosts()) - set(new.hosts()))
+    return {
+        "old": shape(old),
+        "new": shape(new),
+        "hosts_dropped": removed,
+        "tensor_parallel": [old.tensor_parallel, new.tensor_parallel],
+        "micro_batch_size": [old.training.micro_batch_size, new.training.micro_batch_size],
+    }
 
 
 def register(app: typer.Typer) -> None:

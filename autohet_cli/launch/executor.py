@@ -43,11 +43,19 @@ class Status:
     step: int = 0
     loss: float | None = None
     tokens_per_s: float | None = None
+    shares: tuple[int, ...] = ()  # micro-batches per pipeline, from the plan
 
     def line(self) -> str:
+        """``step 12 loss 5.5103 | 13,000 tok/s = p0 8,125 + p1 4,875``: every pipeline
+        runs the same step time, so its tokens/s is its share of the batch."""
         if self.loss is None:
             return "starting"
-        return f"step {self.step} loss {self.loss:.4f} {self.tokens_per_s or 0:,.0f} tokens/s"
+        total = self.tokens_per_s or 0.0
+        text = f"step {self.step} loss {self.loss:.4f} | {total:,.0f} tok/s"
+        if len(self.shares) > 1:
+            parts = [f"p{i} {total * m / sum(self.shares):,.0f}" for i, m in enumerate(self.shares)]
+            text += " = " + " + ".join(parts)
+        return text
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,6 +82,7 @@ class Job:
         *,
         connect: ConnectOptions,
         printer: Printer = print,
+        shares: tuple[int, ...] = (),
     ) -> None:
         self.specs = list(specs)
         self.cluster = cluster
@@ -81,7 +90,9 @@ class Job:
         self.local_run_dir = local_run_dir
         self.connect = connect
         self.printer = printer
-        self.status = Status()
+        self.status = Status(shares=shares)
+        self.status_every_s = 10.0
+        self._last_status = time.monotonic()
         self.stop_requested = threading.Event()
         self._runners: dict[str, Runner] = {}
         self._handles: dict[str, ProcessHandle] = {}
@@ -178,6 +189,9 @@ class Job:
                     )
             if all(c == 0 for c in codes.values()):
                 return self._finish("finished", 0, codes)
+            if time.monotonic() - self._last_status >= self.status_every_s:
+                self._last_status = time.monotonic()
+                self.printer(f"status: {self.status.line()}")
             stale = self._stale_hosts(codes)
             if stale:
                 self.printer(f"lost: heartbeats on {', '.join(stale)} are stale; stopping all")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +233,8 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     assert dry.returncode == 0, dry.stdout + dry.stderr
     moved = json.loads(dry.stdout[dry.stdout.index("{") :])
     assert moved["lost"] == ["fake-4"]
+    assert moved["plan_diff"]["hosts_dropped"] == ["fake-4"]
+    assert all("fake-4" not in row for row in moved["plan_diff"]["new"])
     assert moved["step"] == int(older.split("-")[1])
     manifest = json.loads((survivors[0] / "e2e" / older / "manifest.json").read_text())
     lost_files = {f["path"] for f in manifest["files"] if f["host"] == "fake-4"}
@@ -239,10 +243,47 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     assert {i["file"] for i in remote_items} <= lost_files | {shard.name}
     assert not list((tmp_path / "plans").glob("e2e.v2.yaml"))  # a dry run writes nothing
 
-    first = run_recover("--no-resume")
+    total = sum(int(i["bytes"]) for i in moved["transfers"]["items"])
+    # recover itself is interrupted (SIGKILL) as soon as its first file has landed
+    victim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autohet_cli",
+            "recover",
+            str(plan),
+            "--lost",
+            "fake-4",
+            "--no-resume",
+            "--known-hosts",
+            str(tmp_path / "sshd" / "known_hosts"),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert victim.stdout is not None
+    for line in victim.stdout:
+        if line.rstrip().endswith(" ok"):
+            os.killpg(victim.pid, signal.SIGKILL)
+            break
+    victim.wait(timeout=60)
+
+    first = run_recover("--no-resume")  # finishes the job, without redoing what landed
     assert first["resumed_step"] == int(older.split("-")[1])
-    assert first["bytes_from_remote"] > 0
+    assert 0 < first["bytes_from_peers"] + first["bytes_from_remote"] < total
     assert (survivors[0] / "e2e" / older / shard.name).read_bytes() != bytes(data)
-    # Interrupted or not, running it again finds everything in place: nothing moves.
+    for host_dir in survivors:  # every survivor now holds every file, intact
+        got = {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in (host_dir / "e2e" / older).iterdir()
+            if f.name in {m["path"] for m in manifest["files"]}
+        }
+        assert got == {m["path"]: m["sha256"] for m in manifest["files"]}
+        assert (host_dir / "e2e" / older / "COMPLETE").exists()
+    # Running it once more finds everything in place: nothing moves.
     second = run_recover("--no-resume")
     assert second["bytes_from_peers"] == 0 and second["bytes_from_remote"] == 0

@@ -183,3 +183,14 @@ def test_recover_command_is_exact_and_quoted(lost: tuple[str, ...], expected: st
     from pathlib import Path
 
     assert recover_command(Path("plans/x.v1.yaml"), "c.yaml", lost) == expected
+
+
+def test_status_line_splits_tokens_per_s_by_batch_share() -> None:
+    from autohet_cli.launch.executor import STEP_LINE, Status
+
+    st = Status(shares=(5, 3))
+    assert st.line() == "starting"
+    m = STEP_LINE.search("step 12 loss 5.510221 tokens/s 8000")
+    assert m is not None
+    st.step, st.loss, st.tokens_per_s = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert st.line() == "step 12 loss 5.5102 | 8,000 tok/s = p0 5,000 + p1 3,000"
