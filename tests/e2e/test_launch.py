@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,8 +83,17 @@ def _plan(tmp: Path, cluster: Path) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A port free on the master's loopback address now (CI may run other jobs)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        return int(s.getsockname()[1])
+
+
 def _launch(plan: Path, cwd: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if "--master-port" not in extra:
+        extra = (*extra, "--master-port", str(free_port()))
     return subprocess.Popen(
         [
             sys.executable,

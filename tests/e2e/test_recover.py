@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.sshd import SshdFarm
-from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive
+from tests.e2e.test_launch import (
+    ROOT,
+    _cluster_file,
+    _launch,
+    _plan,
+    _workers_alive,
+    free_port,
+)
 
 pytestmark = pytest.mark.e2e
 STEPS = 12
@@ -125,7 +132,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
             str(tmp_path / "sshd" / "known_hosts"),
             "--json",
             "--master-port",
-            "29517",
+            str(free_port()),
         ],
         cwd=tmp_path,
         env=env,
