@@ -43,6 +43,13 @@ def launch(
     run_id: Annotated[
         str | None, typer.Option(help="Run directory name (default: UTC time)")
     ] = None,
+    sync_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Copy this local directory into each host's workdir first (only changed "
+            "files move, like rsync), e.g. your training code"
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option(help="Print each host's command and exit")] = False,
     force: Annotated[
         bool, typer.Option(help="Run even if the cluster file changed since the plan was made")
@@ -99,6 +106,7 @@ def launch(
         Path("runs") / f"{plan.name}.v{plan.version}" / rid,
         connect=connect,
         shares=tuple(p.num_microbatches for p in plan.pipelines),
+        sync_source=sync_dir,
         printer=(lambda _line: None) if as_json else typer.echo,
     )
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -22,6 +22,7 @@ from pathlib import Path
 from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError, TransportError
 from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.launch.sync import sync_dir
 from autohet_cli.plan import Plan
 from autohet_cli.profiling.run import remote_home
 from autohet_cli.transport.base import ProcessHandle, Runner
@@ -83,7 +84,9 @@ class Job:
         connect: ConnectOptions,
         printer: Printer = print,
         shares: tuple[int, ...] = (),
+        sync_source: Path | None = None,
     ) -> None:
+        self.sync_source = sync_source
         self.specs = list(specs)
         self.cluster = cluster
         self.plan_file = plan_file
@@ -119,6 +122,12 @@ class Job:
             self._runners[spec.host] = runner
             runner.run(["mkdir", "-p", spec.run_dir, spec.workdir], timeout_s=60).check()
             runner.put(self.plan_file, spec.plan_path)
+            if self.sync_source is not None:
+                sent = sync_dir(runner, self.sync_source, spec.workdir)
+                self.printer(
+                    f"{spec.host}: synced {len(sent)} changed file(s) of "
+                    f"{self.sync_source} into {spec.workdir}"
+                )
         for spec in self.specs:
             log = (self.local_run_dir / f"{spec.host}.log").open("a", encoding="utf-8")
             self._logs[spec.host] = log

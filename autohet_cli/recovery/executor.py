@@ -1,12 +1,12 @@
 """`autohet recover`, the effects: probe hosts, read checkpoints, copy shards, relaunch.
 
 The decisions are pure (manifest.py, replan.py, transfer.py); this module only
-looks at hosts and moves bytes. Files move peer → controller → peer (the
-controller already holds an SSH session to every host, and hosts need no
-credentials for each other); remote storage is read through fsspec. Every copy
-is verified by sha256 on the destination; a failed or corrupt copy falls back
-to the next source. Re-running after an interruption re-reads what is present
-and copies only what is still missing or wrong.
+looks at hosts and moves bytes. Peer copies go host to host over a one-shot
+TCP stream (direct.py) and are relayed through the controller only when the
+hosts cannot reach each other; remote storage is read through fsspec. Every
+copy is verified by sha256 on the destination; a failed or corrupt copy falls
+back to the next source. Re-running after an interruption re-reads what is
+present and copies only what is still missing or wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from autohet_cli.errors import AutohetError
 from autohet_cli.inputs import load_inputs
 from autohet_cli.launch.executor import ConnectOptions
 from autohet_cli.plan import Plan
+from autohet_cli.recovery.direct import direct_copy
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.manifest import (
     COMPLETE,
@@ -83,7 +84,39 @@ def detect_lost(plan: Plan, hosts: Hosts, say: Say) -> list[str]:
     lost = [name for name, r in results.items() if isinstance(r, Exception)]
     for name in lost:
         say(f"{name}: lost ({results[name]})")
+    running = running_workers(plan, [h for h in plan.hosts() if h not in lost], hosts)
+    if running:
+        detail = "; ".join(f"{h}: pid {', '.join(p)}" for h, p in running.items())
+        raise RecoveryError(
+            f"workers of {plan.name}.v{plan.version} are still running ({detail}); stop them "
+            "first (Ctrl-C the launch, or kill those process groups), then recover"
+        )
     return lost
+
+
+_RUNNING = (
+    'for f in "$1"/runs/"$2"/*/torchrun.pid; do [ -f "$f" ] || continue; '
+    'p=$(cat "$f"); case "$p" in ""|*[!0-9]*) continue;; esac; '
+    'kill -0 "$p" 2>/dev/null && echo "$p"; done; true'
+)
+
+
+def running_workers(plan: Plan, names: Sequence[str], hosts: Hosts) -> dict[str, list[str]]:
+    """Hosts where a torchrun of this plan (by its pid file) is still alive."""
+
+    def alive(host: Host) -> list[str]:
+        home = host.workdir
+        if home.startswith("~"):
+            from autohet_cli.profiling.run import remote_workdir
+
+            home = remote_workdir(hosts.runner(host.name), host)
+        res = hosts.runner(host.name).run(
+            ["sh", "-c", _RUNNING, "sh", home, f"{plan.name}.v{plan.version}"], timeout_s=30
+        )
+        return res.stdout.split()
+
+    results = fan_out([hosts.cluster.host(n) for n in names], alive)
+    return {n: r for n, r in results.items() if not isinstance(r, Exception) and r}
 
 
 def list_checkpoints(
@@ -232,13 +265,10 @@ def _copy_one(item: TransferItem, hosts: Hosts, say: Say) -> str:
     errors = []
     for source in (item.source, *item.fallbacks):
         try:
-            with tempfile.TemporaryDirectory(prefix="autohet-xfer-") as tmp:
-                local = Path(tmp) / "blob"
-                _fetch(source, local, hosts)
-                dest.put(local, item.dest_path)
+            how = _deliver(source, item, hosts)
             got = dest.run(["sha256sum", "--", item.dest_path], timeout_s=600)
             if got.exit_code == 0 and got.stdout.split()[0] == item.sha256:
-                say(f"{item.dest_host}: {item.file} from {_label(source)} ok")
+                say(f"{item.dest_host}: {item.file} from {_label(source)} ({how}) ok")
                 return source.kind
             errors.append(f"{_label(source)}: sha256 mismatch after copy")
         except (AutohetError, OSError) as exc:
@@ -247,6 +277,29 @@ def _copy_one(item: TransferItem, hosts: Hosts, say: Say) -> str:
     raise RecoveryError(
         f"{item.file} to {item.dest_host}: every source failed: " + "; ".join(errors)
     )
+
+
+def _deliver(source: Source, item: TransferItem, hosts: Hosts) -> str:
+    """Peers copy host to host directly; if that fails (no route), or for remote
+    storage, the bytes go through the controller."""
+    if source.kind != "remote" and source.host is not None and source.host != item.dest_host:
+        try:
+            direct_copy(
+                hosts.runner(source.host),
+                hosts.cluster.host(source.host),
+                source.path,
+                hosts.runner(item.dest_host),
+                hosts.cluster.host(item.dest_host),
+                item.dest_path,
+            )
+            return "direct"
+        except AutohetError:
+            pass  # relay below
+    with tempfile.TemporaryDirectory(prefix="autohet-xfer-") as tmp:
+        local = Path(tmp) / "blob"
+        _fetch(source, local, hosts)
+        hosts.runner(item.dest_host).put(local, item.dest_path)
+    return "relayed"
 
 
 def _fetch(source: Source, local: Path, hosts: Hosts) -> None:

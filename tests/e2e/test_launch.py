@@ -92,8 +92,8 @@ def free_port() -> int:
 
 def _launch(plan: Path, cwd: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if "--master-port" not in extra:
-        extra = (*extra, "--master-port", str(free_port()))
+    if "--master-port" not in extra:  # options go before a `--` user script
+        extra = ("--master-port", str(free_port()), *extra)
     return subprocess.Popen(
         [
             sys.executable,
@@ -234,3 +234,24 @@ def test_frozen_workers_are_caught_by_heartbeat_and_auto_recovered(
         assert subprocess.run(
             ["ps", "-p", pid, "-o", "stat="], capture_output=True, text=True
         ).stdout.strip() in ("", "Z")
+
+
+def test_user_script_synced_to_every_host_runs_under_torchrun(
+    farm3: SshdFarm, tmp_path: Path
+) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "my_train.py").write_text(
+        "import os, sys\n"
+        "print('hello from', os.environ['AUTOHET_HOST'], 'rank', os.environ['RANK'],\n"
+        "      'of', os.environ['WORLD_SIZE'], 'args', sys.argv[1:], flush=True)\n"
+    )
+    plan = _plan(tmp_path, _cluster_file(farm3, tmp_path / "cluster.yaml"))
+    proc = _launch(plan, tmp_path, "--sync-dir", str(code), "--", "my_train.py", "--epochs", "3")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    for host in ("fake-2", "fake-3", "fake-4"):
+        assert f"hello from {host}" in out, out
+    assert out.count("of 3 args ['--epochs', '3']") == 3, out
+    for h in farm3.hosts:
+        assert (h.root / "work" / "my_train.py").exists()

@@ -294,3 +294,39 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     # Running it once more finds everything in place: nothing moves.
     second = run_recover("--no-resume")
     assert second["bytes_from_peers"] == 0 and second["bytes_from_remote"] == 0
+
+
+def test_recover_refuses_while_the_old_workers_still_run(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    plan = _plan(tmp_path, _cluster_file(sshd_farm, tmp_path / "cluster.yaml"))
+    proc = _launch(plan, tmp_path, "--steps", "100000")
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if "step 1 " in line:
+                break
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autohet_cli",
+                "recover",
+                str(plan),
+                "--dry-run",
+                "--known-hosts",
+                str(tmp_path / "sshd" / "known_hosts"),
+            ],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "still running" in res.stderr and "fake-2: pid" in res.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert not _workers_alive(sshd_farm)
