@@ -28,6 +28,29 @@ STEPS = 12
 EVERY = 3
 
 
+def _recover(
+    tmp: Path, plan: Path, *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``autohet recover PLAN ARGS`` from ``tmp``, trusting the fake hosts' keys."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autohet_cli",
+            "recover",
+            str(plan),
+            "--known-hosts",
+            str(tmp / "sshd" / "known_hosts"),
+            *args,
+        ],
+        cwd=tmp,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def _losses(text: str) -> dict[int, float]:
     return {
         int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+) loss ([0-9.]+)", text)
@@ -113,32 +136,19 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
     assert "--lost fake-4" in rest
     assert not _workers_alive(sshd_farm)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autohet_cli",
-            "recover",
-            str(plan),
-            "--lost",
-            "fake-4",
-            "--steps",
-            str(STEPS),
-            "--checkpoint-every",
-            str(EVERY),
-            "--train-arg=--lr=0.003",
-            "--known-hosts",
-            str(tmp_path / "sshd" / "known_hosts"),
-            "--json",
-            "--master-port",
-            str(free_port()),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    res = _recover(
+        tmp_path,
+        plan,
+        "--lost",
+        "fake-4",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        "--train-arg=--lr=0.003",
+        "--json",
+        "--master-port",
+        str(free_port()),
     )
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout.strip().splitlines()[-1])
@@ -197,46 +207,11 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     shard.write_bytes(bytes(data))
 
     def run_recover(*extra: str) -> dict[str, object]:
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "autohet_cli",
-                "recover",
-                str(plan),
-                "--lost",
-                "fake-4",
-                "--known-hosts",
-                str(tmp_path / "sshd" / "known_hosts"),
-                "--json",
-                *extra,
-            ],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        res = _recover(tmp_path, plan, "--lost", "fake-4", "--json", *extra)
         assert res.returncode == 0, res.stdout + res.stderr
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    dry = subprocess.run(  # no --lost: recover probes every host and finds fake-4 gone
-        [
-            sys.executable,
-            "-m",
-            "autohet_cli",
-            "recover",
-            str(plan),
-            "--known-hosts",
-            str(tmp_path / "sshd" / "known_hosts"),
-            "--dry-run",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    dry = _recover(tmp_path, plan, "--dry-run")  # no --lost: probes, finds fake-4 gone
     assert dry.returncode == 0, dry.stdout + dry.stderr
     moved = json.loads(dry.stdout[dry.stdout.index("{") :])
     assert moved["lost"] == ["fake-4"]
@@ -307,23 +282,7 @@ def test_recover_refuses_while_the_old_workers_still_run(
         for line in proc.stdout:
             if "step 1 " in line:
                 break
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "autohet_cli",
-                "recover",
-                str(plan),
-                "--dry-run",
-                "--known-hosts",
-                str(tmp_path / "sshd" / "known_hosts"),
-            ],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        res = _recover(tmp_path, plan, "--dry-run", timeout=120)
         assert res.returncode == 1, res.stdout + res.stderr
         assert "still running" in res.stderr and "fake-2: pid" in res.stderr
     finally:
