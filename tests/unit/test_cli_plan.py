@@ -30,26 +30,29 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+# The plan both the fixture and the re-plan test make: small-mix, OPT-350M, batch 32.
+PLAN_SMALL_JSON = (
+    "plan",
+    "--cluster",
+    SMALL,
+    "--model",
+    "OPT-350M",
+    "--profile",
+    OPT_PROFILE,
+    "--global-batch-size",
+    "32",
+    "--time-limit",
+    "10",
+    "--json",
+    "--out-dir",
+    "out",
+)
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
     work = tmp_path_factory.mktemp("plan")
-    res = autohet(
-        "plan",
-        "--cluster",
-        SMALL,
-        "--model",
-        "OPT-350M",
-        "--profile",
-        OPT_PROFILE,
-        "--global-batch-size",
-        "32",
-        "--time-limit",
-        "10",
-        "--json",
-        "--out-dir",
-        "out",
-        cwd=work,
-    )
+    res = autohet(*PLAN_SMALL_JSON, cwd=work)
     assert res.returncode == 0, res.stderr
     return work, json.loads(res.stdout)
 
@@ -82,23 +85,7 @@ def test_plan_json_has_the_contract_fields(planned: tuple[Path, dict[str, object
 def test_second_plan_is_a_new_version(planned: tuple[Path, dict[str, object]]) -> None:
     work, first = planned
     before = (work / str(first["plan_path"])).read_bytes()
-    res = autohet(
-        "plan",
-        "--cluster",
-        SMALL,
-        "--model",
-        "OPT-350M",
-        "--profile",
-        OPT_PROFILE,
-        "--global-batch-size",
-        "32",
-        "--time-limit",
-        "10",
-        "--json",
-        "--out-dir",
-        "out",
-        cwd=work,
-    )
+    res = autohet(*PLAN_SMALL_JSON, cwd=work)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["plan_path"].endswith("small-mix.v2.yaml")
     assert (work / str(first["plan_path"])).read_bytes() == before
