@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pin torch first: the CPU build of 2.13.0 installs from local disk in seconds,
-	# a range would pull a multi-GB CUDA build.
+	# a range would pull a multi-GB CUDA build. pyproject.toml asks users for a range
+	# (their CUDA torch stays); this pin must lie inside it (tests/unit/test_packaging.py).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)

@@ -28,3 +28,22 @@ def _data_path(*parts: str) -> Path:
 def default_cluster_path() -> Path:
     """The embedded ``localhost`` cluster: this machine, two CPU devices."""
     return _data_path("clusters", "localhost.yaml")
+
+
+EMBEDDED_CLUSTER = "localhost"
+
+
+def resolve_cluster_path(ref: str | Path | None) -> Path:
+    """Where a ``--cluster`` value (or a plan's recorded cluster path) points.
+
+    Nothing, or the name ``localhost``, is the embedded cluster, as every
+    command's help says; a file of that name in the working directory still wins,
+    so nobody's hostfile called ``localhost`` changes meaning. Anything else is
+    a path, checked later by the loader (whose errors name the file).
+    """
+    if ref is None or str(ref) == "":
+        return default_cluster_path()
+    path = Path(ref)
+    if str(ref) == EMBEDDED_CLUSTER and not path.exists():
+        return default_cluster_path()
+    return path

@@ -2,31 +2,65 @@
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
 import sys
 
 import typer
 
 from autohet_cli.errors import AutohetError
 
+# Help is rendered by click's plain formatter (rich_markup_mode=None, here and in the
+# profile and models groups): rich's option table cut option names and defaults with "…"
+# and squeezed descriptions into 17 columns at 80 (any pipe); click refills paragraphs to
+# the width and keeps blocks marked with \b (examples) verbatim, so they can be pasted.
 app = typer.Typer(
     name="autohet",
     help=(
         "Plan, launch and heal large-model training on heterogeneous GPU fleets.\n\n"
-        "Typical flow: `autohet profile run cluster.yaml`, `autohet plan --cluster "
-        "cluster.yaml --model OPT-350M --global-batch-size 64 --explain`, then "
-        "`autohet estimate plans/NAME.v1.yaml` to judge any plan with the same cost model."
+        "Typical flow, with your cluster file (or localhost, this machine):\n\n"
+        "\b\n"
+        "  autohet profile run cluster.yaml --model OPT-350M\n"
+        "  autohet plan --cluster cluster.yaml --model OPT-350M \\\n"
+        "      --profile profiles/measured.yaml --global-batch-size 64 --explain\n"
+        "  autohet estimate plans/NAME.v1.yaml\n"
+        "  autohet launch plans/NAME.v1.yaml\n"
+        "  autohet recover plans/NAME.v1.yaml\n\n"
+        "NAME is the plan name that plan prints (default: <cluster>-<model>). "
+        "Each command's --help has an example."
     ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
 def _register() -> None:
-    from autohet_cli.cli import estimate, launch, models, plan, profile, recover
+    from autohet_cli.cli import estimate, export, launch, models, plan, profile, recover
 
-    for module in (profile, plan, estimate, launch, recover, models):
+    for module in (profile, plan, estimate, launch, recover, export, models):
         module.register(app)
+    whole_short_help(app)
+
+
+def whole_short_help(group: typer.Typer) -> None:
+    """Command lists show each command's first sentence whole; click would cut any
+    sentence longer than the column with "..." (at 80 columns, most of ours)."""
+    for info in group.registered_commands:
+        if info.short_help is None and info.callback is not None:
+            info.short_help = first_sentence(info.help or info.callback.__doc__ or "")
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            whole_short_help(sub.typer_instance)
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a help text's first paragraph, on one line."""
+    paragraph = " ".join(inspect.cleandoc(text).split("\n\n")[0].split())
+    match = re.match(r"(.+?\.)(\s|$)", paragraph)
+    return match.group(1) if match else paragraph
 
 
 def main() -> None:
@@ -34,5 +68,15 @@ def main() -> None:
     try:
         app()
     except AutohetError as exc:
+        if _wants_json(sys.argv[1:]):
+            # Scripts that asked for JSON get an object on stdout on failure too.
+            error = {"ok": False, "error": str(exc), "error_type": type(exc).__name__}
+            typer.echo(json.dumps(error))
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         sys.exit(1)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among the options (not after a ``--`` that starts a user script)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options

@@ -15,19 +15,37 @@ from autohet_cli.planner.explain import explain_text, summary_json
 
 
 def estimate(
-    plan_file: Annotated[str, typer.Argument(help="A plan YAML (autohet.plan/v1)")],
+    plan_file: Annotated[
+        str, typer.Argument(metavar="PLAN_FILE", help="A plan YAML (autohet.plan/v1)")
+    ],
     cluster: Annotated[
-        str | None, typer.Option(help="Cluster file (default: the one the plan names)")
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Cluster file, or localhost (default: the one the plan names)",
+        ),
     ] = None,
     profile: Annotated[
-        list[str] | None, typer.Option(help="Profile file(s) (default: the plan's)")
+        list[str] | None,
+        typer.Option(metavar="FILE", help="Profile file, repeatable (default: the plan's)"),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="Zoo model or config.json (default: the plan's)")
+        str | None,
+        typer.Option(metavar="MODEL", help="Zoo model or config.json (default: the plan's)"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
-    """Predict a plan's iteration time, tokens/s and per-GPU memory."""
+    """Predict a plan's iteration time, tokens/s and per-GPU memory.
+
+    Judges any plan file, one that plan wrote or one edited by hand, with the
+    same cost model; nothing is solved. Pass --cluster or --profile to ask how
+    the plan would do on other hosts or with other measurements.
+
+    Example:
+
+    \b
+      autohet estimate plans/paper-mix-OPT-350M.v1.yaml --json
+    """
     plan = load_plan(plan_file)
     cpath = cluster or plan.inputs.get("cluster", {}).get("path")
     profiles = (
@@ -63,7 +81,7 @@ def estimate(
     if as_json:
         typer.echo(json.dumps(summary_json(plan, ev, inputs.cluster, plan_file)))
     else:
-        typer.echo(explain_text(plan, ev, inputs.cluster))
+        typer.echo(explain_text(plan, ev, inputs.cluster, solved_now=False))
         if not ev.fits:
             typer.secho(
                 "warning: at least one GPU runs out of memory under this plan",

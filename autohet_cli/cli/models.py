@@ -64,7 +64,13 @@ def _print_table(title: str, rows: list[dict[str, object]], columns: dict[str, s
 def list_models(
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
-    """List the model zoo (names accept shorthands such as OPT-350 or llama_3_8)."""
+    """List the model zoo (names accept shorthands such as OPT-350 or llama_3_8).
+
+    Example:
+
+    \b
+      autohet models list --json
+    """
     rows = [_model_row(m) for m in ZOO.values()]
     if json_output:
         typer.echo(json.dumps(rows, indent=2))
@@ -95,7 +101,13 @@ def show_model(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
-    """Show the partitionable layers of a model, as plans and profiles index them."""
+    """Show the partitionable layers of a model, as plans and profiles index them.
+
+    Example:
+
+    \b
+      autohet models show OPT-350M --seq-len 2048
+    """
     spec = get_model(model)
     seq = seq_len or spec.default_seq_len
     layers = [_layer_row(layer, seq) for layer in spec.layers()]
@@ -121,7 +133,11 @@ def show_model(
 
 def register(app: typer.Typer) -> None:
     """Add the ``models`` command group to ``app``."""
-    group = typer.Typer(help="Inspect the model zoo and HuggingFace configs.", no_args_is_help=True)
+    group = typer.Typer(
+        help="Inspect the model zoo and HuggingFace configs.",
+        no_args_is_help=True,
+        rich_markup_mode=None,
+    )
     group.command("list")(list_models)
     group.command("show")(show_model)
     app.add_typer(group, name="models")

@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 
 from autohet_cli.cli.progress import progress_bar
 from autohet_cli.inputs import load_inputs, tables_for
-from autohet_cli.plan import validate_name, write_plan
+from autohet_cli.plan import default_plan_name, validate_name, write_plan
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text, summary_json
+from autohet_cli.runtime.models import unsupported_reason
 
 
 def plan(
-    model: Annotated[str, typer.Option(help="Zoo model (autohet models list) or a HF config.json")],
-    global_batch_size: Annotated[int, typer.Option(help="Samples per iteration", min=1)],
+    model: Annotated[
+        str,
+        typer.Option(metavar="MODEL", help="Zoo model (autohet models list) or a HF config.json"),
+    ],
+    global_batch_size: Annotated[
+        int, typer.Option(metavar="N", help="Samples per iteration", min=1)
+    ],
     cluster: Annotated[
         str | None,
-        typer.Option(help="Cluster YAML or hostfile (default: the embedded localhost cluster)"),
+        typer.Option(
+            metavar="FILE",
+            help="Cluster YAML or hostfile; localhost (the default) is the embedded "
+            "cluster of this machine",
+        ),
     ] = None,
     profile: Annotated[
         list[str] | None,
-        typer.Option(help="Profile file(s); analytic estimates fill what they lack"),
+        typer.Option(
+            metavar="FILE",
+            help="Profile file, repeatable; analytic estimates fill what profiles lack",
+        ),
     ] = None,
     seq_len: Annotated[
         int | None, typer.Option(help="Tokens per sample (default: the model's)")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="Plan name (default: cluster name)")] = None,
+    name: Annotated[str | None, typer.Option(help="Plan name (default: <cluster>-<model>)")] = None,
     out_dir: Annotated[str, typer.Option(help="Where plans/<name>.v<N>.yaml go")] = "plans",
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
@@ -38,24 +52,42 @@ def plan(
     ] = 60.0,
     contingency: Annotated[
         bool,
-        typer.Option(help="Also solve for the loss of each spot host (used by autohet recover)"),
+        typer.Option(
+            "--contingency",
+            help="Also solve for the loss of each spot host (used by autohet recover)",
+        ),
     ] = False,
     explain: Annotated[
-        bool, typer.Option(help="Print stages, memory, bottlenecks, baselines")
+        bool, typer.Option("--explain", help="Print stages, memory, bottlenecks, baselines")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
-    """Find the plan that minimises iteration time (or cost) on a mixed fleet.
+    """Solve for the fastest plan on a mixed fleet and write it.
 
-    Example: autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M
-    --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --explain
+    Minimises iteration time (or cost per token) over tensor-parallel degree,
+    micro-batch size, pipelines and their uneven stages, and writes
+    plans/NAME.vN.yaml, a new version each time.
+
+    Example (Sailor's measured OPT-350M on the paper's A100/V100/RTX 3090 mix):
+
+    \b
+      autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M \\
+          --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --explain
     """
     if objective not in ("time", "cost"):
         raise typer.BadParameter("expected 'time' or 'cost'", param_hint="--objective")
     inputs = load_inputs(cluster, model, profile or [])
-    plan_name = validate_name(name or inputs.cluster.name)
+    # `is None`, not falsiness: --name '' and --seq-len 0 are errors, not the defaults.
+    plan_name = (
+        validate_name(name)
+        if name is not None
+        else default_plan_name(inputs.cluster.name, inputs.model.name)
+    )
     training = training_for(
-        global_batch_size, seq_len or inputs.model.default_seq_len, precision, optimizer
+        global_batch_size,
+        inputs.model.default_seq_len if seq_len is None else seq_len,
+        precision,
+        optimizer,
     )
     with progress_bar("planning", enabled=not as_json) as report:
         outcome = make_plan(
@@ -70,7 +102,12 @@ def plan(
             contingency=contingency,
             progress=report,
         )
-    written, path = write_plan(outcome.plan, out_dir)
+    planned = outcome.plan
+    # Say now, not at launch, when the built-in runtime cannot train this model.
+    if (reason := unsupported_reason(inputs.model)) is not None:
+        typer.secho(f"note: {reason}", fg=typer.colors.YELLOW, err=True)
+        planned = replace(planned, notes=(*planned.notes, reason))
+    written, path = write_plan(planned, out_dir)
     if as_json:
         typer.echo(json.dumps(summary_json(written, outcome.eval, inputs.cluster, str(path))))
         return

@@ -32,9 +32,11 @@ activation and output bytes of one micro-batch.
 
 Examples:
 
-  autohet profile import --format sailor DATA_DIR --model OPT-350M --out FILE
-
-  autohet profile show FILE --gpu A100-40 --tp 1 --mbs 1 --layers
+\b
+  autohet profile run cluster.yaml --model OPT-350M
+  autohet profile import --format sailor tests/data/sailor --model OPT-350M \\
+      --out profiles/opt.yaml
+  autohet profile show profiles/sailor/OPT-350M.yaml --gpu A100-40 --tp 1
 """
 
 
@@ -46,7 +48,12 @@ _IMPORTERS = {ImportFormat.sailor: import_sailor}
 
 
 def register(app: typer.Typer) -> None:
-    sub = typer.Typer(help=HELP, no_args_is_help=True)
+    sub = typer.Typer(
+        help=HELP,
+        short_help="Measure, import and inspect per-layer profiles.",
+        no_args_is_help=True,
+        rich_markup_mode=None,
+    )
     sub.command("import")(import_profiles)
     sub.command("show")(show)
     sub.command("run")(profile_run.run)
@@ -57,6 +64,7 @@ def import_profiles(
     directory: Annotated[
         Path,
         typer.Argument(
+            metavar="DIRECTORY",
             help="Data to import. For sailor: the directory holding "
             "profiles/<MODEL>/<GPU>/profile.json and llm_info.json.",
             show_default=False,
@@ -76,11 +84,20 @@ def import_profiles(
     ] = None,
     skip_gpu: Annotated[
         list[str] | None,
-        typer.Option(help="Leave this GPU type out (repeatable), e.g. a mislabelled file."),
+        typer.Option(
+            metavar="TYPE", help="Leave this GPU type out (repeatable), e.g. a mislabelled file."
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,
 ) -> None:
-    """Convert measured profiles (Sailor's) into an autohet profile file."""
+    """Convert measured profiles (Sailor's) into an autohet profile file.
+
+    Example (the Sailor measurements that ship in the repository):
+
+    \b
+      autohet profile import --format sailor tests/data/sailor --model OPT-350M \\
+          --out profiles/opt-350m.yaml
+    """
     if out.exists() and not force:
         raise ConfigError(f"{out}: already exists; pass --force to replace it, or change --out")
     imported = _IMPORTERS[fmt](directory, model, skip_gpus=skip_gpu or ())
@@ -90,7 +107,9 @@ def import_profiles(
 
 
 def show(
-    file: Annotated[Path, typer.Argument(help="Profile file (autohet.profile/v1).")],
+    file: Annotated[
+        Path, typer.Argument(metavar="FILE", help="Profile file (autohet.profile/v1).")
+    ],
     model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
     gpu: Annotated[str | None, typer.Option(help="Only this GPU type.")] = None,
     tp: Annotated[int | None, typer.Option(help="Only this tensor-parallel degree.")] = None,
@@ -100,12 +119,18 @@ def show(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """Print a profile's entries: sums over layers per (model, GPU, tp, mbs)."""
+    """Print a profile's entries: sums over layers per (model, GPU, tp, mbs).
+
+    Example:
+
+    \b
+      autohet profile show profiles/sailor/OPT-350M.yaml --gpu V100-16 --layers
+    """
     profile = load_profile(file)
     entries = select_entries(
         profile,
         model=canonical_model_name(model) if model else None,
-        gpu_type=canonical_gpu_name(gpu) if gpu else None,
+        gpu_type=_gpu_in(profile, gpu) if gpu else None,
         tensor_parallel=tp,
         micro_batch_size=mbs,
     )
@@ -117,27 +142,36 @@ def show(
     if as_json:
         typer.echo(json.dumps(_json_view(profile, entries, layers), indent=2))
         return
+    typer.echo(f"{file}: {len(entries)} entries (sums over layers)")  # unwrapped path
     console = Console()
-    console.print(_totals_table(entries, file))
+    console.print(_totals_table(entries))
     for entry in entries if layers else []:
         console.print(_layers_table(entry))
+
+
+def _gpu_in(profile: Profile, gpu: str) -> str:
+    """A type the profile holds by that exact name (a cluster-defined type such as
+    A6000 is no catalog spelling), else the catalog's name for the spelling."""
+    held = {k.gpu_type for k in profile.entries} | set(profile.devices)
+    return gpu if gpu in held else canonical_gpu_name(gpu)
 
 
 def _print_import(
     imported: Profile, directory: Path, result: Profile, out: Path, merge_into: Path | None
 ) -> None:
-    console = Console()
+    """Lines that name paths go through plain echo, never rich: rich wraps at the
+    terminal width (80 when piped) and would split a long path across lines, so a
+    user could not paste it and a script could not grep it."""
     num_layers = sorted({len(e.layers) for e in imported.entries.values()})
-    console.print(
+    typer.echo(
         f"imported {', '.join(imported.models())} from {directory}: "
-        f"{len(imported.entries)} entries of {'/'.join(map(str, num_layers))} layers",
-        highlight=False,
+        f"{len(imported.entries)} entries of {'/'.join(map(str, num_layers))} layers"
     )
-    console.print(_summary_table(imported))
+    Console().print(_summary_table(imported))
     for note in (imported.meta.get("history") or [{}])[-1].get("notes", []):
-        console.print(f"note: {note}", highlight=False)
+        typer.echo(f"note: {note}")
     merged = f" (merged with {merge_into})" if merge_into else ""
-    console.print(f"wrote {out}{merged}: {len(result.entries)} entries", highlight=False)
+    typer.echo(f"wrote {out}{merged}: {len(result.entries)} entries")
 
 
 def _summary_table(p: Profile) -> Table:
@@ -152,8 +186,8 @@ def _summary_table(p: Profile) -> Table:
     return table
 
 
-def _totals_table(entries: list[ProfileEntry], file: Path) -> Table:
-    table = Table(title=f"{file}: {len(entries)} entries (sums over layers)")
+def _totals_table(entries: list[ProfileEntry]) -> Table:
+    table = Table()
     for col in ("model", "GPU", "tp", "mbs", "source", "fwd ms", "bwd ms", "params"):
         table.add_column(col, justify="left" if col in ("model", "GPU", "source") else "right")
     for e in entries:

@@ -13,7 +13,7 @@ from tabulate import tabulate
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
-from autohet_cli.plan import Plan
+from autohet_cli.plan import Plan, SolverInfo
 
 GIB = float(1 << 30)
 
@@ -62,7 +62,52 @@ def binding_constraints(plan: Plan, ev: PlanEval) -> list[str]:
     return out
 
 
-def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
+def solver_lines(sv: SolverInfo, *, solved_now: bool = True) -> list[str]:
+    """What the search proved, in words that cannot be misread.
+
+    SCIP's gap is about the chosen grouping only; the search gap compares the plan
+    with a lower bound over every grouping, which is weak (it ignores most of the
+    pipeline bubble), so it is stated as a ceiling, not as the distance to the
+    optimum. ``solved_now`` is False for ``estimate``, which re-solves nothing and
+    so reports no solve time of its own.
+    """
+    proof = (
+        f"SCIP proved this grouping optimal (gap {sv.gap:.2%})"
+        if sv.gap <= 1e-3
+        else f"SCIP's gap on this grouping is {sv.gap:.2%}"
+    )
+    what = {
+        "optimal": f"optimal: {proof}, and every other grouping was solved or ruled out "
+        "by its lower bound",
+        "heuristic": f"best of the groupings searched: {proof}; groupings a quick estimate "
+        "judged slower were not solved",
+        "time_limit": f"best found before the time limit: {proof}; not every grouping was "
+        "searched (raise --time-limit to search more)",
+        "baseline": "a baseline layout, not searched",
+    }.get(sv.status, f"{sv.status}: {proof}")
+    counts = (
+        f"{_count(sv.groupings_explored, 'grouping')} solved, {sv.groupings_pruned} ruled "
+        "out by their lower bound"
+    )
+    if solved_now:
+        lines = [f"Solver: {what}. {sv.time_s:.2f} s, {counts}."]
+    else:
+        lines = [f"When planned: {what}."]
+    if sv.search_gap > 5e-4 and sv.status != "baseline":
+        lines.append(
+            f"Bound: no plan can take less than {1 - sv.search_gap:.0%} of this plan's "
+            f"iteration time (a weak lower bound over all groupings, {sv.search_gap:.0%} "
+            "below it); the true optimum is typically much closer to this plan"
+        )
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool = True) -> str:
+    """The plan for people; ``solved_now`` False when the plan is only re-estimated."""
     lines = [
         f"Plan {plan.name} v{plan.version}: {plan.model_name}, global batch "
         f"{plan.training.global_batch_size} x seq {plan.training.seq_len}, micro-batch "
@@ -132,12 +177,7 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster) -> str:
         lines.append(f"Cost: ${price:.2f}/hour for the hosts in use, ${per_m:.3f} per 1M tokens")
     lines.append("Binding: " + "; ".join(binding_constraints(plan, ev)))
     if plan.solver:
-        sv = plan.solver
-        lines.append(
-            f"Solver: {sv.status}, SCIP gap {sv.gap:.2%} (vs. the bound over all groupings "
-            f"{sv.search_gap:.0%}), {sv.time_s:.2f} s, {sv.groupings_explored} groupings "
-            f"solved, {sv.groupings_pruned} pruned"
-        )
+        lines += solver_lines(plan.solver, solved_now=solved_now)
     if plan.baselines:
         lines.append("")
         rows = []

@@ -73,7 +73,7 @@ def test_plan_json_has_the_contract_fields(planned: tuple[Path, dict[str, object
     baselines = out["baselines"]
     assert isinstance(baselines, dict) and "megatron" in baselines and "whale" in baselines
     path = work / str(out["plan_path"])
-    assert path.name == "small-mix.v1.yaml"
+    assert path.name == "small-mix-OPT-350M.v1.yaml"  # default name: <cluster>-<model>
     plan = load_plan(path)
     assert plan.prediction is not None
     assert plan.prediction.iteration_time_s == pytest.approx(out["iteration_time_s"], rel=1e-5)
@@ -87,7 +87,7 @@ def test_second_plan_is_a_new_version(planned: tuple[Path, dict[str, object]]) -
     before = (work / str(first["plan_path"])).read_bytes()
     res = autohet(*PLAN_SMALL_JSON, cwd=work)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["plan_path"].endswith("small-mix.v2.yaml")
+    assert json.loads(res.stdout)["plan_path"].endswith("small-mix-OPT-350M.v2.yaml")
     assert (work / str(first["plan_path"])).read_bytes() == before
 
 
@@ -119,7 +119,7 @@ def test_explain_names_stages_binding_and_baselines(tmp_path: Path) -> None:
         "megatron",
         "speed-up",
         "per 1M tokens",
-        "wrote plans/small-mix.v1.yaml",
+        "wrote plans/small-mix-OPT-350M.v1.yaml",
     ):
         assert needle in text, needle
 
@@ -195,6 +195,55 @@ def test_unknown_model_lists_the_zoo(tmp_path: Path) -> None:
     res = autohet("plan", "--model", "GPT-5", "--global-batch-size", "4", cwd=tmp_path)
     assert res.returncode == 1
     assert "unknown model" in res.stderr and "LLaMA-2-7B" in res.stderr
+
+
+def test_a_model_typo_gets_a_did_you_mean(tmp_path: Path) -> None:
+    res = autohet("plan", "--model", "OPT-350N", "--global-batch-size", "4", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "unknown model 'OPT-350N'; did you mean OPT-350M?" in res.stderr
+
+
+TINY_LOCAL = ("--model", "gpt-tiny", "--global-batch-size", "4", "--precision", "fp32")
+
+
+def test_plans_of_different_models_on_one_cluster_get_different_names(tmp_path: Path) -> None:
+    names = []
+    for model in ("gpt-tiny", "gpt-small"):
+        args = ("--model", model, "--global-batch-size", "4", "--precision", "fp32")
+        res = autohet("plan", *args, "--time-limit", "5", "--json", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        names.append(Path(json.loads(res.stdout)["plan_path"]).name)
+    assert names == ["localhost-gpt-tiny.v1.yaml", "localhost-gpt-small.v1.yaml"]
+
+
+def test_cluster_localhost_is_the_embedded_cluster(tmp_path: Path) -> None:
+    res = autohet(
+        "plan", "--cluster", "localhost", *TINY_LOCAL, "--time-limit", "5", "--json", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stderr
+    plan_path = json.loads(res.stdout)["plan_path"]
+    assert {d.host for d in load_plan(tmp_path / plan_path).devices()} == {"localhost"}
+    res = autohet("estimate", plan_path, "--cluster", "localhost", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+def test_the_solver_line_says_what_is_proven_and_estimate_solves_nothing(
+    tmp_path: Path,
+) -> None:
+    res = autohet("plan", *TINY_LOCAL, "--time-limit", "5", "--explain", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    solver = next(line for line in res.stdout.splitlines() if line.startswith("Solver: "))
+    assert re.search(r"SCIP proved this grouping optimal|SCIP's gap on this grouping", solver)
+    assert re.search(r"\d+\.\d\d s, \d+ groupings? solved", solver), solver
+    assert "vs. the bound" not in res.stdout
+    for line in res.stdout.splitlines():
+        if line.startswith("Bound: "):
+            assert re.search(r"no plan can take less than \d+% of this plan's", line), line
+    plan_path = next(iter((tmp_path / "plans").glob("*.yaml")))
+    est = autohet("estimate", str(plan_path), cwd=tmp_path)
+    assert est.returncode == 0, est.stderr
+    assert "Solver:" not in est.stdout and "When planned: " in est.stdout
+    assert not re.search(r"\d+\.\d\d s\b", est.stdout.split("When planned:")[1].splitlines()[0])
 
 
 def test_localhost_default_cluster_plans_the_tiny_gpt(tmp_path: Path) -> None:

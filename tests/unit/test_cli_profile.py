@@ -13,15 +13,16 @@ from autohet_cli.cli import profile as profile_cli
 from autohet_cli.errors import ConfigError, ProfileError
 from autohet_cli.profiling.schema import load_profile
 
-SAILOR = Path(__file__).resolve().parents[3] / "shared" / "data" / "sailor"
+# Sailor's measured data, copied into the repository (see tests/data/sailor/README.md).
+SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"
 
 
 @pytest.fixture(scope="module")
 def sailor_root() -> Path:
     if not (SAILOR / "llm_info.json").is_file():
         pytest.fail(
-            f"Sailor's measured profiles are missing at {SAILOR}; these tests need the shared "
-            "data checked out beside the repository (../shared/data/sailor)",
+            f"Sailor's measured profiles are missing at {SAILOR}; they ship with the "
+            "repository (tests/data/sailor): restore them from git",
             pytrace=False,
         )
     return SAILOR
@@ -65,6 +66,29 @@ def test_import_writes_the_profile_and_summarises(sailor_root: Path, tmp_path: P
     assert "V100-16" in text and "GH-96" in text and "1 2 4" in text
     assert "note: tp 8" in text
     assert f"wrote {out}" in text
+
+
+@pytest.mark.parametrize("columns", ["40", "80"])
+def test_import_prints_long_paths_whole_at_any_width(
+    sailor_root: Path, tmp_path: Path, columns: str
+) -> None:
+    """A checkout or output path longer than the terminal is printed on one line,
+    so the output does not depend on where the repository lives or on COLUMNS."""
+    deep = tmp_path.joinpath(*(["a-rather-long-directory-name"] * 6))
+    deep.mkdir(parents=True)
+    out = deep / "llama-imported-with-a-long-file-name.yaml"
+    app = typer.Typer()
+    profile_cli.register(app)
+    args = ["profile", "import", "--format", "sailor", str(sailor_root)]
+    result = CliRunner().invoke(
+        app, [*args, "--model", "LLAMA-3-8", "--out", str(out)], env={"COLUMNS": columns}
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"wrote {out}: 11 entries" in lines
+    assert f"imported LLaMA-3-8B from {sailor_root}: 11 entries of 35 layers" in lines
+    shown = CliRunner().invoke(app, ["profile", "show", str(out)], env={"COLUMNS": columns})
+    assert f"{out}: 11 entries (sums over layers)" in shown.output.splitlines()
 
 
 def test_import_refuses_an_existing_out_unless_forced(llama_file: Path, sailor_root: Path) -> None:

@@ -1,0 +1,39 @@
+"""Installing autohet must not replace the user's torch.
+
+pyproject.toml asks for a range (the oldest release the code's APIs allow up to
+the newest CI runs); only the development venv pins an exact CPU build, in the
+Makefile, and that pin must lie inside the range.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _torch_requirement() -> Requirement:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    (torch,) = [r for r in reqs if r.name == "torch"]
+    return torch
+
+
+def test_torch_is_a_range_not_a_pin() -> None:
+    torch = _torch_requirement()
+    operators = {s.operator for s in torch.specifier}
+    assert not operators & {"==", "===", "~="}, f"torch is pinned: {torch}"
+    assert ">=" in operators and "<" in operators, f"want a floor and a ceiling: {torch}"
+    assert "2.5" in torch.specifier and "2.13.5" in torch.specifier
+
+
+def test_the_dev_venv_pin_lies_inside_the_range() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    pins = re.findall(r"pip install -q torch==([0-9.]+)", makefile)
+    assert len(pins) == 1, "the Makefile should pin the CPU torch of the dev venv once"
+    assert Version(pins[0]) in _torch_requirement().specifier
