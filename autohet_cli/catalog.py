@@ -20,14 +20,23 @@ puts the cost model within ~10-20% of Megatron-LM's published A100 throughput
 cluster can be planned, launched and tested on machines without GPUs; its
 figures are deliberately modest and are meant to be replaced by
 ``autohet profile run``.
+
+Precision: a catalog type has one ``peak_tflops``, at its best training
+precision, and the analytic model uses it whatever ``--precision`` a plan asks
+for (measured profiles carry their own dtype). A type a cluster file defines
+(``gpu_types:``, see ``gputypes.py``) may give a figure per precision; then
+``peak_tflops_at(precision)`` picks the plan's, so an fp32 plan on a card with
+slow fp32 is not costed at its bf16 rate.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autohet_cli.errors import UnknownNameError
+from autohet_cli.errors import ConfigError, UnknownNameError
 
 GIB = 1 << 30
 
@@ -44,6 +53,23 @@ class GpuSpec:
     matmul_efficiency: float = 0.5
     runtime_reserve_bytes: int = 2 * GIB
     description: str = ""
+    # (precision, TFLOP/s) pairs for types defined in a cluster file; empty: peak_tflops
+    # at every precision (the catalog's convention).
+    peak_tflops_by_precision: tuple[tuple[str, float], ...] = ()
+
+    def peak_tflops_at(self, precision: str) -> float:
+        """Dense peak at ``precision``; a defined type without that figure is an error,
+        since guessing fp32 from bf16 (or back) is off by 2-16x depending on the card."""
+        if not self.peak_tflops_by_precision:
+            return self.peak_tflops
+        by = dict(self.peak_tflops_by_precision)
+        if precision in by:
+            return by[precision]
+        raise ConfigError(
+            f"GPU type {self.name!r} has no peak_tflops for {precision}; add "
+            f"'{precision}: TFLOPS' under gpu_types.{self.name}.peak_tflops in the cluster file, "
+            f"or plan with --precision {' or '.join(sorted(by))}"
+        )
 
 
 def _spec(
@@ -157,8 +183,28 @@ def canonical_gpu_name(raw: str) -> str:
         candidate = f"{base[m.group(1)]}-{m.group(2)}"
         if candidate in CATALOG:
             return candidate
-    known = ", ".join(sorted(CATALOG))
-    raise UnknownNameError(f"unknown GPU type {raw!r}; known types: {known}")
+    raise UnknownNameError(unknown_gpu_message(raw))
+
+
+# What every "unknown GPU type" error shows: a cluster file's gpu_types: entry.
+GPU_TYPES_EXAMPLE = (
+    "gpu_types: {A6000: {mem_gb: 48, peak_tflops: {bf16: 154.8, fp16: 154.8, fp32: 38.7}, "
+    "mem_bandwidth_gbytes_s: 768}}"
+)
+
+
+def unknown_gpu_message(raw: str, defined: Iterable[str] = ()) -> str:
+    """The way forward for a type nobody knows: near misses, the known names, and
+    how to define the type (a hand-written cluster file is where users meet this)."""
+    names = sorted({*CATALOG, *defined}, key=str.lower)
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(raw.lower(), list(by_lower), n=1, cutoff=0.75)
+    hint = f"did you mean {' or '.join(by_lower[c] for c in close)}? " if close else ""
+    return (
+        f"unknown GPU type {raw!r}; {hint}known types: {', '.join(names)}. "
+        f"To use another card, define it in the cluster file, e.g. {GPU_TYPES_EXAMPLE} "
+        "(example: profiles/clusters/custom-types.yaml); `autohet profile run` then measures it"
+    )
 
 
 def gpu_spec(name: str) -> GpuSpec:

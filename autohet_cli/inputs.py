@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.defaults import default_cluster_path
+from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.models import ModelSpec, get_model
 from autohet_cli.profiling.schema import Profile, load_profile
 from autohet_cli.settings import TrainingSettings
@@ -27,15 +26,18 @@ class Inputs:
     fingerprints: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def load_inputs(cluster_path: str | None, model: str, profile_paths: Sequence[str] = ()) -> Inputs:
-    cpath = Path(cluster_path) if cluster_path else default_cluster_path()
+def load_inputs(
+    cluster_path: str | None, model: str | ModelSpec, profile_paths: Sequence[str] = ()
+) -> Inputs:
+    """``model``: a zoo name, a HuggingFace config.json, or a spec a plan carries."""
+    cpath = resolve_cluster_path(cluster_path)
     cluster = load_cluster(cpath)
-    spec = get_model(model)
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
     prints: dict[str, dict[str, str]] = {
         "cluster": {"path": str(cpath), "sha256": sha256_file(cpath)},
         "model": {"name": spec.name},
     }
-    if model.endswith(".json"):
+    if isinstance(model, str) and model.endswith(".json"):
         prints["model"].update(path=model, sha256=sha256_file(model))
     profile: Profile | None = None
     for i, p in enumerate(profile_paths):
@@ -46,4 +48,4 @@ def load_inputs(cluster_path: str | None, model: str, profile_paths: Sequence[st
 
 
 def tables_for(inputs: Inputs, training: TrainingSettings) -> CostTables:
-    return CostTables(inputs.model, inputs.profile, training)
+    return CostTables(inputs.model, inputs.profile, training, gpu_specs=inputs.cluster.gpu_specs)

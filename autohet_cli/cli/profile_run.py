@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from autohet_cli.cluster import load_cluster
+from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, ProfileError
 from autohet_cli.models import get_model
 from autohet_cli.profiling.run import ProfileRunRequest, ProfileRunResult, run_profiling
@@ -31,8 +32,16 @@ def _ints(text: str, option: str) -> list[int]:
 
 
 def run(
-    cluster: Annotated[Path, typer.Argument(help="Cluster YAML or hostfile")],
-    model: Annotated[str, typer.Option(help="Zoo model or HF config.json to time")],
+    cluster: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CLUSTER",
+            help="Cluster YAML or hostfile, or localhost (the embedded cluster of this machine)",
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option(metavar="MODEL", help="Zoo model or HF config.json to time")
+    ],
     out: Annotated[
         Path,
         typer.Option(
@@ -43,18 +52,19 @@ def run(
     tp: Annotated[str, typer.Option(help="TP degrees to time, e.g. 1,2,4,8")] = "1,2,4,8",
     micro_batch_sizes: Annotated[str, typer.Option(help="e.g. 1,2,4")] = "1,2,4",
     seq_len: Annotated[
-        int | None, typer.Option(help="Tokens per sample (default: the model's)")
+        int | None, typer.Option(help="Tokens per sample (default: the model's)", min=1)
     ] = None,
     hosts: Annotated[str | None, typer.Option(help="Only these hosts, e.g. a100-0,v100-0")] = None,
     all_hosts: Annotated[
-        bool, typer.Option(help="Measure every host, not one per GPU type")
+        bool, typer.Option("--all-hosts", help="Measure every host, not one per GPU type")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds per host for the measurement")] = 900.0,
     accept_new_host_keys: Annotated[
         bool,
         typer.Option(
+            "--accept-new-host-keys",
             help="Trust and record host keys seen for the first time (like ssh's accept-new); "
-            "a changed key is always refused"
+            "a changed key is always refused",
         ),
     ] = False,
     known_hosts: Annotated[
@@ -62,17 +72,25 @@ def run(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
-    """Measure each GPU type of CLUSTER over SSH (localhost runs locally) for MODEL.
+    """Measure each GPU type of CLUSTER over SSH for MODEL.
 
-    Copies a small probe to one host per GPU type, times the model's layers at each
-    TP degree and micro-batch size that fits, measures matmul TFLOP/s and memory
-    bandwidth, and writes a profile that `autohet plan --profile` reads.
+    Copies a small probe to one host per GPU type (a localhost host runs
+    locally), times the model's layers at each TP degree and micro-batch size
+    that fits, measures matmul TFLOP/s and memory bandwidth, and writes a
+    profile that autohet plan --profile reads. Measurements are filed under each
+    host's GPU type as the cluster file names it, so a type the file defines
+    under gpu_types: is measured like a catalog one.
+
+    Example (then: autohet plan --profile profiles/measured.yaml ...):
+
+    \b
+      autohet profile run profiles/clusters/lab-mix.yaml --model OPT-350M
     """
     spec = get_model(model)
     req = ProfileRunRequest(
-        cluster=load_cluster(cluster),
+        cluster=load_cluster(resolve_cluster_path(cluster)),
         model=spec,
-        seq_len=seq_len or spec.default_seq_len,
+        seq_len=spec.default_seq_len if seq_len is None else seq_len,
         tps=_ints(tp, "--tp"),
         micro_batch_sizes=_ints(micro_batch_sizes, "--micro-batch-sizes"),
         hosts=[h for h in (hosts or "").split(",") if h],

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autohet_cli import catalog
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables, StageCost
@@ -88,7 +87,7 @@ def stage_memory_bytes(
     in_flight = min(num_stages - stage_index, num_microbatches)
     state = cost.num_params * tables.training.state_bytes_per_param
     buffers = 2.0 * cost.output_bytes
-    reserve = catalog.CATALOG[gpu_type].runtime_reserve_bytes
+    reserve = tables.spec(gpu_type).runtime_reserve_bytes
     return int(state + cost.act_bytes * in_flight + buffers + reserve)
 
 

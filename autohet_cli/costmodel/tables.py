@@ -10,10 +10,13 @@ times already contain them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
 from autohet_cli import catalog
+from autohet_cli.catalog import GpuSpec
+from autohet_cli.errors import UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.analytic import analytic_entry
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
@@ -91,16 +94,47 @@ def _calibrated(
 
 
 class CostTables:
-    """All layer tables for one model and training settings, built lazily and cached."""
+    """All layer tables for one model and training settings, built lazily and cached.
+
+    ``gpu_specs`` are the GPU types the cluster file defines (``Cluster.gpu_specs``);
+    every figure of a type (memory reserve, peak TFLOP/s, intra-host bandwidth) is
+    read through ``spec()`` so that such types plan like catalog ones.
+    """
 
     def __init__(
-        self, model: ModelSpec, profile: Profile | None, training: TrainingSettings
+        self,
+        model: ModelSpec,
+        profile: Profile | None,
+        training: TrainingSettings,
+        *,
+        gpu_specs: Mapping[str, GpuSpec] | None = None,
     ) -> None:
         self.model = model
         self.profile = profile or Profile()
         self.training = training
+        self.gpu_specs: Mapping[str, GpuSpec] = gpu_specs or {}
         self._cache: dict[tuple[str, int, int, float], LayerTable] = {}
         self._layers = model.layers()
+
+    def spec(self, gpu_type: str) -> GpuSpec:
+        """The cluster's definition, else the catalog, else a measured profile's device
+        facts (a type that ``autohet profile run`` measured is usable without figures)."""
+        found = self.gpu_specs.get(gpu_type) or catalog.CATALOG.get(gpu_type)
+        if found is not None:
+            return found
+        facts = self.profile.devices.get(gpu_type)
+        if facts is None or facts.source != "measured":
+            raise UnknownNameError(catalog.unknown_gpu_message(gpu_type, self.gpu_specs))
+        return GpuSpec(
+            name=gpu_type,
+            mem_bytes=facts.mem_bytes,
+            peak_tflops=facts.matmul_tflops,
+            mem_bandwidth_gbytes_s=facts.mem_bandwidth_gbytes_s,
+            intra_node_gbps=256.0,  # PCIe 4.0 x16: nothing better is known
+            pcie_gbps=256.0,
+            nvlink=False,
+            description=f"measured by autohet profile run ({gpu_type})",
+        )
 
     def entry(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
         key = EntryKey(
@@ -131,11 +165,11 @@ class CostTables:
         )
 
     def _with_tp_comm(self, entry: ProfileEntry, tp: int, mbs: int) -> ProfileEntry:
-        """An analytic entry with TP all-reduces folded in, at the catalog's
-        intra-host bandwidth for the GPU type."""
+        """An analytic entry with TP all-reduces folded in, at the type's
+        intra-host bandwidth."""
         if tp == 1:
             return entry
-        gbps = catalog.CATALOG[entry.key.gpu_type].intra_node_gbps
+        gbps = self.spec(entry.key.gpu_type).intra_node_gbps
         comm = [self._tp_comm_ms(i, tp, mbs, gbps) for i in range(len(entry.layers))]
         layers = tuple(
             replace(lt, fwd_ms=lt.fwd_ms + c, bwd_ms=lt.bwd_ms + c)
@@ -146,7 +180,7 @@ class CostTables:
     def _analytic(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
         return analytic_entry(
             self.model,
-            catalog.CATALOG[gpu_type],
+            self.spec(gpu_type),
             tp=tp,
             micro_batch_size=mbs,
             seq_len=self.training.seq_len,

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from autohet_cli import catalog
 from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.budget import check_deadline
 from autohet_cli.costmodel.evaluate import evaluate
-from autohet_cli.errors import InfeasibleError
+from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.plan import Device, Pipeline, Stage
 from autohet_cli.planner.groups import block_range
 from autohet_cli.planner.search import Candidate, SearchRequest, scorer, search
@@ -108,13 +108,17 @@ def _proportional(total: int, weights: Sequence[float]) -> list[int]:
     return shares
 
 
+def _peak(req: SearchRequest, gpu_type: str) -> float:
+    return req.tables.spec(gpu_type).peak_tflops_at(req.tables.training.precision)
+
+
 def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None:
     score = scorer(req.cluster, req.objective)
     best: Candidate | None = None
     for tp, mbs, layout, bounds in _uniform_shapes(req):
         M = req.global_batch_size // mbs
         if proportional:
-            weights = [sum(catalog.CATALOG[g].peak_tflops for g, _ in row) for row in layout]
+            weights = [sum(_peak(req, g) for g, _ in row) for row in layout]
             shares = _proportional(M, weights)
         else:
             if M % len(layout):
@@ -130,7 +134,9 @@ def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None
     return best
 
 
-def single_type_baselines(req: SearchRequest) -> dict[str, Candidate | None]:
+def single_type_baselines(
+    req: SearchRequest, skipped: list[str] | None = None
+) -> dict[str, Candidate | None]:
     out: dict[str, Candidate | None] = {}
     types = req.cluster.gpu_types()
     if len(types) < 2:
@@ -139,17 +145,26 @@ def single_type_baselines(req: SearchRequest) -> dict[str, Candidate | None]:
         lost = {h.name for h in req.cluster.hosts if h.gpu_type != gpu}
         sub = req.cluster.without(lost)
         try:
+            check_deadline()
             res = search(replace(req, cluster=sub, time_limit_s=max(0.5, req.time_limit_s / 8)))
             out[f"only-{gpu}"] = res.best
+        except TimeLimitReached:  # before InfeasibleError, its base class
+            if skipped is not None:
+                skipped.append(f"the only-{gpu} baseline")
         except InfeasibleError:
             out[f"only-{gpu}"] = None
     return out
 
 
-def baselines(req: SearchRequest) -> dict[str, Candidate | None]:
-    out = {
-        "megatron": uniform_baseline(req, proportional=False),
-        "whale": uniform_baseline(req, proportional=True),
-    }
-    out.update(single_type_baselines(req))
+def baselines(req: SearchRequest, skipped: list[str] | None = None) -> dict[str, Candidate | None]:
+    """Every baseline the planner's deadline (costmodel/budget.py) leaves time for;
+    the others are named in ``skipped`` rather than scored on part of their shapes."""
+    out: dict[str, Candidate | None] = {}
+    for name, proportional in (("megatron", False), ("whale", True)):
+        try:
+            out[name] = uniform_baseline(req, proportional=proportional)
+        except TimeLimitReached:
+            if skipped is not None:
+                skipped.append(f"the {name} baseline")
+    out.update(single_type_baselines(req, skipped))
     return out

@@ -21,11 +21,12 @@ _UPDATE_BYTES_PER_PARAM = {"adam": 30.0, "sgd": 18.0}
 _LAYER_OVER_GEMM = 0.85
 
 
-def effective_tflops(spec: GpuSpec, measured: DeviceFacts | None) -> float:
-    """Achievable layer throughput: measured matmul rate if we have it, else catalog."""
+def effective_tflops(spec: GpuSpec, measured: DeviceFacts | None, precision: str) -> float:
+    """Achievable layer throughput: measured matmul rate if we have it, else the
+    spec's peak at the run's precision (one figure for catalog types)."""
     if measured is not None and measured.source == "measured" and measured.matmul_tflops > 0:
         return measured.matmul_tflops * _LAYER_OVER_GEMM
-    return spec.peak_tflops * spec.matmul_efficiency
+    return spec.peak_tflops_at(precision) * spec.matmul_efficiency
 
 
 def layer_timing(
@@ -37,10 +38,11 @@ def layer_timing(
     seq_len: int,
     dtype_bytes: int,
     optimizer: str,
+    precision: str,
     measured: DeviceFacts | None = None,
 ) -> LayerTiming:
     flops = layer.fwd_flops(seq_len, micro_batch_size) / tp
-    tflops = effective_tflops(spec, measured)
+    tflops = effective_tflops(spec, measured, precision)
     mem_bw = (measured.mem_bandwidth_gbytes_s if measured else 0.0) or spec.mem_bandwidth_gbytes_s
     # A pipeline stage holding a tied head keeps its own copy of the embedding.
     params_per_gpu = layer.num_params // tp if layer.kind != "norm" else layer.num_params
@@ -81,6 +83,7 @@ def analytic_entry(
             dtype_bytes=dtype_bytes,
             optimizer=optimizer,
             measured=measured,
+            precision=precision,
         )
         for layer in model.layers()
     )

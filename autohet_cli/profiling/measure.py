@@ -12,8 +12,12 @@ Profile with ``profile_from_probe``:
 - ``update_ms`` is the probe's Adam step on the shard's fp32 master weights, or,
   where it did not run, ~30 bytes per parameter streamed at the measured
   memory bandwidth (the analytic profile's estimate);
-- device facts (source ``measured``) keyed by the canonical GPU type of the
-  device the probe used (``cpu`` without a GPU);
+- device facts (source ``measured``) keyed by the host's GPU type as the
+  cluster file declares it, so a type the cluster defines (``gpu_types:``) is
+  measured under its own name; the probe's device name is only checked against
+  it (a card the catalog knows as another type, or no GPU where one was
+  declared, is refused) and kept in meta. Without a declared type: the canonical
+  catalog type of the device (``cpu`` without a GPU);
 - meta: the host, when, software versions and the probe's version, plus a
   history entry with notes, so merged profiles keep every measurement's record.
 
@@ -27,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from autohet_cli.catalog import canonical_gpu_name
+from autohet_cli.catalog import CATALOG, canonical_gpu_name
 from autohet_cli.errors import ProfileError, UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.schema import (
@@ -52,7 +56,7 @@ def layer_shapes(model: ModelSpec) -> dict[str, dict[str, Any]]:
     e = model.embed_proj_dim or h
     shapes: dict[str, dict[str, Any]] = {
         "embedding": {
-            "vocab_size": model.vocab_size,
+            "vocab_size": model.padded_vocab_size,  # as trained: see ModelSpec
             "embed_dim": e,
             "hidden_size": h,
             "num_positions": model.num_positions,
@@ -69,7 +73,7 @@ def layer_shapes(model: ModelSpec) -> dict[str, dict[str, Any]]:
             "rotary": model.num_positions == 0,
         },
         "head": {
-            "vocab_size": model.vocab_size,
+            "vocab_size": model.padded_vocab_size,  # as trained: see ModelSpec
             "embed_dim": e,
             "hidden_size": h,
             "final_norm": model.final_norm and not model.separate_final_norm,
@@ -174,8 +178,11 @@ class _Reader:
         return value
 
 
-def profile_from_probe(model: ModelSpec, result: Any, *, host: str) -> Profile:
-    """The probe's result from ``host`` as measured profile entries and device facts."""
+def profile_from_probe(
+    model: ModelSpec, result: Any, *, host: str, gpu_type: str | None = None
+) -> Profile:
+    """The probe's result from ``host`` as measured profile entries and device facts,
+    keyed by ``gpu_type`` (the host's type in the cluster file) when given."""
     r = _Reader(host)
     doc = r.mapping(result, "result")
     if doc.get("schema") != RESULT_SCHEMA:
@@ -189,7 +196,7 @@ def profile_from_probe(model: ModelSpec, result: Any, *, host: str) -> Profile:
     dtype = r.text(doc, "dtype", "")
     if dtype not in DTYPES[1:]:
         r.fail("dtype", f"expected one of {', '.join(DTYPES[1:])}, got {dtype!r}")
-    device = _device(r, doc)
+    device = _device(r, doc, gpu_type)
     notes = _comm_notes(r, doc)
     update = r.mapping(doc.get("update") or {}, "update")
     entries: dict[EntryKey, ProfileEntry] = {}
@@ -226,17 +233,20 @@ def profile_from_probe(model: ModelSpec, result: Any, *, host: str) -> Profile:
     return Profile(devices={device.gpu_type: device}, entries=entries, meta=meta)
 
 
-def _device(r: _Reader, doc: Mapping[str, Any]) -> DeviceFacts:
+def _device(r: _Reader, doc: Mapping[str, Any], declared: str | None) -> DeviceFacts:
     dev = r.mapping(r.get(doc, "device", ""), "device")
     kind = r.text(dev, "type", "device")
     if kind == "cpu":
-        gpu_type = "cpu"
+        gpu_type = _checked(r, declared, "cpu", "no GPU (it ran on the CPU)")
     elif kind == "cuda":
         name = r.text(dev, "name", "device")
         try:
-            gpu_type = canonical_gpu_name(name)
+            detected = canonical_gpu_name(name)
         except UnknownNameError as exc:
-            r.fail("device.name", str(exc))
+            if declared is None:
+                r.fail("device.name", str(exc))
+            detected = None
+        gpu_type = _checked(r, declared, detected, f"{name!r} ({detected})")
     else:
         r.fail("device.type", f"expected cpu or cuda, got {kind!r}")
     matmul = r.mapping(r.get(doc, "matmul", ""), "matmul")
@@ -248,6 +258,21 @@ def _device(r: _Reader, doc: Mapping[str, Any]) -> DeviceFacts:
         mem_bandwidth_gbytes_s=r.number(bandwidth, "gbytes_s", "mem_bandwidth", positive=True),
         source="measured",
     )
+
+
+def _checked(r: _Reader, declared: str | None, detected: str | None, found: str) -> str:
+    """The type to file the measurement under: the declared one, unless the device
+    is plainly another (a catalog type, or the CPU) and the numbers would lie."""
+    if declared is None or declared == detected:
+        assert detected is not None  # an unknown device without a declared type failed above
+        return detected
+    if detected is not None and (detected == "cpu" or declared == "cpu" or declared in CATALOG):
+        r.fail(
+            "device.name",
+            f"the cluster file says gpus.type {declared} but the probe found {found}; "
+            "fix the host's gpus.type, or the host's torch install if it should see a GPU",
+        )
+    return declared
 
 
 def _layers(

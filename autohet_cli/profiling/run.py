@@ -222,7 +222,7 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
             result = json.loads(local_out.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ProfileError(f"host {host.name}: probe wrote invalid JSON: {exc}") from None
-    return profile_from_probe(req.model, result, host=host.name)
+    return profile_from_probe(req.model, result, host=host.name, gpu_type=host.gpu_type)
 
 
 NETPROBE = Path(__file__).with_name("netprobe.py")

@@ -72,11 +72,12 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
 
 def test_profiling_again_merges_into_the_existing_file(tmp_path: Path) -> None:
     out = tmp_path / "cpu.yaml"
-    for mbs in ("1", "2"):
+    # The second run names the embedded cluster as help says: localhost, not a path.
+    for mbs, cluster in (("1", LOCALHOST), ("2", "localhost")):
         res = autohet(
             "profile",
             "run",
-            LOCALHOST,
+            cluster,
             "--model",
             "gpt-tiny",
             "--tp",
@@ -99,3 +100,19 @@ def test_unknown_host_filter_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert res.returncode == 1
     assert "--hosts: nope not in cluster" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_host_of_a_defined_type_is_measured_under_that_type(tmp_path: Path) -> None:
+    """The host's type reaches the probe's check: here the CPU-only host declared as
+    an A6000 is refused, rather than filing CPU timings under the A6000's name."""
+    cluster = tmp_path / "ws.yaml"
+    cluster.write_text(
+        "schema: autohet.cluster/v1\nname: ws\n"
+        "gpu_types: {A6000: {mem_gb: 48, peak_tflops: 154.8, mem_bandwidth_gbytes_s: 768}}\n"
+        "hosts: [{name: localhost, address: localhost, gpus: {type: A6000, count: 1}}]\n"
+    )
+    args = ("--model", "gpt-tiny", "--tp", "1", "--micro-batch-sizes", "1")
+    res = autohet("profile", "run", str(cluster), *args, "--out", "p.yaml", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "gpus.type A6000 but the probe found no GPU" in res.stderr
+    assert not (tmp_path / "p.yaml").exists()

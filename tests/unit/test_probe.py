@@ -366,6 +366,46 @@ def test_a_gpu_name_becomes_its_canonical_type(result: dict[str, Any]) -> None:
     assert {k.gpu_type for k in profile.entries} == {"A100-40"}
 
 
+def _on(result: dict[str, Any], name: str) -> dict[str, Any]:
+    gpu = copy.deepcopy(result)
+    gpu["device"] = {"type": "cuda", "name": name, "mem_bytes": 48 << 30}
+    return gpu
+
+
+def test_a_type_the_cluster_defines_names_the_measurement(result: dict[str, Any]) -> None:
+    """The host's declared type keys the profile; the catalog never sees the name."""
+    profile = profile_from_probe(TINY, _on(result, "NVIDIA RTX A6000"), host="ws", gpu_type="A6000")
+    assert set(profile.devices) == {"A6000"}
+    assert {k.gpu_type for k in profile.entries} == {"A6000"}
+    assert profile.meta["history"][-1]["device_name"] == "NVIDIA RTX A6000"
+
+
+def test_an_unknown_card_without_a_declared_type_says_how_to_define_it(
+    result: dict[str, Any],
+) -> None:
+    with pytest.raises(ProfileError) as err:
+        profile_from_probe(TINY, _on(result, "NVIDIA RTX A6000"), host="ws")
+    assert "device.name" in str(err.value) and "gpu_types:" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("device", "declared", "found"),
+    [
+        ("Tesla V100-SXM2-16GB", "A100-40", "'Tesla V100-SXM2-16GB' (V100-16)"),
+        (None, "A6000", "no GPU"),
+        ("NVIDIA A100-SXM4-40GB", "cpu", "(A100-40)"),
+    ],
+)
+def test_a_device_plainly_not_the_declared_type_is_refused(
+    result: dict[str, Any], device: str | None, declared: str, found: str
+) -> None:
+    doc = result if device is None else _on(result, device)
+    with pytest.raises(ProfileError) as err:
+        profile_from_probe(TINY, doc, host="h", gpu_type=declared)
+    message = str(err.value)
+    assert f"gpus.type {declared} but the probe found" in message and found in message
+
+
 def test_spec_for_rejects_nonsense() -> None:
     with pytest.raises(ProfileError, match="seq_len"):
         spec_for(TINY, 0, [1], [1])
