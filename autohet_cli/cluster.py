@@ -2,7 +2,9 @@
 
 Read from an ``autohet.cluster/v1`` YAML file or a DeepSpeed-style hostfile
 (``host slots=N``, plus our optional ``gpu=TYPE``). Validation errors name the
-file, the field and the fix, because a cluster file is hand-written.
+file, the field and the fix, because a cluster file is hand-written. A YAML file
+may define GPU types the catalog lacks (``gpu_types:``, see gputypes.py); a
+hostfile cannot, and its error prints the YAML to write instead.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli import catalog
+from autohet_cli.catalog import GpuSpec
 from autohet_cli.errors import ConfigError, UnknownNameError
-from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml
+from autohet_cli.gputypes import gpu_types_to_dict, parse_gpu_types, resolve_gpu_type, spec_of
+from autohet_cli.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_HOST, at_most
+from autohet_cli.names import check_host_name, check_remote_dir
+from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml, read_text
 from autohet_cli.yamlio import field as get
 
 SCHEMA = "autohet.cluster/v1"
+# Per user and private (created 0700; workers refuse directories others can write):
+# never a world-writable place like /tmp, where anyone could plant a checkpoint.
+DEFAULT_CHECKPOINT_DIR = "~/autohet/checkpoints"
 _DEFAULT_KEYS = ("user", "port", "identity_file", "python", "workdir")
 
 
@@ -32,7 +41,7 @@ class Host:
     intra_node_gbps: float
     spot: bool = False
     price_per_hour: float = 0.0
-    checkpoint_dir: str = "/tmp/autohet-ckpt"
+    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
     user: str | None = None
     port: int = 22
     identity_file: str | None = None
@@ -51,6 +60,9 @@ class Cluster:
     inter_node_gbps: float
     pair_gbps: Mapping[frozenset[str], float] = field(default_factory=dict)
     remote_storage: str | None = None
+    # Types the cluster file defines under gpu_types: (name -> figures); catalog types
+    # are not repeated here.
+    gpu_specs: Mapping[str, GpuSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -74,6 +86,10 @@ class Cluster:
         """Distinct GPU types, in order of first appearance."""
         return list(dict.fromkeys(h.gpu_type for h in self.hosts))
 
+    def gpu_spec(self, gpu_type: str) -> GpuSpec:
+        """Figures of a type on this cluster: its own definition, else the catalog's."""
+        return spec_of(gpu_type, self.gpu_specs)
+
     def link_gbps(self, a: str, b: str) -> float:
         """Per-direction bandwidth between two hosts (or within one host)."""
         if a == b:
@@ -89,6 +105,7 @@ class Cluster:
             inter_node_gbps=self.inter_node_gbps,
             pair_gbps={k: v for k, v in self.pair_gbps.items() if not (k & lost)},
             remote_storage=self.remote_storage,
+            gpu_specs=self.gpu_specs,
         )
 
     def total_mem_bytes(self) -> int:
@@ -107,17 +124,10 @@ def load_cluster(path: str | Path) -> Cluster:
     """Load a cluster file; a file whose lines look like ``host slots=N`` is a hostfile."""
     p = Path(path)
     if p.suffix not in (".yaml", ".yml", ".json"):
-        text = _read(p)
+        text = read_text(p)
         if _looks_like_hostfile(text):
             return parse_hostfile(text, str(p), name=p.stem)
     return cluster_from_dict(load_yaml(p), str(p))
-
-
-def _read(p: Path) -> str:
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
 
 
 def _looks_like_hostfile(text: str) -> bool:
@@ -130,9 +140,11 @@ def parse_hostfile(text: str, where: str, *, name: str = "hostfile") -> Cluster:
     """DeepSpeed hostfile: ``host slots=N [gpu=TYPE]`` per line; ``#`` comments.
 
     Plain DeepSpeed hostfiles carry no GPU type; we read it from ``gpu=`` and
-    otherwise ask for it, since planning on a guessed type would be wrong.
+    otherwise ask for it, since planning on a guessed type would be wrong. A
+    type outside the catalog needs figures a hostfile has no place for, so the
+    error prints the equivalent cluster YAML with a ``gpu_types:`` entry to fill.
     """
-    hosts = []
+    rows: list[tuple[str, dict[str, Any]]] = []
     seen: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#")[0].strip()
@@ -158,17 +170,52 @@ def parse_hostfile(text: str, where: str, *, name: str = "hostfile") -> Cluster:
             slots = int(opts.get("slots", ""))
         except ValueError:
             raise ConfigError(f"{at}: slots must be a whole number, e.g. slots=8") from None
-        gpus = {"type": opts["gpu"], "count": slots}
-        hosts.append(_host({"name": address, "address": address, "gpus": gpus}, {}, at))
-    if not hosts:
+        rows.append((at, {"name": address, "gpus": {"type": opts["gpu"], "count": slots}}))
+    if not rows:
         raise ConfigError(f"{where}: no hosts in hostfile")
-    return Cluster(name=name, hosts=tuple(hosts), inter_node_gbps=100.0)
+    unknown = [h["gpus"]["type"] for _, h in rows if not _is_known(h["gpus"]["type"])]
+    if unknown:
+        at = next(at for at, h in rows if h["gpus"]["type"] == unknown[0])
+        raise ConfigError(
+            f"{at}: {catalog.unknown_gpu_message(unknown[0])}.\nA hostfile cannot define GPU "
+            f"types: save this as {name}.yaml, fill in the datasheet figures, and pass that "
+            f"file instead:\n{_hostfile_as_yaml(name, [h for _, h in rows], unknown)}"
+        )
+    hosts = tuple(_host({**h, "address": h["name"]}, {}, {}, at) for at, h in rows)
+    return Cluster(name=name, hosts=hosts, inter_node_gbps=100.0)
+
+
+def _is_known(raw: str) -> bool:
+    try:
+        catalog.canonical_gpu_name(raw)
+    except UnknownNameError:
+        return False
+    return True
+
+
+def _hostfile_as_yaml(name: str, hosts: list[dict[str, Any]], unknown: list[str]) -> str:
+    lines = [f"schema: {SCHEMA}", f"name: {name}", "gpu_types:"]
+    lines += [
+        f"  {t}: {{mem_gb: TODO, peak_tflops: {{bf16: TODO, fp32: TODO}}, "
+        "mem_bandwidth_gbytes_s: TODO}"
+        for t in dict.fromkeys(unknown)
+    ]
+    lines.append("hosts:")
+    for h in hosts:
+        gpus = h["gpus"]
+        lines.append(
+            f"  - {{name: {h['name']}, gpus: {{type: {gpus['type']}, count: {gpus['count']}}}}}"
+        )
+    return "\n".join(lines)
 
 
 def cluster_from_dict(raw: Any, where: str) -> Cluster:
     d = as_mapping(raw, where)
     check_keys(
-        d, where, ["schema", "name", "hosts"], ["defaults", "network", "remote_storage", "notes"]
+        d,
+        where,
+        ["schema", "name", "hosts"],
+        ["defaults", "network", "remote_storage", "notes", "gpu_types"],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -178,11 +225,12 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
     check_keys(network, f"{where}: network", [], ["inter_node_gbps", "pairs"])
     inter = get(network, "inter_node_gbps", float, f"{where}: network", 100.0)
     _positive(inter, f"{where}: network.inter_node_gbps")
+    defined = parse_gpu_types(d.get("gpu_types"), where)
     raw_hosts = as_list(d["hosts"], f"{where}: hosts")
     if not raw_hosts:
         raise ConfigError(f"{where}: hosts: empty; list at least one host")
     hosts = tuple(
-        _host(as_mapping(h, f"{where}: hosts[{i}]"), defaults, f"{where}: hosts[{i}]")
+        _host(as_mapping(h, f"{where}: hosts[{i}]"), defaults, defined, f"{where}: hosts[{i}]")
         for i, h in enumerate(raw_hosts)
     )
     first: dict[str, int] = {}
@@ -193,6 +241,12 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
                 "give every host a unique name"
             )
         first[h.name] = i
+    at_most(
+        sum(h.num_gpus for h in hosts),
+        MAX_CLUSTER_GPUS,
+        f"{where}: hosts[*].gpus.count, summed",
+        "the largest training fleets have ~200k GPUs",
+    )
     names = {h.name for h in hosts}
     pairs: dict[frozenset[str], float] = {}
     for i, pr in enumerate(as_list(network.get("pairs") or [], f"{where}: network.pairs")):
@@ -212,6 +266,7 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
         inter_node_gbps=inter,
         pair_gbps=pairs,
         remote_storage=get(d, "remote_storage", str, where, None),
+        gpu_specs=defined,
     )
 
 
@@ -224,25 +279,32 @@ _HOST_KEYS = (
 )
 
 
-def _host(h: Mapping[str, Any], defaults: Mapping[str, Any], at: str) -> Host:
+def _host(
+    h: Mapping[str, Any], defaults: Mapping[str, Any], defined: Mapping[str, GpuSpec], at: str
+) -> Host:
     check_keys(h, at, ["name", "gpus"], ["address", *_HOST_KEYS])
     gpus = as_mapping(h["gpus"], f"{at}.gpus")
     check_keys(gpus, f"{at}.gpus", ["type", "count"], ["mem_gb"])
     type_raw = get(gpus, "type", str, f"{at}.gpus")
     try:
-        gpu_type = catalog.canonical_gpu_name(type_raw)
+        gpu_type = resolve_gpu_type(type_raw, defined)
     except UnknownNameError as exc:
         raise ConfigError(f"{at}.gpus.type: {exc}") from None
-    spec = catalog.CATALOG[gpu_type]
+    spec = spec_of(gpu_type, defined)
     count = get(gpus, "count", int, f"{at}.gpus")
     if count < 1:
         raise ConfigError(f"{at}.gpus.count: must be at least 1, got {count}")
+    at_most(count, MAX_GPUS_PER_HOST, f"{at}.gpus.count", "hosts carry 8 or 16 GPUs")
     mem_gb = get(gpus, "mem_gb", float, f"{at}.gpus", None)
     merged = {**defaults, **{k: v for k, v in h.items() if k in _DEFAULT_KEYS}}
-    name = get(h, "name", str, at)
-    if not name.strip():
-        raise ConfigError(f"{at}.name: must not be empty")
+    name = check_host_name(get(h, "name", str, at), f"{at}.name")
     port = coerce(merged.get("port", 22), int, f"{at}.port")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{at}.port: {port} is not a TCP port; use 1-65535 (ssh: 22)")
+    price = get(h, "price_per_hour", float, at, 0.0)
+    if price < 0:
+        raise ConfigError(f"{at}.price_per_hour: must not be negative, got {price}")
+    workdir = _opt_str(merged, "workdir", at) or "~/autohet"
     return Host(
         name=name,
         address=get(h, "address", str, at, name),
@@ -255,13 +317,15 @@ def _host(h: Mapping[str, Any], defaults: Mapping[str, Any], at: str) -> Host:
             get(h, "intra_node_gbps", float, at, spec.intra_node_gbps), f"{at}.intra_node_gbps"
         ),
         spot=get(h, "spot", bool, at, False),
-        price_per_hour=get(h, "price_per_hour", float, at, 0.0),
-        checkpoint_dir=get(h, "checkpoint_dir", str, at, "/tmp/autohet-ckpt"),
+        price_per_hour=price,
+        checkpoint_dir=check_remote_dir(
+            get(h, "checkpoint_dir", str, at, DEFAULT_CHECKPOINT_DIR), f"{at}.checkpoint_dir"
+        ),
         user=_opt_str(merged, "user", at),
         port=port,
         identity_file=_opt_str(merged, "identity_file", at),
         python=_opt_str(merged, "python", at) or "python3",
-        workdir=_opt_str(merged, "workdir", at) or "~/autohet",
+        workdir=check_remote_dir(workdir, f"{at}.workdir"),
     )
 
 
@@ -309,4 +373,6 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
     }
     if c.remote_storage:
         out["remote_storage"] = c.remote_storage
+    if c.gpu_specs:
+        out["gpu_types"] = gpu_types_to_dict(c.gpu_specs)
     return out

@@ -32,6 +32,13 @@ class InfeasibleError(AutohetError):
     """No plan satisfies the constraints; the message names the shortfall."""
 
 
+class TimeLimitReached(InfeasibleError):
+    """The planner's time limit passed before it had a plan (or a baseline) to give.
+
+    An InfeasibleError, so callers that fall back when no plan is found (recovery
+    keeps the surviving pipelines) do so too when none was found in time."""
+
+
 class TransportError(AutohetError):
     """Running a command or moving a file on a host failed (names the host)."""
 

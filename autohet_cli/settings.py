@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autohet_cli.errors import ConfigError
+from autohet_cli.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, at_most
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adam", "sgd")
@@ -33,6 +34,16 @@ class TrainingSettings:
         for name in ("global_batch_size", "micro_batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"training.{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("global_batch_size", "micro_batch_size"):
+            at_most(
+                getattr(self, name),
+                MAX_GLOBAL_BATCH,
+                f"training.{name}",
+                "published runs take at most ~64k samples per step",
+            )
+        at_most(
+            self.seq_len, MAX_SEQ_LEN, "training.seq_len", "the longest contexts are ~10M tokens"
+        )
         if self.precision not in PRECISIONS:
             raise ConfigError(
                 f"training.precision: expected one of {', '.join(PRECISIONS)}, "

@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autohet_cli.costmodel.budget import check_deadline
+
 Op = tuple[int, str, int, float, float]
 """One executed op: (stage, kind 'F' or 'B', micro-batch, start_ms, end_ms)."""
+_POLL_OPS = 8192  # stage-ops between deadline checks: a few ms of work, ~0.1% overhead
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +124,8 @@ def simulate_1f1b(
     Steps are processed in order: within a step, forwards top-down (F(s, k) needs F(s-1, k)
     of the same step), then backwards (B(s, j) needs B(s+1, j) from the previous step). That
     is a topological order in which each stage meets its own ops in execution order, so one
-    "end of latest op" per stage is all the state needed: O(m * S), no event queue.
+    "end of latest op" per stage is all the state needed: O(m * S), no event queue. Long
+    runs poll the planner's deadline (budget.py) and raise TimeLimitReached past it.
     """
     num_stages, m = len(fwd_ms), num_microbatches
     if len(bwd_ms) != num_stages:
@@ -133,7 +137,10 @@ def simulate_1f1b(
     b_delay = [*sends, 0.0]  # B(s+1, j) -> B(s, j); B(S-1, j) just follows F(S-1, j)
     b_end = [0.0] * (num_stages + 1)  # end of the latest B per stage; b_end[S] stays 0
     ops: list[Op] | None = [] if record_timeline else None
+    poll = max(1, _POLL_OPS // num_stages)
     for step in range(m + num_stages - 1):
+        if not step % poll:
+            check_deadline()
         if step < m:
             ready = 0.0
             for s in range(num_stages):

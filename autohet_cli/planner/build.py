@@ -19,6 +19,7 @@ from dataclasses import replace
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate
 from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import TimeLimitReached
 from autohet_cli.plan import Device, Pipeline, Stage
 from autohet_cli.planner.groups import DeviceClass, Template
 
@@ -117,7 +118,10 @@ def refine(
         for cand in _neighbours(pipelines, best):
             if time.monotonic() >= deadline:
                 break
-            ev = evaluate(cand, cluster, tables, mbs)
+            try:
+                ev = evaluate(cand, cluster, tables, mbs)
+            except TimeLimitReached:  # the planner's hard deadline (costmodel/budget.py)
+                return pipelines, best
             if ev.fits and score(ev) < best_score * (1 - 1e-9):
                 pipelines, best, best_score = cand, ev, score(ev)
                 improved = True

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
-from autohet_cli import catalog
 from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.budget import deadline_in, overrun_s
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate, ring_allreduce_ms
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import InfeasibleError
+from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline
 from autohet_cli.planner.build import place, refine
@@ -112,6 +112,13 @@ def scorer(cluster: Cluster, objective: str) -> Callable[[list[Pipeline], PlanEv
 
 
 def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
+    """The best plan found within ``req.time_limit_s``: solving stops at the limit,
+    and refinement and simulation stop at most ``overrun_s`` after it."""
+    with deadline_in(req.time_limit_s + overrun_s(req.time_limit_s)):
+        return _search(req, progress)
+
+
+def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     start = time.monotonic()
     deadline = start + req.time_limit_s
     note = progress or (lambda _f, _m: None)
@@ -168,7 +175,13 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
             break
         note(done / total, f"tp={g.tp} mbs={g.mbs} {_describe(g, ctx)}")
         explored += 1
-        cand, dual = _solve_grouping(req, ctx, g, remaining, score)
+        try:
+            cand, dual = _solve_grouping(req, ctx, g, remaining, score)
+        except TimeLimitReached:  # a simulation ran into the deadline
+            timed_out = True
+            bounds.append(g.lower_bound_ms)
+            bounds.extend(item[2].lower_bound_ms for item in queue)
+            break
         if dual is not None:
             bounds.append(dual)
         if cand is not None:
@@ -177,7 +190,7 @@ def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult
                 best = cand
             milp_gaps.append(cand.solver_gap)
     if best is None:
-        raise InfeasibleError(_shortfall(req))
+        raise TimeLimitReached(_too_slow(req)) if timed_out else InfeasibleError(_shortfall(req))
     best = _refine_best(req, found, score, start)
     lb = min([best.score, *bounds]) if req.objective == "time" else best.score
     search_gap = max(0.0, (best.score - lb) / best.score)
@@ -219,14 +232,17 @@ def _refine_best(
         def by_score(e: PlanEval, p: list[Pipeline] = fixed) -> float:
             return score(p, e)
 
-        pipelines, ev = refine(
-            cand.pipelines,
-            req.cluster,
-            req.tables,
-            cand.mbs,
-            by_score,
-            deadline=time.monotonic() + slice_s,
-        )
+        try:
+            pipelines, ev = refine(
+                cand.pipelines,
+                req.cluster,
+                req.tables,
+                cand.mbs,
+                by_score,
+                deadline=time.monotonic() + slice_s,
+            )
+        except TimeLimitReached:
+            break
         refined = Candidate(
             pipelines=pipelines,
             tp=cand.tp,
@@ -255,7 +271,7 @@ def _contexts(req: SearchRequest) -> list[_Context]:
                 for c in classes
             ]
             caps = [
-                float(c.mem_bytes - catalog.CATALOG[c.gpu_type].runtime_reserve_bytes)
+                float(c.mem_bytes - req.tables.spec(c.gpu_type).runtime_reserve_bytes)
                 for c in classes
             ]
             params = (
@@ -516,12 +532,21 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def _too_slow(req: SearchRequest) -> str:
+    return (
+        f"no plan for {req.model.name} on {req.cluster.name} was found within the time limit "
+        f"of {req.time_limit_s:g} s (a global batch of {req.global_batch_size} means up to "
+        "that many micro-batches to simulate per pipeline); raise --time-limit or lower "
+        "--global-batch-size"
+    )
+
+
 def _shortfall(req: SearchRequest) -> str:
     """Why nothing fits: total memory needed versus what the cluster has."""
     t = req.tables.training
     need = req.model.num_params * t.state_bytes_per_param
     have = sum(
-        h.num_gpus * (h.gpu_mem_bytes - catalog.CATALOG[h.gpu_type].runtime_reserve_bytes)
+        h.num_gpus * (h.gpu_mem_bytes - req.tables.spec(h.gpu_type).runtime_reserve_bytes)
         for h in req.cluster.hosts
     )
     if need > have:

@@ -169,10 +169,14 @@ def _read_json(path: Path) -> Any:
         ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text; is this a copy of Sailor's data?") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} (line {exc.lineno}): not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
 
 
 def _int_key(key: str, at: str) -> int:

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autohet_cli.errors import ConfigError
+from autohet_cli.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TENSOR_PARALLEL
 from autohet_cli.yamlio import (
     as_list,
     as_mapping,
@@ -34,6 +35,7 @@ from autohet_cli.yamlio import (
 )
 from autohet_cli.yamlio import field as get
 
+T = TypeVar("T", int, float)
 SCHEMA = "autohet.profile/v1"
 SOURCES = ("measured", "sailor", "analytic", "calibrated")
 _LAYER_KEYS = ("fwd_ms", "bwd_ms", "update_ms", "num_params", "act_bytes", "output_bytes")
@@ -165,9 +167,9 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
         check_keys(dm, at, ["mem_bytes", "matmul_tflops", "mem_bandwidth_gbytes_s"], ["source"])
         devices[str(name)] = DeviceFacts(
             gpu_type=str(name),
-            mem_bytes=get(dm, "mem_bytes", int, at),
-            matmul_tflops=get(dm, "matmul_tflops", float, at),
-            mem_bandwidth_gbytes_s=get(dm, "mem_bandwidth_gbytes_s", float, at),
+            mem_bytes=_positive(dm, "mem_bytes", int, at),
+            matmul_tflops=_positive(dm, "matmul_tflops", float, at),
+            mem_bandwidth_gbytes_s=_positive(dm, "mem_bandwidth_gbytes_s", float, at),
             source=get(dm, "source", str, at, "measured"),
         )
     entries = {}
@@ -201,15 +203,18 @@ def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:
             act_bytes=get(lm, "act_bytes", float, lat),
             output_bytes=get(lm, "output_bytes", float, lat),
         )
-        if min(timing.fwd_ms, timing.bwd_ms, timing.update_ms, timing.act_bytes) < 0:
-            raise ConfigError(f"{lat}: times and sizes must not be negative")
+        for name in _LAYER_KEYS:
+            if getattr(timing, name) < 0:
+                raise ConfigError(
+                    f"{lat}.{name}: must not be negative, got {getattr(timing, name)}"
+                )
         layers.append(timing)
     key = EntryKey(
         model=get(em, "model", str, at),
         gpu_type=get(em, "gpu_type", str, at),
-        tensor_parallel=get(em, "tensor_parallel", int, at),
-        micro_batch_size=get(em, "micro_batch_size", int, at),
-        seq_len=get(em, "seq_len", int, at),
+        tensor_parallel=_count(em, "tensor_parallel", MAX_TENSOR_PARALLEL, at),
+        micro_batch_size=_count(em, "micro_batch_size", MAX_GLOBAL_BATCH, at),
+        seq_len=_count(em, "seq_len", MAX_SEQ_LEN, at),
     )
     source = get(em, "source", str, at, "measured")
     if source not in SOURCES:
@@ -217,6 +222,20 @@ def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:
     return ProfileEntry(
         key=key, source=source, dtype=get(em, "dtype", str, at, "bf16"), layers=tuple(layers)
     )
+
+
+def _count(m: Mapping[str, Any], key: str, bound: int, at: str) -> int:
+    value = get(m, key, int, at)
+    if not 1 <= value <= bound:
+        raise ConfigError(f"{at}.{key}: must be 1 to {bound:,}, got {value}")
+    return value
+
+
+def _positive(m: Mapping[str, Any], key: str, typ: type[T], at: str) -> T:
+    value = get(m, key, typ, at)
+    if value <= 0:
+        raise ConfigError(f"{at}.{key}: must be positive, got {value}")
+    return value
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -36,6 +36,7 @@ ADVERTISED: dict[str, dict[str, int]] = {
     "mix-256": {"A100-40": 64, "V100-16": 96, "RTX-3090": 96},
     "scale-1024": {"A100-40": 256, "A100-80": 192, "V100-16": 384, "H100-80": 192},
     "localhost": {"cpu": 2},
+    "custom-types": {"A6000": 4, "L20": 2, "A100-40": 2},
 }
 
 
@@ -121,7 +122,7 @@ def test_localhost_default_is_packaged() -> None:
     (host,) = c.hosts
     assert (host.name, host.address, host.is_local) == ("localhost", "localhost", True)
     assert (host.gpu_type, host.num_gpus) == ("cpu", 2)
-    assert host.checkpoint_dir.startswith("/tmp/")
+    assert host.checkpoint_dir == "~/autohet/checkpoints"  # private, never a shared /tmp
 
 
 # ---------------------------------------------------------------- validation messages

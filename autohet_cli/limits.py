@@ -1,0 +1,65 @@
+"""Upper bounds on the sizes inputs may state, each with the reason for its value (pure).
+
+Every count in a cluster file, a model config, a plan or a command line ends up
+as a loop bound or an allocation somewhere: ``gpus.count: 10**30`` made the
+planner enumerate that many devices, ``num_hidden_layers: 1000000000`` built a
+billion layer records, and a global batch of 10^9 made the 1F1B simulator run
+for hours. Each bound is far above anything real (so no honest input meets
+it) and low enough that what passes cannot exhaust the machine. A value over
+its bound is almost always a typo or an attack; the error says which field.
+"""
+
+from __future__ import annotations
+
+from autohet_cli.errors import ConfigError
+
+# Hosts carry 8 or 16 GPUs; the largest NVLink domain sold (NVL72) has 72.
+MAX_GPUS_PER_HOST = 1024
+# The largest single training fleets reported hold ~200k GPUs; the planner
+# builds one record per device, so a million stays a few hundred MB at worst.
+MAX_CLUSTER_GPUS = 1 << 20
+# Published LLM runs use 1-16k sequences per step (LLaMA-3: 2048, DeepSeek-V3:
+# 15360), LAMB's BERT 64k; the simulator is linear in micro-batches and polls
+# the planner's deadline, so 2^20 is 16x the largest and still stops on time.
+MAX_GLOBAL_BATCH = 1 << 20
+# Context lengths advertised today reach 10M tokens (LLaMA-4 Scout).
+MAX_SEQ_LEN = 1 << 24
+# Production LLMs have <= 128 blocks; the deepest research transformer 1,000 (DeepNet).
+MAX_BLOCKS = 1 << 14
+# Widest published models: hidden 25,600 (Megatron 1T), MLP 73,728 (PaLM).
+MAX_HIDDEN = 1 << 17
+MAX_FFN_HIDDEN = 1 << 19
+# The largest vocabulary is 262,144 (Gemma-3). A vocabulary only scales numbers
+# at plan time (no loop runs over it), so the bound is the int32 token id; a
+# vocabulary no GPU holds is then reported where memory is checked, as it was.
+MAX_VOCAB = 1 << 31
+# Tensor parallelism stays inside a host's GPUs.
+MAX_TENSOR_PARALLEL = MAX_GPUS_PER_HOST
+
+# ModelSpec field -> (bound, what real models have); checked by ModelSpec itself.
+_CONTEXT = "the longest contexts are ~10M tokens"
+MODEL_BOUNDS: dict[str, tuple[int, str]] = {
+    "num_blocks": (MAX_BLOCKS, "LLMs have <= 128 blocks, DeepNet 1,000"),
+    "hidden_size": (MAX_HIDDEN, "the widest models have 25,600"),
+    "num_heads": (MAX_HIDDEN, "heads divide the hidden size"),
+    "num_kv_heads": (MAX_HIDDEN, "heads divide the hidden size"),
+    "embed_proj_dim": (MAX_HIDDEN, "the widest models have 25,600"),
+    "ffn_hidden_size": (MAX_FFN_HIDDEN, "the widest MLPs have 73,728"),
+    "vocab_size": (MAX_VOCAB, "token ids are 32-bit; the largest vocabulary has 262,144"),
+    "make_vocab_size_divisible_by": (MAX_VOCAB, "Megatron pads to 128"),
+    "num_positions": (MAX_SEQ_LEN, _CONTEXT),
+    "default_seq_len": (MAX_SEQ_LEN, _CONTEXT),
+    "max_position_embeddings": (MAX_SEQ_LEN, _CONTEXT),
+    "sliding_window": (MAX_SEQ_LEN, _CONTEXT),
+}
+
+
+def at_most(value: int, bound: int, at: str, why: str) -> int:
+    """``value`` if it is within ``bound``; otherwise a ConfigError naming ``at``.
+
+    ``why`` finishes "larger than ..." (what real inputs look like), so the
+    user can tell a typo from a limit they have genuinely outgrown.
+    """
+    if value > bound:
+        raise ConfigError(f"{at}: {value} is larger than {bound:,} ({why}); is it a typo?")
+    return value
