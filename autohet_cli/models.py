@@ -16,10 +16,26 @@ divided by the TP degree.
 
 from __future__ import annotations
 
+import difflib
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from autohet_cli.errors import UnknownNameError
+from autohet_cli.errors import ConfigError, UnknownNameError
+from autohet_cli.limits import MODEL_BOUNDS, at_most
+
+VOCAB_MULTIPLE = 128
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeScaling:
+    """HF ``rope_scaling``: ``linear`` (positions / factor) or ``llama3`` (LLaMA-3.1)."""
+
+    kind: str  # linear | llama3
+    factor: float
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,10 +58,62 @@ class ModelSpec:
     separate_final_norm: bool = False  # final norm as its own partitionable layer
     embed_proj_dim: int = 0  # OPT-350M projects a 512-wide embedding to 1024
     default_seq_len: int = 2048
+    # What the runtime needs beyond the shapes (HF config fields; defaults as GPT-2's).
+    norm_eps: float = 1e-5
+    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2 gelu_new) | silu (SwiGLU gate) | relu
+    rope_theta: float = 10000.0  # rotary models (num_positions == 0)
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int = 0  # 0: full causal attention
+    max_position_embeddings: int = 0  # as the HF config says (0: default_seq_len)
+    make_vocab_size_divisible_by: int = VOCAB_MULTIPLE
+
+    def __post_init__(self) -> None:
+        """Refuse sizes no model has before any layer list is built: every spec,
+        from the zoo, a config.json or a plan, passes here (bounds: limits.py)."""
+        for name, (bound, why) in MODEL_BOUNDS.items():
+            at_most(getattr(self, name), bound, f"model {self.name!r}: {name}", why)
+        factor = self.rope_scaling.factor if self.rope_scaling is not None else 1.0
+        for name, value in (
+            ("norm_eps", self.norm_eps),
+            ("rope_theta", self.rope_theta),
+            ("rope_scaling.factor", factor),
+        ):
+            if not math.isfinite(value):  # a config.json may say NaN or Infinity
+                raise ConfigError(f"model {self.name!r}: {name}: expected a finite number")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and head as trained: the vocabulary rounded up.
+
+        Megatron's ``--make-vocab-size-divisible-by``, but a fixed multiple (128)
+        instead of 128 x TP: every TP degree the planner tries (1, 2, 4, 8) divides
+        it, and the padded shape, hence every checkpoint, is the same under any plan.
+        """
+        m = self.make_vocab_size_divisible_by
+        return -(-self.vocab_size // m) * m
+
+    @property
+    def num_padding_params(self) -> int:
+        """Parameters the padding rows add (embedding, and the head's own copy if untied)."""
+        rows = self.padded_vocab_size - self.vocab_size
+        return rows * (self.embed_proj_dim or self.hidden_size) * (1 + (not self.tied_embeddings))
+
+    def tensor_parallel_problems(self, tp: int) -> list[str]:
+        """Why Megatron-style TP of degree ``tp`` cannot split this model (empty: it can)."""
+        return [
+            f"{what} {n} is not divisible by tensor_parallel {tp}"
+            for what, n in (
+                ("num_heads", self.num_heads),
+                ("num_kv_heads", self.num_kv_heads),
+                ("ffn_hidden_size", self.ffn_hidden_size),
+                ("padded vocab_size", self.padded_vocab_size),
+            )
+            if n % tp
+        ]
 
     @property
     def num_layers(self) -> int:
@@ -57,8 +125,12 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Parameters of the model, counting tied weights once."""
-        return sum(layer.num_params - layer.shared_params for layer in self.layers())
+        """Parameters of the released model (unpadded vocabulary), tied weights once.
+
+        The layers count the padded vocabulary, which is what GPUs hold.
+        """
+        layers = self.layers()
+        return sum(x.num_params - x.shared_params for x in layers) - self.num_padding_params
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +193,7 @@ def _block(m: ModelSpec, index: int) -> LayerSpec:
 
 @lru_cache(maxsize=256)
 def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
-    h = m.hidden_size
+    h, vocab = m.hidden_size, m.padded_vocab_size
     e = m.embed_proj_dim or h
     proj = e * h if m.embed_proj_dim else 0
     layers = [
@@ -129,7 +201,7 @@ def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
             index=0,
             name="embedding",
             kind="embedding",
-            num_params=m.vocab_size * e + m.num_positions * h + proj,
+            num_params=vocab * e + m.num_positions * h + proj,
             matmul_flops_per_token=2.0 * proj,
             output_elems_per_token=float(h),
         )
@@ -153,11 +225,11 @@ def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
             index=len(layers),
             name="head",
             kind="head",
-            num_params=norm + proj + m.vocab_size * e,
-            shared_params=m.vocab_size * e if m.tied_embeddings else 0,
-            matmul_flops_per_token=2.0 * (proj + m.vocab_size * e),
+            num_params=norm + proj + vocab * e,
+            shared_params=vocab * e if m.tied_embeddings else 0,
+            matmul_flops_per_token=2.0 * (proj + vocab * e),
             act_elems_per_token_whole=2.0 * h,
-            act_fp32_elems_per_token_split=2.0 * m.vocab_size,
+            act_fp32_elems_per_token_split=2.0 * vocab,
         )
     )
     return tuple(layers)
@@ -180,6 +252,7 @@ def _gpt(name: str, blocks: int, hidden: int, heads: int, vocab: int = 50257) ->
 def _llama(
     name: str, blocks: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int, seq: int
 ) -> ModelSpec:
+    """Meta's LLaMA-2/3 (``rms_norm_eps`` 1e-5; LLaMA-3 has ``rope_theta`` 500000)."""
     return ModelSpec(
         name=name,
         family="llama",
@@ -195,6 +268,9 @@ def _llama(
         tied_embeddings=False,
         separate_final_norm=True,
         default_seq_len=seq,
+        activation="silu",
+        rope_theta=500000.0 if vocab > 100_000 else 10000.0,
+        max_position_embeddings=seq,
     )
 
 
@@ -303,8 +379,11 @@ def canonical_model_name(raw: str) -> str:
     stripped = key.removesuffix("b").removesuffix("m").replace(".", "")
     if stripped in _ALIASES:
         return _ALIASES[stripped]
+    by_lower = {name.lower(): name for name in ZOO}
+    close = difflib.get_close_matches(raw.lower(), list(by_lower), n=1, cutoff=0.75)
+    hint = f"did you mean {' or '.join(by_lower[c] for c in close)}? " if close else ""
     raise UnknownNameError(
-        f"unknown model {raw!r}; zoo models: {', '.join(ZOO)} "
+        f"unknown model {raw!r}; {hint}zoo models: {', '.join(ZOO)} "
         "(or pass a HuggingFace config.json path)"
     )
 

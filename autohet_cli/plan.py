@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.architecture import spec_from_dict, spec_to_dict
 from autohet_cli.errors import ConfigError, PlanError
+from autohet_cli.limits import MAX_BLOCKS, MAX_GPUS_PER_HOST, MAX_TENSOR_PARALLEL, at_most
+from autohet_cli.models import ModelSpec
+from autohet_cli.names import check_host_name
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import (
     as_list,
@@ -111,6 +115,9 @@ class Plan:
     parent: str | None = None
     created: str = ""
     contingency: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The model itself (``model.architecture``), so workers need no zoo or config.json;
+    # None in plans written before plans carried it (workers look the name up).
+    architecture: ModelSpec | None = None
 
     def devices(self) -> list[Device]:
         return [d for p in self.pipelines for s in p.stages for d in s.devices]
@@ -121,8 +128,29 @@ class Plan:
     def validate(self, where: str = "plan") -> None:
         """Every invariant the runtime relies on; errors name the field."""
         t = self.training
+        try:  # the name picks folders (plans/, checkpoints, runs): never a path
+            validate_name(self.name)
+        except ConfigError as exc:
+            raise PlanError(f"{where}: name: {exc}") from None
+        if not 1 <= self.tensor_parallel <= MAX_TENSOR_PARALLEL:
+            raise PlanError(
+                f"{where}: tensor_parallel: must be 1 to {MAX_TENSOR_PARALLEL} (the GPUs of one "
+                f"host), got {self.tensor_parallel}"
+            )
+        at_most(
+            self.num_layers,
+            MAX_BLOCKS + 3,
+            f"{where}: model.num_layers",
+            "no model has more blocks; 3 more: embedding, final norm, head",
+        )
         if not self.pipelines:
             raise PlanError(f"{where}: pipelines: a plan needs at least one pipeline")
+        arch = self.architecture
+        if arch is not None and arch.num_layers != self.num_layers:
+            raise PlanError(
+                f"{where}: model.architecture has {arch.num_layers} partitionable layers "
+                f"but model.num_layers is {self.num_layers}"
+            )
         if t.global_batch_size % t.micro_batch_size:
             raise PlanError(
                 f"{where}: training.global_batch_size {t.global_batch_size} is not a multiple "
@@ -166,8 +194,11 @@ def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]
         if len({d.host for d in s.devices}) != 1:
             raise PlanError(f"{sat}.devices: a TP group must sit on one host")
         for d in s.devices:
+            check_host_name(d.host, f"{sat}.devices")
             if d.gpu < 0:
                 raise PlanError(f"{sat}.devices: gpu index must be >= 0, got {d.gpu}")
+            if d.gpu >= MAX_GPUS_PER_HOST:
+                raise PlanError(f"{sat}.devices: gpu index {d.gpu}: no host has that many GPUs")
             if d in seen:
                 raise PlanError(f"{sat}.devices: {d.host} gpu {d.gpu} is already used by {seen[d]}")
             seen[d] = sat
@@ -217,6 +248,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "tensor_parallel": p.tensor_parallel,
         "pipelines": [pipelines_entry(pl) for pl in p.pipelines],
     }
+    if p.architecture is not None:
+        out["model"]["architecture"] = spec_to_dict(p.architecture)
     if p.prediction is not None:
         out["prediction"] = {k: _round(getattr(p.prediction, k)) for k in Prediction.__slots__}
     if p.solver is not None:
@@ -270,7 +303,8 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
     model = as_mapping(d["model"], f"{where}: model")
-    check_keys(model, f"{where}: model", ["name", "num_layers"])
+    check_keys(model, f"{where}: model", ["name", "num_layers"], ["architecture"])
+    arch = model.get("architecture")
     tr = as_mapping(d["training"], f"{where}: training")
     tat = f"{where}: training"
     check_keys(
@@ -318,7 +352,12 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
             str(k): as_mapping(v, f"{where}: contingency.{k}")
             for k, v in as_mapping(d.get("contingency") or {}, where).items()
         },
+        architecture=None if arch is None else spec_from_dict(arch, f"{where}: model.architecture"),
     )
+    if plan.version < 1:
+        raise ConfigError(
+            f"{where}: version: must be at least 1 (written plans start at v1), got {plan.version}"
+        )
     plan.validate(where)
     return plan
 
@@ -421,6 +460,15 @@ def validate_name(name: str) -> str:
             "marks versions)"
         )
     return name
+
+
+def default_plan_name(cluster_name: str, model_name: str) -> str:
+    """``<cluster>-<model>``, made a valid plan name: without the model, plans of
+    different models on one cluster became versions of one plan (v1..v4), and a
+    version is meant to be a re-plan of the same job."""
+    raw = f"{cluster_name}-{model_name}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).replace(".v", "-v").strip("-_.")
+    return validate_name(re.sub(r"-{2,}", "-", name) or "plan")
 
 
 def write_plan(plan: Plan, directory: str | Path) -> tuple[Plan, Path]:

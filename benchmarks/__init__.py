@@ -9,6 +9,8 @@
   parallel.
 - ``runtime_overhead``: the worker runtime's step time against torch DDP and
   ``Schedule1F1B`` (2 gloo processes on CPU, gpt-small).
+- ``llama_runtime``: tokens/s of the runtime training a small LLaMA on one CPU
+  device against a plain single-process torch loop of the same model.
 """
 
 BENCHMARKS = (
@@ -17,5 +19,6 @@ BENCHMARKS = (
     "planner_quality",
     "profile_hosts",
     "runtime_overhead",
+    "llama_runtime",
     "recovery_time",
 )

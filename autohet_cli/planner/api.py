@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.budget import check_deadline, deadline_in, overrun_s
 from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import InfeasibleError
+from autohet_cli.errors import ConfigError, InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import (
     Pipeline,
@@ -53,6 +55,11 @@ def make_plan(
     progress: Progress | None = None,
     with_baselines: bool = True,
 ) -> PlanOutcome:
+    """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
+    short overrun (budget.overrun_s): what the deadline cuts off is left out of
+    the plan and named in its notes, never waited for."""
+    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
     req = SearchRequest(
         cluster=cluster,
         model=model,
@@ -60,11 +67,20 @@ def make_plan(
         global_batch_size=global_batch_size,
         objective=objective,
         time_limit_s=time_limit_s,
+        # Only degrees the model's heads, MLP and padded vocabulary split into.
+        tp_candidates=tuple(t for t in (1, 2, 4, 8) if not model.tensor_parallel_problems(t)),
     )
-    result = search(req, progress)
-    base = compute_baselines(req) if with_baselines else {}
+    skipped: list[str] = []
+    with deadline_in(time_limit_s + overrun_s(time_limit_s)):
+        result = search(req, progress)
+        base = compute_baselines(req, skipped) if with_baselines else {}
+        if_lost = contingency_plans(req, skipped) if contingency else {}
     best = result.best
     notes = []
+    if skipped:
+        notes.append(
+            f"not computed within the time limit: {', '.join(skipped)} (raise --time-limit)"
+        )
     for bname, cand in base.items():
         if cand is not None and cand.score < best.score * (1 - 1e-9):
             notes.append(f"the {bname} baseline scored better than the search; adopted it")
@@ -88,7 +104,7 @@ def make_plan(
         notes=tuple(notes) + plan.notes,
     )
     if contingency:
-        plan = replace(plan, contingency=contingency_plans(req))
+        plan = replace(plan, contingency=if_lost)
     return PlanOutcome(plan=plan, eval=best.eval, result=result, baselines=base)
 
 
@@ -119,6 +135,7 @@ def to_plan(
         version=0,
         model_name=model.name,
         num_layers=model.num_layers,
+        architecture=model,
         training=training,
         tensor_parallel=best.tp,
         pipelines=pipelines,
@@ -194,15 +211,26 @@ def idle_devices(cluster: Cluster, best: Candidate) -> list[dict[str, object]]:
     return out
 
 
-def contingency_plans(req: SearchRequest) -> dict[str, dict[str, object]]:
-    """Best plan after losing each spot host, so recovery can start without solving."""
+def contingency_plans(
+    req: SearchRequest, skipped: list[str] | None = None
+) -> dict[str, dict[str, object]]:
+    """Best plan after losing each spot host, so recovery can start without solving.
+
+    Hosts the planner's deadline leaves no time for are named in ``skipped`` and
+    left out: recovery solves for them when it happens.
+    """
     out: dict[str, dict[str, object]] = {}
     for h in req.cluster.hosts:
         if not h.spot:
             continue
         sub = req.cluster.without({h.name})
         try:
+            check_deadline()
             res = search(replace(req, cluster=sub, time_limit_s=max(1.0, req.time_limit_s / 4)))
+        except TimeLimitReached:
+            if skipped is not None:
+                skipped.append(f"contingency for losing {h.name}")
+            continue
         except (InfeasibleError, Exception) as exc:  # noqa: BLE001 - recorded, not fatal
             out[h.name] = {"feasible": False, "reason": str(exc)}
             continue

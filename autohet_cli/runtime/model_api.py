@@ -7,14 +7,17 @@ one's output going to ``loss_fn``. A plan's ``layers: [start, end)`` index this
 list, so its length must be the plan's ``model.num_layers``.
 
 Write a function ``build(request: ModelRequest) -> ModelParts`` in an importable
-module and pass ``--model-fn package.module:build`` to the runtime (the default is
-the built-in GPT, ``autohet_cli.runtime.gpt:build``). The contract:
+module and pass ``--model-fn package.module:build`` to the runtime (the default,
+``autohet_cli.runtime.models:build``, builds the built-in families: GPT-2 and the
+LLaMA family, see ``runtime.models``). The contract:
 
 - ``layers``: either all ``request.num_layers`` layers or just
   ``[request.layer_start, request.layer_end)``; build only those when the model is
   big. Parameter values must not depend on the range: every rank that builds a
   layer must get the same weights (seed each layer from ``request.seed`` and its
   index, not from a global RNG stream).
+- ``request.architecture``: the plan's ``model.architecture`` (a ``ModelSpec``:
+  shapes, norm, rope, vocabulary padding), None for plans older than that field.
 - ``loss_fn(output, targets)``: the **sum** over the micro-batch's samples of each
   sample's loss (for a language model: the per-sample mean over tokens). The
   runtime divides by the global batch size, so the step optimises the mean loss
@@ -49,7 +52,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-DEFAULT_MODEL_FN = "autohet_cli.runtime.gpt:build"
+from autohet_cli.models import ModelSpec
+
+DEFAULT_MODEL_FN = "autohet_cli.runtime.models:build"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +69,8 @@ class ModelRequest:
     seq_len: int
     micro_batch_size: int
     tensor_parallel: int = 1  # the stage's TP degree; layers get ``tp_plan()`` applied
+    # plan.model.architecture: the model itself (None in plans older than that field)
+    architecture: ModelSpec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -60,6 +60,7 @@ def model_request(runtime: Runtime, seed: int) -> ModelRequest:
         seq_len=plan.training.seq_len,
         micro_batch_size=plan.training.micro_batch_size,
         tensor_parallel=info.tp_size,
+        architecture=plan.architecture,
     )
 
 

@@ -55,6 +55,7 @@ class TrainConfig:
     momentum: float = 0.9  # SGD
     device: str = "auto"  # auto | cpu | cuda
     model_fn: str = DEFAULT_MODEL_FN
+    init_from: str | None = None  # HF model directory: initial weights (runtime.hf_weights)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +154,12 @@ class Trainer:
         fn = model_fn or load_model_fn(config.model_fn)
         self.runtime: Runtime = init_runtime(plan, device=config.device)
         self.stage, self.parts = build_stage(fn, self.runtime, config.seed)
+        if config.init_from:
+            from autohet_cli.models import get_model
+            from autohet_cli.runtime.hf_weights import load_hf_weights
+
+            spec = plan.architecture or get_model(plan.model_name)
+            load_hf_weights(self.stage, spec, config.init_from)
         tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in tied])
         self.grad_sync = GradSync(self.stage, self.runtime, tied)

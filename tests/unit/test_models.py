@@ -8,6 +8,7 @@ the layer arithmetic fails here rather than as a plan that does not fit.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,11 @@ def test_gpt_params_match_closed_form_and_label(name: str, nominal: float) -> No
 def test_tied_head_holds_the_embedding_but_totals_count_it_once() -> None:
     for m in ZOO.values():
         layers = m.layers()
-        assert m.num_params == sum(x.num_params - x.shared_params for x in layers)
+        held = sum(x.num_params - x.shared_params for x in layers)
+        assert m.num_params == held - m.num_padding_params  # totals: the released model
         head = layers[-1]
-        tied = m.vocab_size * (m.embed_proj_dim or m.hidden_size) if m.tied_embeddings else 0
+        width = m.embed_proj_dim or m.hidden_size
+        tied = m.padded_vocab_size * width if m.tied_embeddings else 0
         assert head.shared_params == tied
         assert head.num_params >= tied  # the last stage pays memory for its copy
 
@@ -141,7 +144,22 @@ def test_block_fwd_flops_are_two_per_param_plus_attention(name: str) -> None:
 def test_head_flops_cover_the_tied_vocabulary_projection() -> None:
     m = ZOO["GPT-2.7B"]
     head = m.layers()[-1]
-    assert head.matmul_flops_per_token == 2 * m.vocab_size * m.hidden_size
+    assert head.matmul_flops_per_token == 2 * m.padded_vocab_size * m.hidden_size
+
+
+@pytest.mark.parametrize("name", ["GPT-1.3B", "OPT-350M", "LLaMA-3-8B", "GPT-Neo-2.7B"])
+def test_layers_count_the_padded_vocabulary(name: str) -> None:
+    """Megatron-style padding to a multiple of 128: every TP degree of 1-8 splits it."""
+    m = ZOO[name]
+    assert m.padded_vocab_size % 128 == 0
+    assert 0 <= m.padded_vocab_size - m.vocab_size < 128
+    assert m.layers()[0].num_params == m.padded_vocab_size * (m.embed_proj_dim or m.hidden_size) + (
+        m.num_positions * m.hidden_size
+        + (m.embed_proj_dim * m.hidden_size if m.embed_proj_dim else 0)
+    )
+    problems = [p for tp in (1, 2, 4, 8) for p in m.tensor_parallel_problems(tp)]
+    assert not [p for p in problems if "vocab" in p]
+    assert ZOO["GPT-1.3B"].padded_vocab_size == 50304  # 50257 rounded up: TP 2 works
 
 
 # --- (e) HuggingFace config.json ---------------------------------------------
@@ -361,6 +379,66 @@ HF_PARAMS = {
 }
 
 
+# Qwen2 (q/k/v biases, tied head) and Phi-3 (fused weights, read like LLaMA).
+HF_CONFIGS["Qwen/Qwen2-0.5B"] = """{
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 131072,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 131072,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}"""
+HF_CONFIGS["microsoft/Phi-3-mini-4k-instruct"] = """{
+  "_name_or_path": "Phi-3-mini-4k-instruct",
+  "architectures": ["Phi3ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "embd_pdrop": 0.0,
+  "eos_token_id": 32000,
+  "hidden_act": "silu",
+  "hidden_size": 3072,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 4096,
+  "model_type": "phi3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "original_max_position_embeddings": 4096,
+  "pad_token_id": 32000,
+  "resid_pdrop": 0.0,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "sliding_window": 2047,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.2",
+  "use_cache": true,
+  "vocab_size": 32064
+}"""
+HF_PARAMS.update(
+    {"Qwen/Qwen2-0.5B": 494_032_768, "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552}
+)
+
+
 def _write_config(tmp_path: Path, repo: str, text: str | None = None) -> str:
     """Lay the file out as a checkpoint directory named after the repository."""
     folder = tmp_path / repo.rsplit("/", 1)[-1]
@@ -438,7 +516,7 @@ def test_hf_unsupported_model_type(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="model_type 'bert' is not supported") as err:
         load_hf_config(path)
     assert path in str(err.value)
-    assert "llama, mistral, gpt2, gpt_neox, opt, gpt_neo" in str(err.value)
+    assert "llama, mistral, qwen2, phi3, gpt2, gpt_neox, opt, gpt_neo" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -483,3 +561,31 @@ def test_hf_unreadable_or_malformed_file(tmp_path: Path) -> None:
         load_hf_config(_write_config(tmp_path, "gpt2", "{not json"))
     with pytest.raises(ConfigError, match="expected a JSON object"):
         load_hf_config(_write_config(tmp_path, "gpt2", "[1, 2]"))
+
+
+def test_hf_qwen2_and_phi3_read_as_the_llama_family(tmp_path: Path) -> None:
+    qwen = load_hf_config(_write_config(tmp_path, "Qwen/Qwen2-0.5B"))
+    assert (qwen.qkv_bias, qwen.bias, qwen.tied_embeddings) == (True, False, True)
+    assert qwen.sliding_window == 0  # use_sliding_window is false
+    assert qwen.rope_theta == 1e6 and qwen.norm_eps == 1e-6
+    phi = load_hf_config(_write_config(tmp_path, "microsoft/Phi-3-mini-4k-instruct"))
+    assert phi.sliding_window == 2047 and phi.default_seq_len == 4096
+    assert (phi.num_kv_heads, phi.ffn_hidden_size, phi.padded_vocab_size) == (32, 8192, 32128)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model_type": "mixtral"}, "mixtral' is not supported: mixture-of-experts"),
+        ({"model_type": "gemma"}, "gemma' is not supported: Gemma's GeGLU"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor' (0.5) != 1.0"),
+        ({"hidden_act": "gelu_fast"}, "'hidden_act' 'gelu_fast' is not supported"),
+    ],
+)
+def test_hf_unsupported_features_name_what_is_missing(
+    tmp_path: Path, changes: dict[str, object], message: str
+) -> None:
+    repo = "microsoft/Phi-3-mini-4k-instruct"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_hf_config(_write_config(tmp_path, repo, _edited(repo, **changes)))

@@ -530,3 +530,44 @@ def test_write_new_leaves_nothing_behind_when_writing_fails(tmp_path: Path) -> N
         write_new(target, "lone surrogate \udcff\n")
     assert not target.exists()
     assert os.listdir(tmp_path) == []
+
+
+# --- the plan carries its model ----------------------------------------------------------
+
+
+def _tiny_llama_plan() -> Plan:
+    from autohet_cli.hfconfig import load_hf_config
+
+    tiny = load_hf_config(str(ROOT / "profiles" / "models" / "tiny-llama" / "config.json"))
+    spec = replace(tiny, num_blocks=3)  # 6 layers, as make_plan's stages
+    base = make_plan()
+    return replace(base, model_name=spec.name, num_layers=spec.num_layers, architecture=spec)
+
+
+def test_architecture_round_trips_through_yaml() -> None:
+    plan = _tiny_llama_plan()
+    d = plan_to_dict(plan)
+    assert d["model"]["architecture"]["family"] == "llama"
+    assert d["model"]["architecture"]["rope_scaling"]["kind"] == "llama3"
+    back = plan_from_dict(yaml.safe_load(dump_yaml(d)), WHERE)
+    assert back == plan and back.architecture == plan.architecture
+
+
+def test_architecture_is_validated_strictly() -> None:
+    d = plan_to_dict(_tiny_llama_plan())
+    bad = copy.deepcopy(d)
+    bad["model"]["architecture"]["num_kv_head"] = 2
+    with pytest.raises(ConfigError, match=r"model.architecture: unknown key 'num_kv_head'"):
+        plan_from_dict(bad, WHERE)
+    bad = copy.deepcopy(d)
+    bad["model"]["architecture"]["num_kv_heads"] = 3
+    with pytest.raises(ConfigError, match=r"num_kv_heads: 3 must divide num_heads 4"):
+        plan_from_dict(bad, WHERE)
+    bad = copy.deepcopy(d)
+    bad["model"]["architecture"]["rope_scaling"]["kind"] = "yarn"
+    with pytest.raises(ConfigError, match=r"rope_scaling.kind: 'yarn'"):
+        plan_from_dict(bad, WHERE)
+    bad = copy.deepcopy(d)
+    bad["model"]["num_layers"] = 7
+    with pytest.raises(PlanError, match="architecture has 6 partitionable layers"):
+        plan_from_dict(bad, WHERE)

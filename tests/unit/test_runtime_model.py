@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -92,10 +93,12 @@ def test_frozen_key_bias_and_everything_else_trains() -> None:
 
 
 def test_unsupported_model_points_to_model_fn() -> None:
-    with pytest.raises(ValueError, match="family 'llama'.*--model-fn"):
-        build(request("LLaMA-2-7B", 0, 1, seq_len=16))
+    with pytest.raises(ValueError, match="not 'opt'.*--model-fn"):
+        build(request("OPT-30B", 0, 1, seq_len=16))
     with pytest.raises(ValueError, match="seq_len 100"):
         build(request("gpt-tiny", 0, 1, seq_len=100))
+    with pytest.raises(ValueError, match="num_kv_heads 8 is not divisible by tensor_parallel 16"):
+        build(replace(request("LLaMA-3-8B", 0, 1, seq_len=16), tensor_parallel=16))
 
 
 def test_data_depends_only_on_seed_and_step() -> None:

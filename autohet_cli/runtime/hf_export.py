@@ -1,0 +1,249 @@
+"""HuggingFace weights out: a checkpoint written under any plan as config.json + safetensors.
+
+The checkpoint is DCP, keyed by full parameter names whatever plan wrote it
+(docs/checkpoint-format.md), so export needs no plan shapes: DCP's own reader
+loads whole tensors by name, resharding TP and stage cuts as it does on resume.
+Tensors stream one output file at a time: a file's tensors are loaded, converted
+(vocabulary padding dropped, Phi-3's q/k/v and gate/up and GPT-2's c_attn fused,
+GPT-2's Conv1D weights transposed, per the family's ``hf_sources``) and written
+before the next file's are read, so memory stays near one file (``max_shard_bytes``)
+plus the largest tensor. Several files come with ``model.safetensors.index.json``,
+as ``save_pretrained`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from autohet_cli.errors import AutohetError
+from autohet_cli.hfconfig import to_hf_config
+from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.hf_weights import INDEX_FILE, SINGLE_FILE
+from autohet_cli.runtime.models import family_module
+from autohet_cli.runtime.models.common import HFSource
+
+MODEL_PREFIX = "model."  # Trainer.state_dict()'s model entries, as DCP flattens them
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ExportError(AutohetError):
+    """A checkpoint cannot be exported; the message names the file or the fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HFTensor:
+    """One tensor of the HF checkpoint and the pieces of ours it is made of."""
+
+    name: str
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[str, HFSource], ...]  # (our full name, where it goes), by offset
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """What export reads of a step directory (through DCP's reader, never by hand)."""
+
+    step_dir: Path
+    shapes: dict[str, tuple[int, ...]]  # our full name -> global shape
+    dtypes: dict[str, torch.dtype]
+    plan_ref: str | None  # "name.vN" of the plan that wrote it, from the manifest
+
+
+def open_checkpoint(step_dir: str | Path) -> Checkpoint:
+    """The model tensors of a complete, authentic checkpoint step directory.
+
+    The one place export touches the checkpoint format (``autohet_cli.ckpt.format``):
+    the manifest must verify with the job key (``<job dir>/.autohet-key``) and every
+    file it lists must be here with its sha256 before DCP's reader unpickles
+    ``.metadata``, as the runtime's own loading does.
+    """
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from autohet_cli.ckpt.format import MANIFEST, verified_manifest
+    from autohet_cli.runtime.ckpt_files import incomplete_reason, read_key, sha256_file
+
+    root = Path(step_dir)
+    key = read_key(root.parent) if root.parent.is_dir() else None
+    why = incomplete_reason(root, key)
+    if why is not None:
+        raise ExportError(
+            f"{root}: not a complete checkpoint ({why}); pass a finished "
+            "<checkpoint_dir>/<plan>/<job>/step-<N> directory on a host that holds its job key"
+        )
+    assert key is not None
+    text = (root / MANIFEST).read_text(encoding="utf-8")
+    manifest = verified_manifest(text, key, str(root / MANIFEST))
+    for f in manifest.files:
+        path = root / f.path
+        if not path.is_file():
+            raise ExportError(
+                f"{path} is missing (host {f.host} wrote it); copy every host's files of this "
+                "step into one directory first"
+            )
+        if sha256_file(path) != f.sha256:
+            raise ExportError(f"{path} is corrupt: its sha256 differs from {MANIFEST}'s")
+    metadata = FileSystemReader(str(root)).read_metadata()
+    shapes, dtypes = {}, {}
+    for name, meta in metadata.state_dict_metadata.items():
+        if name.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata):
+            ours = name.removeprefix(MODEL_PREFIX)
+            shapes[ours] = tuple(meta.size)
+            dtypes[ours] = meta.properties.dtype
+    return Checkpoint(step_dir=root, shapes=shapes, dtypes=dtypes, plan_ref=manifest.plan)
+
+
+def hf_tensors(spec: ModelSpec, ckpt: Checkpoint) -> list[HFTensor]:
+    """The HF tensors of ``spec``, each from its pieces in the checkpoint."""
+    groups: dict[str, dict[int, tuple[str, HFSource]]] = {}
+    for ours, src in family_module(spec).hf_sources(spec).items():
+        if ours not in ckpt.shapes:
+            raise ExportError(f"{ckpt.step_dir}: the checkpoint has no tensor {ours!r}")
+        groups.setdefault(src.name, {}).setdefault(src.offset, (ours, src))  # tied: once
+    out = []
+    for name, by_offset in groups.items():
+        pieces = tuple(by_offset[o] for o in sorted(by_offset))
+        ours, src = pieces[-1]
+        shape = ckpt.shapes[ours]
+        rows = src.offset + (shape[0] if src.rows is None else src.rows)
+        if src.transposed:
+            full: tuple[int, ...] = (shape[1], rows)
+        else:
+            full = (rows, *shape[1:])
+        out.append(HFTensor(name=name, shape=full, pieces=pieces))
+    return out
+
+
+def shard(tensors: list[HFTensor], max_bytes: int, itemsize: int) -> list[list[HFTensor]]:
+    """Consecutive groups under ``max_bytes`` each (a larger tensor gets a file alone)."""
+    files: list[list[HFTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * itemsize
+        if files[-1] and size + nbytes > max_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(t)
+        size += nbytes
+    return files
+
+
+def _load(ckpt: Checkpoint, names: list[str]) -> dict[str, Tensor]:
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    state = {MODEL_PREFIX + n: torch.empty(ckpt.shapes[n], dtype=ckpt.dtypes[n]) for n in names}
+    with warnings.catch_warnings():  # "no process group: loading in one process": intended
+        warnings.simplefilter("ignore", UserWarning)
+        load(state, storage_reader=FileSystemReader(str(ckpt.step_dir)), no_dist=True)
+    return {n: state[MODEL_PREFIX + n] for n in names}
+
+
+def _assemble(t: HFTensor, ours: dict[str, Tensor], dtype: torch.dtype) -> Tensor:
+    parts = []
+    for name, src in t.pieces:
+        value = ours[name]
+        if src.rows is not None:
+            value = value[: src.rows]  # drop vocabulary padding
+        parts.append(value.t() if src.transposed else value)
+    joined = torch.cat(parts, dim=1 if t.pieces[0][1].transposed else 0)
+    assert tuple(joined.shape) == t.shape, (t.name, joined.shape, t.shape)
+    return joined.to(dtype).contiguous()
+
+
+def _files(groups: list[list[HFTensor]]) -> Iterator[tuple[str, list[HFTensor]]]:
+    if len(groups) == 1:
+        yield SINGLE_FILE, groups[0]
+        return
+    for i, group in enumerate(groups, 1):
+        yield f"model-{i:05d}-of-{len(groups):05d}.safetensors", group
+
+
+def export_hf(
+    ckpt: Checkpoint,
+    spec: ModelSpec,
+    out_dir: str | Path,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 10**9,
+) -> list[Path]:
+    """Write ``out_dir`` (must not exist): config.json, safetensors file(s), index if several."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if out.exists():
+        raise ExportError(f"{out}: already exists; export never overwrites, name a new directory")
+    stored = ckpt.dtypes[next(iter(ckpt.dtypes))]
+    name = dtype or next((k for k, v in DTYPES.items() if v == stored), "float32")
+    if name not in DTYPES:
+        raise ExportError(f"dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    tensors = hf_tensors(spec, ckpt)
+    groups = shard(tensors, max_shard_bytes, DTYPES[name].itemsize)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        weight_map, written = {}, []
+        for file, group in _files(groups):
+            ours = _load(ckpt, [n for t in group for n, _ in t.pieces])
+            data = {t.name: _assemble(t, ours, DTYPES[name]) for t in group}
+            del ours
+            save_file(data, str(tmp / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(data, file))
+            written.append(out / file)
+        if len(groups) > 1:
+            total = sum(t.numel() * DTYPES[name].itemsize for t in tensors)
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        config = to_hf_config(spec, torch_dtype=name)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        os.chmod(tmp, 0o755)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / "config.json", *written]
+
+
+def spec_for(ckpt: Checkpoint, plan_file: str | Path | None) -> ModelSpec:
+    """The model of the plan that wrote ``ckpt``: ``plan_file``, else plans/<its plan>.yaml."""
+    from autohet_cli.models import get_model
+    from autohet_cli.plan import load_plan
+
+    path = Path(plan_file) if plan_file else None
+    if path is None and ckpt.plan_ref:
+        path = Path("plans") / f"{ckpt.plan_ref}.yaml"
+    if path is None or not path.is_file():
+        raise ExportError(
+            f"{ckpt.step_dir}: cannot find the plan that wrote it "
+            f"({ckpt.plan_ref or 'unknown'}; looked for {path}); pass --plan PLAN_FILE"
+        )
+    plan = load_plan(path)
+    return plan.architecture or get_model(plan.model_name)
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``40KB`` (powers of 1000, as transformers') or bytes."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    value = text.strip().upper()
+    for unit, factor in units.items():
+        if value.endswith(unit) and value[: -len(unit)].strip().isdigit():
+            return int(value[: -len(unit)]) * factor
+    if value.isdigit():
+        return int(value)
+    raise ExportError(f"size {text!r}: expected bytes or a number with KB, MB, GB or TB")

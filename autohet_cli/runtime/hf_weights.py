@@ -1,0 +1,177 @@
+"""HuggingFace weights in: ``--init-from DIR`` fills this rank's layers and TP shards.
+
+``DIR`` is a HuggingFace model directory: ``config.json`` plus ``model.safetensors``
+or a sharded ``model.safetensors.index.json``. The config must describe the
+plan's architecture. Each rank reads, through safetensors' ``get_slice``, only
+the rows and columns of its own parameters (its layers, its TP shard), so no rank
+ever holds the whole model; fused HF tensors (Phi-3's ``qkv_proj``, GPT-2's
+``c_attn``) are sliced at the offsets the family's ``hf_sources`` gives, and
+vocabulary padding rows are zeroed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Shard
+
+from autohet_cli.errors import AutohetError
+from autohet_cli.hfconfig import load_hf_config
+from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.models import family_module
+from autohet_cli.runtime.models.common import HFSource
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Fields that may differ between the plan and the checkpoint's config.json.
+_FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
+
+
+class HFWeightsError(AutohetError):
+    """A HuggingFace model directory cannot be read into this plan's model."""
+
+
+def check_config(spec: ModelSpec, directory: Path) -> None:
+    """The directory's config.json must describe the plan's architecture."""
+    theirs = load_hf_config(str(directory / "config.json"))
+    diffs = [
+        f"{f.name}: plan {getattr(spec, f.name)!r}, config {getattr(theirs, f.name)!r}"
+        for f in dataclasses.fields(ModelSpec)
+        if f.name not in _FREE_FIELDS and getattr(spec, f.name) != getattr(theirs, f.name)
+    ]
+    if diffs:
+        raise HFWeightsError(
+            f"{directory}/config.json does not describe the plan's model {spec.name!r} "
+            f"({'; '.join(diffs)}); plan with --model {directory}/config.json"
+        )
+
+
+class SafetensorsDir:
+    """Tensor name -> file of a HF directory; files opened lazily, closed on exit."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        if (directory / INDEX_FILE).is_file():
+            index = json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))
+            self.files: dict[str, str] = dict(index["weight_map"])
+        elif (directory / SINGLE_FILE).is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(directory / SINGLE_FILE), framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), SINGLE_FILE)
+        else:
+            raise HFWeightsError(
+                f"{directory}: no {SINGLE_FILE} or {INDEX_FILE} (only safetensors weights are "
+                "read; convert a pytorch_model.bin with transformers' save_pretrained)"
+            )
+        self._stack = ExitStack()
+        self._open: dict[str, Any] = {}
+
+    def __enter__(self) -> SafetensorsDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def slice(self, name: str) -> Any:
+        if name not in self.files:
+            raise HFWeightsError(f"{self.directory}: no tensor {name!r} in the checkpoint")
+        file = self.files[name]
+        if file not in self._open:
+            from safetensors import safe_open
+
+            handle = safe_open(str(self.directory / file), framework="pt")
+            self._open[file] = self._stack.enter_context(handle)
+        return self._open[file].get_slice(name)
+
+
+def local_block(param: Tensor) -> tuple[Tensor, tuple[int, ...], tuple[int, ...]]:
+    """(this rank's tensor, its global shape, its offset in every dimension).
+
+    TP plans here shard one dimension evenly over a 1-D mesh (the runtime checks
+    divisibility), so a shard's offset is its mesh rank times its size.
+    """
+    if not isinstance(param, DTensor):
+        return param, tuple(param.shape), (0,) * param.ndim
+    local = param.to_local()
+    offsets = [0] * param.ndim
+    for placement in param.placements:
+        if isinstance(placement, Shard):
+            rank = param.device_mesh.get_local_rank()
+            offsets[placement.dim] = rank * local.shape[placement.dim]
+    return local, tuple(param.shape), tuple(offsets)
+
+
+def read_block(
+    files: SafetensorsDir,
+    src: HFSource,
+    global_shape: tuple[int, ...],
+    offsets: tuple[int, ...],
+    local_shape: tuple[int, ...],
+) -> Tensor:
+    """Our global tensor's block at ``offsets`` of ``local_shape``, from the HF tensor."""
+    hf = files.slice(src.name)
+    hf_shape = tuple(hf.get_shape())
+    rows = global_shape[0] if src.rows is None else src.rows
+    want = (rows, *global_shape[1:])
+    r0, n = offsets[0], local_shape[0]
+    ra, rb = min(r0, rows), min(r0 + n, rows)
+    a, b = src.offset + ra, src.offset + rb
+    if src.transposed:
+        have = (hf_shape[1], hf_shape[0]) if len(hf_shape) == 2 else hf_shape
+        c0, c1 = offsets[1], offsets[1] + local_shape[1]
+        fits = have[1] == want[1] and src.offset + rows <= have[0]
+        block = hf[c0:c1, a:b].t() if fits else None
+    else:
+        fits = hf_shape[1:] == want[1:] and src.offset + rows <= hf_shape[0]
+        cols = tuple(slice(o, o + s) for o, s in zip(offsets[1:], local_shape[1:], strict=True))
+        block = hf[(slice(a, b), *cols)] if fits else None
+    if block is None:
+        raise HFWeightsError(
+            f"{files.directory}: tensor {src.name!r} has shape {list(hf_shape)}, which does "
+            f"not hold {list(want)} at row {src.offset}{' (transposed)' if src.transposed else ''}"
+        )
+    if rb - ra == n:
+        whole: Tensor = block
+        return whole
+    out = torch.zeros(local_shape, dtype=block.dtype)  # vocabulary padding rows
+    out[: rb - ra] = block
+    return out
+
+
+def named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Every parameter under every full name (tied copies once per name)."""
+    yield from module.named_parameters(remove_duplicate=False)
+
+
+@torch.no_grad()
+def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -> int:
+    """Fill ``module``'s parameters (full names ``layers.<i>.<name>``) from ``directory``.
+
+    Returns the number of tensors loaded. Every parameter must have a HF source:
+    ``--init-from`` works with the built-in model families.
+    """
+    root = Path(directory)
+    check_config(spec, root)
+    sources = family_module(spec).hf_sources(spec)
+    count = 0
+    with SafetensorsDir(root) as files:
+        for name, param in named_tensors(module):
+            src = sources.get(name)
+            if src is None:
+                raise HFWeightsError(
+                    f"parameter {name!r} has no HuggingFace counterpart; --init-from works "
+                    "with the built-in model families' layers"
+                )
+            local, global_shape, offsets = local_block(param)
+            block = read_block(files, src, global_shape, offsets, tuple(local.shape))
+            local.copy_(block.to(local.dtype))
+            count += 1
+    return count

@@ -1,0 +1,207 @@
+"""What every built-in family shares: assembly, per-parameter init, norms, head, loss.
+
+Initialisation is per parameter: each tensor draws from its own
+``torch.Generator`` seeded by (seed, full parameter name), so any rank building
+any layer range gets identical weights, and a tied head's copy of the token
+embedding equals the embedding's own.
+
+Vocabulary padding: embedding and head have ``spec.padded_vocab_size`` rows (a
+multiple of 128, see ``ModelSpec``), so any TP degree up to 8 splits them; the
+loss masks the padded logits to -inf, so they take no probability and their head
+rows get no gradient. Data never contain the padded ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.model_api import ModelParts, ModelRequest
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HFSource:
+    """Where one of our tensors lives in a HuggingFace checkpoint.
+
+    Our row ``r`` (first dimension) is row ``offset + r`` of HF tensor ``name`` —
+    its column when ``transposed`` (GPT-2's Conv1D stores weights as (in, out)),
+    and then our tensor is that slice transposed. Fused HF tensors (Phi-3's
+    ``qkv_proj``, GPT-2's ``c_attn``) are several of ours at different offsets. Our
+    rows from ``rows`` on are vocabulary padding: zeros on load, dropped on export.
+    """
+
+    name: str
+    offset: int = 0
+    rows: int | None = None  # None: all of ours
+    transposed: bool = False
+
+
+def assemble(spec: ModelSpec, request: ModelRequest, family: ModuleType) -> ModelParts:
+    """Build, check and initialise this rank's layers of ``spec`` with ``family``'s code."""
+    problems = common_problems(spec, request) + family.problems(spec, request)
+    if problems:
+        raise ValueError(
+            f"the built-in runtime cannot run model {spec.name!r}: {'; '.join(problems)}; "
+            "change the plan or pass your own model with --model-fn package.module:function"
+        )
+    indices = range(request.layer_start, request.layer_end)
+    layers = [family.make_layer(spec, i, request) for i in indices]
+    tied = family.tied_names(spec)
+    canonical = {name: group[0] for group in tied for name in group}
+    for index, layer in zip(indices, layers, strict=True):
+        init_layer(layer, index, spec, request.seed, canonical, family.RESIDUAL)
+    hidden = spec.hidden_size
+    return ModelParts(
+        layers=layers,
+        loss_fn=functools.partial(lm_loss, vocab_size=spec.vocab_size),
+        vocab_size=spec.vocab_size,
+        activation_shape=lambda mbs, seq: (mbs, seq, hidden),
+        tied=tied,
+    )
+
+
+def common_problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
+    problems = []
+    if spec.num_layers != request.num_layers:
+        problems.append(f"{spec.num_layers} layers but the plan says {request.num_layers}")
+    tp = request.tensor_parallel
+    for problem in spec.tensor_parallel_problems(tp):
+        problems.append(f"{problem} (the stage's TP degree; pick a plan whose TP divides it)")
+    if spec.embed_proj_dim:
+        problems.append("an embedding projection")
+    if spec.num_positions and spec.num_positions < request.seq_len:
+        problems.append(f"{spec.num_positions} learned positions for seq_len {request.seq_len}")
+    if spec.sliding_window and spec.sliding_window < request.seq_len:
+        # Within the window sliding-window attention is plain causal attention.
+        problems.append(
+            f"sliding-window attention (window {spec.sliding_window}) is not implemented; "
+            f"train with seq_len <= {spec.sliding_window} (plan has {request.seq_len})"
+        )
+    return problems
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=spec.bias)
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    fns: dict[str, Callable[[Tensor], Tensor]] = {
+        "gelu": F.gelu,
+        "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+        "silu": F.silu,
+        "relu": F.relu,
+    }
+    return fns[name]
+
+
+def vocab_parallel_embedding() -> object:
+    """Megatron's vocabulary-parallel embedding: rows split, one all-reduce of the output."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    return RowwiseParallel(input_layouts=Replicate())
+
+
+class FinalNorm(nn.Module):
+    """The final norm as its own partitionable layer (LLaMA's layer lists keep it so)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.norm = make_norm(spec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.norm(x)
+        return out
+
+    def tp_plan(self) -> dict[str, object]:
+        return {}
+
+
+class Head(nn.Module):
+    """LM head over the padded vocabulary, with the final norm folded in when the spec does."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        fold_norm = spec.final_norm and not spec.separate_final_norm
+        self.ln_f = make_norm(spec) if fold_norm else nn.Identity()
+        self.lm_head = nn.Linear(spec.hidden_size, spec.padded_vocab_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.lm_head(self.ln_f(x))
+        return out
+
+    def tp_plan(self) -> dict[str, object]:
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel
+
+        # Logits stay sharded over the vocabulary; the loss runs under loss_parallel().
+        return {"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+
+
+def lm_loss(logits: Tensor, targets: Tensor, vocab_size: int | None = None) -> Tensor:
+    """Sum over the micro-batch's samples of each sample's mean token cross-entropy.
+
+    Logits of padded vocabulary rows (``vocab_size`` and up) are masked to -inf.
+    """
+    flat = logits.flatten(0, 1).float()
+    if vocab_size is not None and flat.shape[-1] > vocab_size:
+        flat = flat + _padding_mask(flat, vocab_size)
+    return F.cross_entropy(flat, targets.flatten(), reduction="sum") / targets.shape[-1]
+
+
+def _padding_mask(logits: Tensor, vocab_size: int) -> Tensor:
+    """0 for real classes, -inf for padding; a replicated DTensor when logits are sharded."""
+    mask = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+    mask[vocab_size:] = float("-inf")
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if isinstance(logits, DTensor):
+        # Every TP rank builds the same mask: no communication, sliced to the shard.
+        return DTensor.from_local(mask, logits.device_mesh, [Replicate()], run_check=False)
+    return mask
+
+
+# --------------------------------------------------------------------- init
+
+
+def param_seed(seed: int, full_name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{full_name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+@torch.no_grad()
+def init_layer(
+    layer: nn.Module,
+    index: int,
+    spec: ModelSpec,
+    seed: int,
+    canonical: dict[str, str],
+    residual: tuple[str, ...],
+) -> None:
+    """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * blocks)."""
+    residual_std = INIT_STD / math.sqrt(2 * spec.num_blocks)
+    for module_name, module in layer.named_modules():
+        for pname, param in module.named_parameters(recurse=False):
+            local = f"{module_name}.{pname}" if module_name else pname
+            full = f"layers.{index}.{local}"
+            gen = torch.Generator().manual_seed(param_seed(seed, canonical.get(full, full)))
+            if isinstance(module, nn.LayerNorm | nn.RMSNorm):
+                param.fill_(1.0 if pname == "weight" else 0.0)
+            elif pname == "bias":
+                param.zero_()
+            else:
+                std = residual_std if local.endswith(residual) else INIT_STD
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * std)

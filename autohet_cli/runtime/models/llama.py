@@ -1,0 +1,238 @@
+"""LLaMA family: LLaMA-2/3/3.1, Mistral, Qwen2 and Phi-3.
+
+Pre-RMSNorm blocks with rotary positions (LLaMA-3.1's ``llama3`` frequency
+scaling and ``linear`` scaling included), grouped-query attention and a SwiGLU
+MLP; Qwen2 adds biases to q, k and v. Layers follow ``ModelSpec.layers()``:
+``embedding``, the blocks, ``final_norm``, ``head``; parameter names inside a
+layer are HuggingFace's, so the mapping to ``LlamaForCausalLM`` & co is
+mechanical. Phi-3 checkpoints fuse q/k/v (``qkv_proj``) and gate/up
+(``gate_up_proj``); ``hf_sources`` maps them onto our separate projections.
+
+Mistral's sliding window equals plain causal attention while ``seq_len`` is at
+most the window; longer sequences are refused (``common_problems``).
+
+Tensor parallelism (Megatron): q/k/v and gate/up are column-parallel, o and
+down row-parallel; heads split across TP ranks in contiguous blocks, which keeps
+each query head with its key/value head (query head j uses kv head
+j // (heads / kv_heads)), so num_heads and num_kv_heads must both divide by the
+TP degree. Embedding and head are split over the padded vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.model_api import ModelRequest
+from autohet_cli.runtime.models.common import (
+    FinalNorm,
+    Head,
+    HFSource,
+    activation,
+    make_norm,
+    vocab_parallel_embedding,
+)
+
+RESIDUAL = ("o_proj.weight", "down_proj.weight")
+
+
+def problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
+    out = []
+    if not spec.gated_mlp or spec.norm != "rmsnorm" or spec.num_positions:
+        out.append("not a LLaMA-like architecture (gated MLP, RMSNorm, rotary positions)")
+    if not spec.separate_final_norm:
+        out.append("the final norm folded into the head (LLaMA keeps it as its own layer)")
+    return out
+
+
+def tied_names(spec: ModelSpec) -> tuple[tuple[str, ...], ...]:
+    if not spec.tied_embeddings:
+        return ()
+    return (("layers.0.embed_tokens.weight", f"layers.{spec.num_layers - 1}.lm_head.weight"),)
+
+
+def make_layer(spec: ModelSpec, index: int, request: ModelRequest) -> nn.Module:
+    kind = spec.layers()[index].kind
+    if kind == "block":
+        return Block(spec, request.seq_len)
+    layer: nn.Module = {"embedding": Embedding, "norm": FinalNorm, "head": Head}[kind](spec)
+    return layer
+
+
+class Embedding(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.padded_vocab_size, spec.hidden_size)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        out: Tensor = self.embed_tokens(idx)
+        return out
+
+    def tp_plan(self) -> dict[str, object]:
+        return {"embed_tokens": vocab_parallel_embedding()}
+
+
+def inverse_frequencies(spec: ModelSpec) -> Tensor:
+    """RoPE's inverse frequencies, computed exactly as transformers does (float32)."""
+    dim = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    r = spec.rope_scaling
+    if r is None:
+        return inv
+    if r.kind == "linear":
+        return inv / r.factor
+    # LLaMA-3.1: long wavelengths slowed by `factor`, short kept, the middle blended.
+    old = r.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / r.low_freq_factor, old / r.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / r.factor, inv)
+    smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    cos: Tensor
+    sin: Tensor
+
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_dim
+        qkv_bias = spec.bias if spec.qkv_bias is None else spec.qkv_bias
+        self.head_dim = spec.head_dim
+        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(h, h, bias=spec.bias)
+        # cos/sin for every position of the plan's sequence length: not parameters, not
+        # checkpointed, the same on every rank.
+        freqs = torch.arange(seq_len).float()[:, None] * inverse_frequencies(spec)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under TP each rank holds num_heads / tp and num_kv_heads / tp.
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos[:t].to(q.dtype), self.sin[:t].to(q.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
+        )
+        out: Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return out
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, spec.ffn_hidden_size
+        self.gate_proj = nn.Linear(h, f, bias=spec.bias)
+        self.up_proj = nn.Linear(h, f, bias=spec.bias)
+        self.down_proj = nn.Linear(f, h, bias=spec.bias)
+        self.act = activation(spec.activation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.input_layernorm = make_norm(spec)
+        self.self_attn = Attention(spec, seq_len)
+        self.post_attention_layernorm = make_norm(spec)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
+    def tp_plan(self) -> dict[str, object]:
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            RowwiseParallel,
+        )
+
+        def shared_input() -> PrepareModuleInput:
+            # q/k/v (gate/up) read one replicated input: their input gradients add up
+            # as one partial sum, all-reduced once, as Megatron's fused projections do.
+            return PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=False,
+            )
+
+        return {
+            "self_attn": shared_input(),
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(),
+            "mlp": shared_input(),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
+
+
+# --------------------------------------------------------------------- HF names
+
+
+def hf_sources(spec: ModelSpec) -> dict[str, HFSource]:
+    """Our full names -> ``LlamaForCausalLM`` (Mistral, Qwen2, Phi-3) tensor names."""
+    h, kv, f = spec.hidden_size, spec.num_kv_heads * spec.head_dim, spec.ffn_hidden_size
+    last = spec.num_layers - 1
+    embed = "model.embed_tokens.weight"
+    out = {
+        f"layers.0.{embed.removeprefix('model.')}": HFSource(name=embed, rows=spec.vocab_size),
+        f"layers.{last - 1}.norm.weight": HFSource(name="model.norm.weight"),
+        f"layers.{last}.lm_head.weight": HFSource(
+            name=embed if spec.tied_embeddings else "lm_head.weight", rows=spec.vocab_size
+        ),
+    }
+    fused = spec.family == "phi3"
+    for block in range(spec.num_blocks):
+        ours, hf = f"layers.{block + 1}", f"model.layers.{block}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{ours}.{norm}.weight"] = HFSource(name=f"{hf}.{norm}.weight")
+        projections = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+            "self_attn.k_proj": ("self_attn.qkv_proj", h),
+            "self_attn.v_proj": ("self_attn.qkv_proj", h + kv),
+            "self_attn.o_proj": ("self_attn.o_proj", 0),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+            "mlp.up_proj": ("mlp.gate_up_proj", f),
+            "mlp.down_proj": ("mlp.down_proj", 0),
+        }
+        qkv_bias = spec.bias if spec.qkv_bias is None else spec.qkv_bias
+        for name, (fused_name, offset) in projections.items():
+            is_qkv = name.endswith(("q_proj", "k_proj", "v_proj"))
+            params = ["weight", "bias"] if (qkv_bias if is_qkv else spec.bias) else ["weight"]
+            for p in params:
+                out[f"{ours}.{name}.{p}"] = (
+                    HFSource(name=f"{hf}.{fused_name}.{p}", offset=offset)
+                    if fused
+                    else HFSource(name=f"{hf}.{name}.{p}")
+                )
+    return out
