@@ -25,12 +25,12 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.launch.executor import ConnectOptions
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.recovery import executor as rx
 from autohet_cli.recovery.manifest import Manifest, ManifestFile
 from autohet_cli.recovery.transfer import plan_transfers
 from autohet_cli.settings import TrainingSettings
+from autohet_cli.transport.pool import ConnectOptions, HostPool
 from tests.e2e.sshd import SshdFarm, make_client_key, sshd_problem
 
 SHARD_MIB = 32
@@ -118,7 +118,7 @@ def _run(root: Path, farm: SshdFarm) -> None:
         step=10, plan="bench.v1", plan_sha256="0" * 64, world_size=3, files=tuple(files)
     )
     new = _plan([hosts[0].name, hosts[1].name])
-    conn = rx.Hosts(cluster, ConnectOptions(known_hosts=farm.known_hosts))
+    conn = HostPool(cluster, ConnectOptions(known_hosts=farm.known_hosts))
     try:
         peer_rate = _measure_peer_rate(conn, hosts[0].name, farm.hosts[0].checkpoint_dir)
         RATE["bytes_per_s"] = peer_rate / 10
@@ -128,7 +128,7 @@ def _run(root: Path, farm: SshdFarm) -> None:
             for _ in range(REPEATS):
                 _reset(farm, step, keep_own=True)
                 present = (
-                    rx.hashes_present([h.name for h in hosts[:2]], cluster, "bench", step, conn)
+                    rx.hashes_present([h.name for h in hosts[:2]], "bench", step, conn)
                     if use_peers
                     else {}
                 )
@@ -167,7 +167,7 @@ def _run(root: Path, farm: SshdFarm) -> None:
     print(f"local-first is {ratio:.2f}x faster (AutoHet reports 4.38x)")
 
 
-def _measure_peer_rate(conn: rx.Hosts, host: str, ckpt: Path) -> float:
+def _measure_peer_rate(conn: HostPool, host: str, ckpt: Path) -> float:
     probe = ckpt / "rate-probe"
     probe.write_bytes(os.urandom(32 << 20))
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""`autohet recover`, the effects: probe hosts, read checkpoints, copy shards, relaunch.
+"""`autohet recover`, the effects: probe hosts, read checkpoints, copy shards.
 
 The decisions are pure (manifest.py, replan.py, transfer.py); this module only
 looks at hosts and moves bytes. Peer copies go host to host over a one-shot
@@ -7,84 +7,100 @@ hosts cannot reach each other; remote storage is read through fsspec. Every
 copy is verified by sha256 on the destination; a failed or corrupt copy falls
 back to the next source. Re-running after an interruption re-reads what is
 present and copies only what is still missing or wrong.
+
+Only a host that cannot be reached counts as lost. A host that answers but
+refuses us (changed host key, rejected key, unreadable checkpoint directory)
+stops recovery with that message: carrying on without it would throw away a
+healthy host's GPUs and shards because of a fixable mistake.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from autohet_cli.ckpt.format import (
+    COMPLETE,
+    KEY_FILE,
+    MANIFEST,
+    Manifest,
+    belongs_to,
+    verified_manifest,
+)
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import AutohetError
-from autohet_cli.inputs import load_inputs
-from autohet_cli.launch.executor import ConnectOptions
+from autohet_cli.errors import AutohetError, CommandTimeout, HostUnreachable
+from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Plan
 from autohet_cli.recovery.direct import direct_copy
 from autohet_cli.recovery.errors import RecoveryError
-from autohet_cli.recovery.manifest import (
-    COMPLETE,
-    MANIFEST,
-    CheckpointChoice,
-    Manifest,
-    manifest_from_json,
-    newest_complete,
-    remote_root,
-)
-from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan, plan_transfers
-from autohet_cli.transport.base import Runner
-from autohet_cli.transport.fanout import fan_out, runner_for
+from autohet_cli.recovery.manifest import remote_root
+from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
+from autohet_cli.transport.fanout import fan_out
+from autohet_cli.transport.pool import HostPool
 
 Say = Callable[[str], None]
 
 
-@dataclass
-class Hosts:
-    """One runner per reachable host, opened lazily and closed together."""
+def is_unreachable(exc: BaseException) -> bool:
+    """Loss is not answering at all; a refusal (key, auth, permissions) is not loss."""
+    return isinstance(exc, HostUnreachable | CommandTimeout)
 
-    cluster: Cluster
-    connect: ConnectOptions
 
-    def __post_init__(self) -> None:
-        self._runners: dict[str, Runner] = {}
+def check_lost_names(plan: Plan, cluster: Cluster, lost: Sequence[str]) -> None:
+    hosts = plan.hosts()
+    unknown = [h for h in lost if h not in hosts]
+    if unknown:
+        raise RecoveryError(
+            f"--lost {','.join(unknown)}: not a host of plan {plan.name}.v{plan.version} "
+            f"(its hosts: {', '.join(hosts)}); check the spelling"
+        )
 
-    def runner(self, name: str) -> Runner:
-        if name not in self._runners:
-            self._runners[name] = runner_for(
-                self.cluster.host(name),
-                known_hosts=self.connect.known_hosts,
-                accept_new_host_keys=self.connect.accept_new_host_keys,
-                connect_timeout_s=self.connect.connect_timeout_s,
+
+def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: Say) -> list[str]:
+    """Every plan host not named lost: does it answer, can we read its checkpoints?
+
+    Returns the hosts found unreachable. Any other failure stops recovery with
+    its cause, as do workers of this plan still running on a survivor.
+    """
+
+    def probe(host: Host) -> None:
+        runner = pool.runner(host.name)
+        runner.run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
+        d = pool.checkpoint_dir(host.name)
+        res = runner.run(["sh", "-c", 'mkdir -p -- "$1" && test -r "$1"', "sh", d], timeout_s=30)
+        if res.exit_code != 0:
+            raise RecoveryError(
+                f"{host.name}: its checkpoint directory {d} cannot be created or read "
+                f"({res.stderr.strip() or 'permission denied'}); fix it and run recover again"
             )
-        return self._runners[name]
 
-    def close(self) -> None:
-        for r in self._runners.values():
-            try:
-                r.close()
-            except AutohetError:
-                pass
-
-
-def detect_lost(plan: Plan, hosts: Hosts, say: Say) -> list[str]:
-    """Plan hosts that do not answer, or whose checkpoint dir cannot be read."""
-
-    def probe(host: Host) -> bool:
-        runner = hosts.runner(host.name)
-        runner.run(["true"], timeout_s=hosts.connect.connect_timeout_s + 5).check()
-        runner.run(
-            ["sh", "-c", 'mkdir -p "$1" && test -r "$1"', "sh", host.checkpoint_dir], timeout_s=30
-        ).check()
-        return True
-
-    results = fan_out([hosts.cluster.host(h) for h in plan.hosts()], probe)
-    lost = [name for name, r in results.items() if isinstance(r, Exception)]
-    for name in lost:
+    todo = [pool.host(h) for h in plan.hosts() if h not in given_lost]
+    results = fan_out(todo, probe)
+    unreachable = [n for n, r in results.items() if isinstance(r, Exception) and is_unreachable(r)]
+    refused = {
+        n: r for n, r in results.items() if isinstance(r, Exception) and n not in unreachable
+    }
+    for name in unreachable:
         say(f"{name}: lost ({results[name]})")
-    running = running_workers(plan, [h for h in plan.hosts() if h not in lost], hosts)
+    if refused:
+        detail = "; ".join(f"{n}: {r}" for n, r in refused.items())
+        raise RecoveryError(
+            f"cannot check every survivor: {detail}. These hosts answer, so they are not "
+            "lost; fix the cause (or name a host with --lost if it really is gone)"
+        )
+    lost = [*given_lost, *unreachable]
+    if len(lost) == len(plan.hosts()):
+        reasons = "; ".join(f"{n}: {results[n]}" for n in unreachable) or "all named by --lost"
+        raise RecoveryError(
+            f"no host of plan {plan.name}.v{plan.version} survives ({reasons}); "
+            "recover needs at least one reachable host (add new hosts to the cluster file)"
+        )
+    running = running_workers(plan, [h for h in plan.hosts() if h not in lost], pool)
     if running:
         detail = "; ".join(f"{h}: pid {', '.join(p)}" for h, p in running.items())
         raise RecoveryError(
@@ -101,41 +117,45 @@ _RUNNING = (
 )
 
 
-def running_workers(plan: Plan, names: Sequence[str], hosts: Hosts) -> dict[str, list[str]]:
+def running_workers(plan: Plan, names: Sequence[str], pool: HostPool) -> dict[str, list[str]]:
     """Hosts where a torchrun of this plan (by its pid file) is still alive."""
 
     def alive(host: Host) -> list[str]:
-        home = host.workdir
-        if home.startswith("~"):
-            from autohet_cli.profiling.run import remote_workdir
-
-            home = remote_workdir(hosts.runner(host.name), host)
-        res = hosts.runner(host.name).run(
-            ["sh", "-c", _RUNNING, "sh", home, f"{plan.name}.v{plan.version}"], timeout_s=30
+        res = pool.runner(host.name).run(
+            ["sh", "-c", _RUNNING, "sh", pool.workdir(host.name), f"{plan.name}.v{plan.version}"],
+            timeout_s=30,
         )
         return res.stdout.split()
 
-    results = fan_out([hosts.cluster.host(n) for n in names], alive)
+    results = fan_out([pool.host(n) for n in names], alive)
     return {n: r for n, r in results.items() if not isinstance(r, Exception) and r}
 
 
+def expanded_cluster(pool: HostPool, names: Sequence[str]) -> Cluster:
+    """The cluster with ``~`` in these hosts' checkpoint and work dirs expanded on them."""
+    hosts = tuple(
+        dataclasses.replace(
+            h, checkpoint_dir=pool.checkpoint_dir(h.name), workdir=pool.workdir(h.name)
+        )
+        if h.name in names
+        else h
+        for h in pool.cluster.hosts
+    )
+    return dataclasses.replace(pool.cluster, hosts=hosts)
+
+
 def list_checkpoints(
-    names: Sequence[str], plan_name: str, hosts: Hosts
+    names: Sequence[str], ns: str, pool: HostPool
 ) -> dict[str, dict[str, set[str]]]:
-    """host → step dir → files, for every reachable host's checkpoint dir."""
+    """host → step dir → files, for every survivor's job directory ``<ckpt>/<ns>``."""
 
     def listing(host: Host) -> dict[str, set[str]]:
-        root = f"{host.checkpoint_dir.rstrip('/')}/{plan_name}"
+        root = f"{pool.checkpoint_dir(host.name).rstrip('/')}/{ns}"
         out = (
-            hosts.runner(host.name)
+            pool.runner(host.name)
             .run(
-                [
-                    "sh",
-                    "-c",
-                    'cd "$1" 2>/dev/null && find . -mindepth 2 -maxdepth 2 -type f',
-                    "sh",
-                    root,
-                ],
+                ["sh", "-c", 'cd "$1" 2>/dev/null && find . -mindepth 2 -maxdepth 2 -type f', "sh"]
+                + [root],
                 timeout_s=60,
             )
             .stdout
@@ -147,82 +167,90 @@ def list_checkpoints(
                 steps.setdefault(parts[0], set()).add(parts[1])
         return steps
 
-    results = fan_out([hosts.cluster.host(n) for n in names], listing)
+    results = fan_out([pool.host(n) for n in names], listing)
+    failed = {n: r for n, r in results.items() if isinstance(r, Exception)}
+    if failed:
+        raise RecoveryError(
+            "cannot list checkpoints on "
+            + "; ".join(f"{n}: {e}" for n, e in failed.items())
+            + " (the host answered a moment ago; run recover again)"
+        )
     return {n: r for n, r in results.items() if not isinstance(r, Exception)}
 
 
-def list_remote(root: str, plan_name: str) -> dict[str, set[str]]:
+def list_remote(root: str | None, ns: str) -> dict[str, set[str]]:
+    """step dir → files of the remote copy of a job ({} without a remote copy)."""
+    if root is None:
+        return {}
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{plan_name}")
-    if not fs.exists(path):
-        return {}
-    out: dict[str, set[str]] = {}
-    for step in fs.ls(path, detail=False):
-        name = str(step).rstrip("/").rsplit("/", 1)[-1]
-        out[name] = {str(f).rstrip("/").rsplit("/", 1)[-1] for f in fs.ls(step, detail=False)}
+    try:
+        fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/{ns}")
+        if not fs.exists(path):
+            return {}
+        out: dict[str, set[str]] = {}
+        for step in fs.ls(path, detail=False):
+            name = str(step).rstrip("/").rsplit("/", 1)[-1]
+            out[name] = {str(f).rstrip("/").rsplit("/", 1)[-1] for f in fs.ls(step, detail=False)}
+    except (OSError, ValueError, ImportError) as exc:
+        raise RecoveryError(f"cannot list remote storage {root}: {exc}") from None
     return out
 
 
 def read_manifests(
     listings: Mapping[str, Mapping[str, set[str]]],
     remote: Mapping[str, set[str]],
+    ns: str,
+    root: str | None,
+    pool: HostPool,
+    *,
+    key: bytes,
     plan_name: str,
-    cluster: Cluster,
-    root: str,
-    hosts: Hosts,
-) -> dict[str, Manifest | str]:
-    """The manifest of every step dir that has one somewhere (peer first, then remote)."""
+) -> tuple[dict[str, Manifest | str], dict[str, str]]:
+    """Every step dir's manifest, verified with the job key (peer copy first, then remote):
+    step dir → manifest or why not, and step dir → the manifest's text as written."""
     out: dict[str, Manifest | str] = {}
+    texts: dict[str, str] = {}
     steps = {s for lst in listings.values() for s in lst} | set(remote)
     for step in sorted(steps):
         text = None
         for host, lst in listings.items():
             if MANIFEST in lst.get(step, set()):
-                path = f"{cluster.host(host).checkpoint_dir.rstrip('/')}/{plan_name}/{step}"
-                res = hosts.runner(host).run(["cat", f"{path}/{MANIFEST}"], timeout_s=60)
+                path = f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{step}"
+                res = pool.runner(host).run(["cat", f"{path}/{MANIFEST}"], timeout_s=60)
                 if res.exit_code == 0:
                     text = res.stdout
                     break
-        if text is None and MANIFEST in remote.get(step, set()):
+        if text is None and root is not None and MANIFEST in remote.get(step, set()):
             import fsspec
 
-            with fsspec.open(f"{root.rstrip('/')}/{plan_name}/{step}/{MANIFEST}", "r") as fh:
+            with fsspec.open(f"{root.rstrip('/')}/{ns}/{step}/{MANIFEST}", "r") as fh:
                 text = fh.read()
         if text is None:
             out[step] = "no manifest.json anywhere"
             continue
         try:
-            out[step] = manifest_from_json(text, f"{step}/{MANIFEST}")
+            manifest = verified_manifest(text, key, f"{step}/{MANIFEST}")
         except AutohetError as exc:
             out[step] = str(exc)
-    return out
-
-
-def choose_checkpoint(
-    plan_name: str, survivors: Sequence[str], cluster: Cluster, hosts: Hosts, root: str
-) -> tuple[CheckpointChoice, dict[str, set[str]]]:
-    listings = list_checkpoints(survivors, plan_name, hosts)
-    remote = list_remote(root, plan_name)
-    manifests = read_manifests(listings, remote, plan_name, cluster, root, hosts)
-    return newest_complete(listings, manifests, remote=remote), remote
+            continue
+        if not belongs_to(manifest, plan_name):
+            out[step] = f"written by plan {manifest.plan}, not by the {plan_name} lineage"
+            continue
+        out[step], texts[step] = manifest, text
+    return out, texts
 
 
 def hashes_present(
-    names: Sequence[str], cluster: Cluster, plan_name: str, step_dir: str, hosts: Hosts
+    names: Sequence[str], ns: str, step_dir: str, pool: HostPool
 ) -> dict[str, dict[str, str]]:
     """host → file → sha256 computed on the host, for the chosen step dir."""
 
     def hashes(host: Host) -> dict[str, str]:
-        d = f"{host.checkpoint_dir.rstrip('/')}/{plan_name}/{step_dir}"
-        res = hosts.runner(host.name).run(
-            [
-                "sh",
-                "-c",
-                'cd "$1" 2>/dev/null && sha256sum -- * .metadata 2>/dev/null; true',
-                "sh",
-                d,
-            ],
+        d = f"{pool.checkpoint_dir(host.name).rstrip('/')}/{ns}/{step_dir}"
+        res = pool.runner(host.name).run(
+            ["sh", "-c", 'cd "$1" 2>/dev/null && sha256sum -- * .metadata 2>/dev/null; true']
+            + ["sh", d],
             timeout_s=600,
         )
         out: dict[str, str] = {}
@@ -232,11 +260,11 @@ def hashes_present(
                 out[name.strip()] = digest.strip()
         return out
 
-    results = fan_out([cluster.host(n) for n in names], hashes)
+    results = fan_out([pool.host(n) for n in names], hashes)
     return {n: r for n, r in results.items() if not isinstance(r, Exception)}
 
 
-def execute_transfers(tp: TransferPlan, hosts: Hosts, say: Say) -> tuple[int, int]:
+def execute_transfers(tp: TransferPlan, pool: HostPool, say: Say) -> tuple[int, int]:
     """Copy every item (sources in order, sha256 verified); bytes from peers, from remote."""
     by_dest: dict[str, list[TransferItem]] = {}
     for item in tp.items:
@@ -245,14 +273,14 @@ def execute_transfers(tp: TransferPlan, hosts: Hosts, say: Say) -> tuple[int, in
     def copy_all(host: Host) -> tuple[int, int]:
         peers = remote = 0
         for item in by_dest[host.name]:
-            kind = _copy_one(item, hosts, say)
+            kind = _copy_one(item, pool, say, tp.plan_name)
             if kind == "remote":
                 remote += item.num_bytes
             else:
                 peers += item.num_bytes
         return peers, remote
 
-    results = fan_out([hosts.cluster.host(h) for h in by_dest], copy_all)
+    results = fan_out([pool.host(h) for h in by_dest], copy_all)
     failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
     if failed:
         raise RecoveryError("transfer failed: " + "; ".join(f"{h}: {e}" for h, e in failed.items()))
@@ -260,12 +288,12 @@ def execute_transfers(tp: TransferPlan, hosts: Hosts, say: Say) -> tuple[int, in
     return sum(p for p, _ in totals), sum(r for _, r in totals)
 
 
-def _copy_one(item: TransferItem, hosts: Hosts, say: Say) -> str:
-    dest = hosts.runner(item.dest_host)
+def _copy_one(item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
+    dest = pool.runner(item.dest_host)
     errors = []
     for source in (item.source, *item.fallbacks):
         try:
-            how = _deliver(source, item, hosts)
+            how = _deliver(source, item, pool, say, ns)
             got = dest.run(["sha256sum", "--", item.dest_path], timeout_s=600)
             if got.exit_code == 0 and got.stdout.split()[0] == item.sha256:
                 say(f"{item.dest_host}: {item.file} from {_label(source)} ({how}) ok")
@@ -279,92 +307,100 @@ def _copy_one(item: TransferItem, hosts: Hosts, say: Say) -> str:
     )
 
 
-def _deliver(source: Source, item: TransferItem, hosts: Hosts) -> str:
+def key_path(pool: HostPool, host: str, ns: str) -> str:
+    return f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{KEY_FILE}"
+
+
+def _deliver(source: Source, item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
     """Peers copy host to host directly; if that fails (no route), or for remote
     storage, the bytes go through the controller."""
-    if source.kind != "remote" and source.host is not None and source.host != item.dest_host:
+    src_host = pool.host(source.host) if source.host is not None else None
+    dest_host = pool.host(item.dest_host)
+    if (
+        source.kind != "remote"
+        and src_host is not None
+        and src_host.name != dest_host.name
+        and not src_host.is_local
+        and not dest_host.is_local
+    ):
         try:
             direct_copy(
-                hosts.runner(source.host),
-                hosts.cluster.host(source.host),
+                pool.runner(src_host.name),
+                src_host,
                 source.path,
-                hosts.runner(item.dest_host),
-                hosts.cluster.host(item.dest_host),
+                pool.runner(dest_host.name),
+                dest_host,
                 item.dest_path,
+                src_key=key_path(pool, src_host.name, ns),
+                dest_key=key_path(pool, dest_host.name, ns),
+                warn=say,
             )
             return "direct"
-        except AutohetError:
-            pass  # relay below
+        except AutohetError as exc:
+            say(f"{item.dest_host}: direct copy of {item.file} from {source.host} failed ({exc})")
     with tempfile.TemporaryDirectory(prefix="autohet-xfer-") as tmp:
         local = Path(tmp) / "blob"
-        _fetch(source, local, hosts)
-        hosts.runner(item.dest_host).put(local, item.dest_path)
+        _fetch(source, local, pool)
+        pool.runner(item.dest_host).put(local, item.dest_path)
     return "relayed"
 
 
-def _fetch(source: Source, local: Path, hosts: Hosts) -> None:
+def _fetch(source: Source, local: Path, pool: HostPool) -> None:
     if source.kind == "remote" or source.host is None:
         import fsspec
 
         with fsspec.open(source.path, "rb") as src, open(local, "wb") as dst:
-            dst.write(src.read())
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
         return
-    hosts.runner(source.host).get(source.path, local)
+    pool.runner(source.host).get(source.path, local)
 
 
 def _label(source: Source) -> str:
     return "remote storage" if source.kind == "remote" else f"peer {source.host}"
 
 
-def finalize(tp: TransferPlan, manifest_text: str, cluster: Cluster, hosts: Hosts) -> None:
-    """manifest.json, then COMPLETE, on every host that now holds the checkpoint."""
+def finalize(tp: TransferPlan, manifest_text: str, pool: HostPool) -> None:
+    """manifest.json (as written, with its HMAC), then COMPLETE, on every host that now
+    holds the checkpoint."""
     with tempfile.TemporaryDirectory(prefix="autohet-fin-") as tmp:
         man = Path(tmp) / MANIFEST
         man.write_text(manifest_text, encoding="utf-8")
         done = Path(tmp) / COMPLETE
         done.write_text("", encoding="utf-8")
         for host in tp.finalize_hosts:
-            d = f"{cluster.host(host).checkpoint_dir.rstrip('/')}/{tp.plan_name}/step-{tp.step:08d}"
-            hosts.runner(host).put(man, f"{d}/{MANIFEST}")
-            hosts.runner(host).put(done, f"{d}/{COMPLETE}")
+            d = f"{pool.checkpoint_dir(host).rstrip('/')}/{tp.plan_name}/step-{tp.step:08d}"
+            pool.runner(host).put(man, f"{d}/{MANIFEST}")
+            pool.runner(host).put(done, f"{d}/{COMPLETE}")
+
+
+_PARTIALS = 'cd "$1" 2>/dev/null || exit 0; rm -f -- *.autohet-part .*.tmp; true'
+
+
+def remove_partials(pool: HostPool, hosts: Sequence[str], ns: str, step_dir: str) -> None:
+    """Temp files an interrupted recover (or copy) left in a step directory."""
+
+    def clean(host: Host) -> None:
+        d = f"{pool.checkpoint_dir(host.name).rstrip('/')}/{ns}/{step_dir}"
+        pool.runner(host.name).run(["sh", "-c", _PARTIALS, "sh", d], timeout_s=60)
+
+    fan_out([pool.host(h) for h in hosts], clean)
 
 
 def plan_inputs_tables(plan: Plan, cluster_path: str) -> CostTables:
+    """The old plan's cost tables, with the model the plan carries when it has one (the
+    config.json it was made from may have moved since), else by recorded path or name."""
     profiles = [v["path"] for k, v in plan.inputs.items() if k.startswith("profile")]
-    model_ref = plan.inputs.get("model", {}).get("path") or plan.model_name
-    inputs = load_inputs(cluster_path, model_ref, [p for p in profiles if os.path.exists(p)])
-    return CostTables(inputs.model, inputs.profile, plan.training)
-
-
-def remote_root_for(cluster: Cluster) -> str:
-    return remote_root(cluster.remote_storage, os.environ)
-
-
-def manifest_text(m: Manifest) -> str:
-    import json
-
-    from autohet_cli.recovery.manifest import manifest_to_dict
-
-    return json.dumps(manifest_to_dict(m), indent=2) + "\n"
-
-
-def transfers_for(
-    choice: CheckpointChoice,
-    new_plan: Plan,
-    cluster: Cluster,
-    present: Mapping[str, Mapping[str, str]],
-    remote: Mapping[str, set[str]],
-    lost: Sequence[str],
-    root: str,
-) -> TransferPlan:
-    # Only files listed in the remote step dir count as remote copies.
-    remote_files = set(remote.get(choice.step_dir, set()))
-    return plan_transfers(
-        choice.manifest,
-        new_plan,
-        cluster,
-        present,
-        remote_root=root,
-        remote_files=remote_files,
-        lost=lost,
+    model: str | ModelSpec = (
+        plan.architecture
+        if plan.architecture is not None
+        else plan.inputs.get("model", {}).get("path") or plan.model_name
     )
+    inputs = load_inputs(cluster_path, model, [p for p in profiles if os.path.exists(p)])
+    return tables_for(inputs, plan.training)
+
+
+def remote_root_for(cluster: Cluster) -> str | None:
+    """The remote copy as this machine sees it (``~`` is this user's home here)."""
+    root = remote_root(cluster.remote_storage, os.environ)
+    return os.path.expanduser(root) if root is not None and root.startswith("~") else root

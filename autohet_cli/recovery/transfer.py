@@ -243,6 +243,7 @@ def plan_transfers(
     rule: NeedRule = "all",
     writer: Plan | None = None,
     remote_gbps: float = DEFAULT_REMOTE_GBPS,
+    namespace: str | None = None,
 ) -> TransferPlan:
     """Every file transfer that makes the new plan's hosts able to load ``manifest``.
 
@@ -254,7 +255,9 @@ def plan_transfers(
     """
     if remote_gbps <= 0:
         raise RecoveryError(f"remote_gbps must be positive, got {remote_gbps}")
-    plan_name = manifest.plan_name
+    # Where the step lives below a checkpoint or remote root: the job namespace
+    # ``<plan>/<job>`` (``autohet_cli.ckpt.format``), or the plan name alone.
+    plan_name = namespace or manifest.plan_name
     gone = set(lost)
     known = {h.name for h in cluster.hosts}
     missing_hosts = [h for h in new_plan.hosts() if h not in known]

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.dist
 SEED, LR, STEPS = "7", "0.001", 6
 TIMEOUT_S = 150
 NAME = "ckpt"  # every plan below shares it, so they share the checkpoints
+NS = Path(NAME) / "default"  # the job namespace of workers started without the launcher
 STEP_2, STEP_4 = "step-00000002", "step-00000004"
 
 
@@ -178,7 +179,7 @@ def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Save
     for step, loss in saved.losses.items():
         assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
     for step_dir in (STEP_2, STEP_4):
-        a, b = (saved.dirs[h] / NAME / step_dir for h in "ab")
+        a, b = (saved.dirs[h] / NS / step_dir for h in "ab")
         assert sorted(os.listdir(a)) == [
             ".metadata",
             "COMPLETE",
@@ -201,12 +202,12 @@ def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Save
             ("__3_0.distcp", "b", 3),
         }
         for f in manifest.files:
-            local = saved.dirs[f.host] / NAME / step_dir / f.path
+            local = saved.dirs[f.host] / NS / step_dir / f.path
             assert sha256_file(local) == f.sha256 and local.stat().st_size == f.num_bytes
             # The remote copy: every file, byte for byte, and COMPLETE.
-            assert sha256_file(saved.remote / NAME / step_dir / f.path) == f.sha256
-        assert (saved.remote / NAME / step_dir / "COMPLETE").is_file()
-        assert load_manifest(saved.remote / NAME / step_dir / "manifest.json") == manifest
+            assert sha256_file(saved.remote / NS / step_dir / f.path) == f.sha256
+        assert (saved.remote / NS / step_dir / "COMPLETE").is_file()
+        assert load_manifest(saved.remote / NS / step_dir / "manifest.json") == manifest
 
 
 # --------------------------------------------------------------------- resuming
@@ -227,28 +228,28 @@ def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Save
             *("--metrics", str(metrics), "--remote-storage", "none"),
         ]
     )
-    assert f"resumed from {root / NAME / STEP_4} at step 4" in proc.stderr
+    assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
     _assert_continues(saved, _losses(metrics), 4)
 
 
 def test_incomplete_checkpoint_is_refused_and_resume_falls_back(saved: Saved) -> None:
     root = _copy_root(saved, saved.tmp / "incomplete-disk")
-    (root / NAME / STEP_4 / "COMPLETE").unlink()
+    (root / NS / STEP_4 / "COMPLETE").unlink()
     path = _one_device(saved)
     common = ("--checkpoint-dir", str(root), "--remote-storage", "none")
     proc = _run(_args(path, STEPS, "--resume", "4", *common), expect_ok=False)
     assert proc.returncode == 1
-    assert f"checkpoint {root / NAME / STEP_4} is incomplete (no COMPLETE marker" in proc.stderr
+    assert f"checkpoint {root / NS / STEP_4} is not usable (no COMPLETE marker" in proc.stderr
     metrics = saved.tmp / "fallback.jsonl"
     proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
-    assert f"skipping incomplete checkpoint {root / NAME / STEP_4}" in proc.stderr
-    assert f"resumed from {root / NAME / STEP_2} at step 2" in proc.stderr
+    assert f"skipping checkpoint {root / NS / STEP_4}" in proc.stderr
+    assert f"resumed from {root / NS / STEP_2} at step 2" in proc.stderr
     _assert_continues(saved, _losses(metrics), 2)
 
 
 def test_corrupted_file_is_detected_by_its_sha256(saved: Saved) -> None:
     root = _copy_root(saved, saved.tmp / "corrupt-disk")
-    victim = root / NAME / STEP_4 / "__2_0.distcp"
+    victim = root / NS / STEP_4 / "__2_0.distcp"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))
@@ -267,7 +268,7 @@ def test_missing_file_is_named_or_fetched_from_the_remote_copy(saved: Saved) -> 
         expect_ok=False,
     )
     assert proc.returncode == 1
-    missing = root / NAME / STEP_4 / "__2_0.distcp"
+    missing = root / NS / STEP_4 / "__2_0.distcp"
     assert f"{missing} is missing: rank 0 reads it, and host b wrote it" in proc.stderr
     metrics = saved.tmp / "fetched.jsonl"
     proc = _run(
@@ -275,5 +276,5 @@ def test_missing_file_is_named_or_fetched_from_the_remote_copy(saved: Saved) -> 
         + ["--remote-storage", f"file://{saved.remote}"]
     )
     assert "fetched __2_0.distcp" in proc.stderr and "fetched __3_0.distcp" in proc.stderr
-    assert sha256_file(missing) == sha256_file(saved.dirs["b"] / NAME / STEP_4 / "__2_0.distcp")
+    assert sha256_file(missing) == sha256_file(saved.dirs["b"] / NS / STEP_4 / "__2_0.distcp")
     _assert_continues(saved, _losses(metrics), 4)

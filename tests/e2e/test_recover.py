@@ -51,6 +51,12 @@ def _recover(
     )
 
 
+def _job(root: Path) -> Path:
+    """The one job directory (run namespace) of plan e2e under a checkpoint root."""
+    (job,) = [d for d in (root / "e2e").iterdir() if d.is_dir()]
+    return job
+
+
 def _losses(text: str) -> dict[int, float]:
     return {
         int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step (\d+) loss ([0-9.]+)", text)
@@ -168,7 +174,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
 
 
 def _step_dirs(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("e2e/step-*") if p.is_dir())
+    return sorted(p for p in root.glob("e2e/*/step-*") if p.is_dir())
 
 
 def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
@@ -196,12 +202,12 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     # Killed while writing the newest checkpoint: no COMPLETE marker anywhere.
     newest = _step_dirs(survivors[0])[-1].name
     for root in (*survivors, remote):
-        marker = root / "e2e" / newest / "COMPLETE"
+        marker = _job(root) / newest / "COMPLETE"
         if marker.exists():
             marker.unlink()
     older = _step_dirs(survivors[0])[-2].name
     # A shard on a surviving peer is corrupt: it must be detected and fetched elsewhere.
-    shard = next((survivors[0] / "e2e" / older).glob("__*_0.distcp"))
+    shard = next((_job(survivors[0]) / older).glob("__*_0.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
@@ -218,7 +224,7 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     assert moved["plan_diff"]["hosts_dropped"] == ["fake-4"]
     assert all("fake-4" not in row for row in moved["plan_diff"]["new"])
     assert moved["step"] == int(older.split("-")[1])
-    manifest = json.loads((survivors[0] / "e2e" / older / "manifest.json").read_text())
+    manifest = json.loads((_job(survivors[0]) / older / "manifest.json").read_text())
     lost_files = {f["path"] for f in manifest["files"] if f["host"] == "fake-4"}
     remote_items = [i for i in moved["transfers"]["items"] if i["source"]["kind"] == "remote"]
     # remote storage only for files no survivor holds intact: fake-4's, and the corrupt one
@@ -257,15 +263,15 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     first = run_recover("--no-resume")  # finishes the job, without redoing what landed
     assert first["resumed_step"] == int(older.split("-")[1])
     assert 0 < first["bytes_from_peers"] + first["bytes_from_remote"] < total
-    assert (survivors[0] / "e2e" / older / shard.name).read_bytes() != bytes(data)
+    assert (_job(survivors[0]) / older / shard.name).read_bytes() != bytes(data)
     for host_dir in survivors:  # every survivor now holds every file, intact
         got = {
             f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in (host_dir / "e2e" / older).iterdir()
+            for f in (_job(host_dir) / older).iterdir()
             if f.name in {m["path"] for m in manifest["files"]}
         }
         assert got == {m["path"]: m["sha256"] for m in manifest["files"]}
-        assert (host_dir / "e2e" / older / "COMPLETE").exists()
+        assert (_job(host_dir) / older / "COMPLETE").exists()
     # Running it once more finds everything in place: nothing moves.
     second = run_recover("--no-resume")
     assert second["bytes_from_peers"] == 0 and second["bytes_from_remote"] == 0

@@ -168,9 +168,10 @@ def test_step_directory_names_and_paths() -> None:
         assert parse_step_dir(other) is None
     assert local_step_dir("/nvme/ckpt/", "lab", 7) == "/nvme/ckpt/lab/step-00000007"
     assert remote_step_dir("s3://b/ck/", "lab", 7) == "s3://b/ck/lab/step-00000007"
-    assert remote_root("s3://bucket", {"AUTOHET_REMOTE": "/x"}) == "s3://bucket"
-    assert remote_root(None, {"AUTOHET_REMOTE": "/x"}) == "/x"
-    assert remote_root(None, {}) == "/tmp/autohet-remote"
+    assert remote_root("s3://bucket", {"AUTOHET_REMOTE_STORAGE": "/x"}) == "s3://bucket"
+    assert remote_root(None, {"AUTOHET_REMOTE_STORAGE": "/x"}) == "/x"
+    # No remote copy unless asked: never a shared, world-writable /tmp directory.
+    assert remote_root(None, {}) is None and remote_root("none", {}) is None
 
 
 # --------------------------------------------------------------------- choice
@@ -296,3 +297,53 @@ def test_steps_compare_numerically_beyond_eight_digits() -> None:
     }
     manifests = {step_dir_name(m["step"]): json.dumps(m) for m in (small, big)}
     assert newest_complete(listings, manifests).step == 100_000_000
+
+
+@pytest.mark.parametrize("plan", ["../../../tmp/x.v1", "a/b.v2", ".hidden.v1"])
+def test_a_manifest_naming_a_plan_outside_the_checkpoint_dir_is_refused(plan: str) -> None:
+    """Issue 11, item 5: a manifest's plan made recover read and write outside its root."""
+    raw = {
+        "schema": "autohet.checkpoint/v1",
+        "step": 1,
+        "plan": plan,
+        "plan_sha256": "a" * 64,
+        "world_size": 1,
+        "files": [{"path": ".metadata", "sha256": "b" * 64, "bytes": 1, "host": "h", "rank": 0}],
+    }
+    with pytest.raises(ConfigError, match="plan: expected '<plan name>.v<N>'"):
+        parse_manifest(raw, "m.json")
+
+
+def test_manifests_are_authenticated_with_the_job_key() -> None:
+    """Issue 11, item 1: the sha256 in a manifest was whatever its writer put there."""
+    from autohet_cli.ckpt.format import (
+        ManifestAuthError,
+        manifest_to_dict,
+        signed_manifest_text,
+        verified_manifest,
+    )
+
+    m = parse_manifest(
+        {
+            "schema": "autohet.checkpoint/v1",
+            "step": 4,
+            "plan": "lab.v1",
+            "plan_sha256": "a" * 64,
+            "world_size": 1,
+            "files": [
+                {"path": ".metadata", "sha256": "b" * 64, "bytes": 1, "host": "h", "rank": 0}
+            ],
+        },
+        "m",
+    )
+    key = b"k" * 32
+    text = signed_manifest_text(m, key)
+    assert verified_manifest(text, key, "m") == m
+    with pytest.raises(ManifestAuthError, match="does not verify"):
+        verified_manifest(text, b"x" * 32, "m")
+    forged = json.loads(text)
+    forged["step"] = 99
+    with pytest.raises(ManifestAuthError, match="does not verify"):
+        verified_manifest(json.dumps(forged), key, "m")
+    with pytest.raises(ManifestAuthError, match="not authenticated"):
+        verified_manifest(json.dumps(manifest_to_dict(m)), key, "m")

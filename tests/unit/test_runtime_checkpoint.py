@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -77,7 +78,8 @@ def _checkpointer(trainer: Trainer, root: Path, remote: Path | None = None) -> C
         root=root,
         plan_ref="one.v3",
         plan_sha256="a" * 64,
-        remote=RemoteCopy(str(remote), "one") if remote else None,
+        job="j1",
+        remote=RemoteCopy(str(remote), "one", "j1") if remote else None,
     )
 
 
@@ -99,16 +101,21 @@ def test_save_then_resume_continues_bitwise(tmp_path: Path) -> None:
     trainer.fit(1)
     want = _params(trainer)
 
-    assert step_dir == tmp_path / "ckpt" / "one" / "step-00000002"
+    assert step_dir == tmp_path / "ckpt" / "one" / "j1" / "step-00000002"
     manifest = load_manifest(step_dir / "manifest.json")  # the recovery side's parser
     assert (manifest.step, manifest.plan, manifest.world_size) == (2, "one.v3", 1)
     assert sorted(f.path for f in manifest.files) == [".metadata", "__0_0.distcp"]
     for f in manifest.files:
         assert (f.host, f.rank) == ("h0", 0)
         assert sha256_file(step_dir / f.path) == f.sha256
-        assert sha256_file(tmp_path / "remote" / "one" / "step-00000002" / f.path) == f.sha256
-    assert (tmp_path / "remote" / "one" / "step-00000002" / "COMPLETE").is_file()
-    assert list_steps(tmp_path / "ckpt" / "one") == {2: None}
+        assert sha256_file(tmp_path / "remote" / "one" / "j1" / "step-00000002" / f.path) == (
+            f.sha256
+        )
+    assert (tmp_path / "remote" / "one" / "j1" / "step-00000002" / "COMPLETE").is_file()
+    assert list_steps(tmp_path / "ckpt" / "one" / "j1", ckpt.key) == {2: None}
+    assert list_steps(tmp_path / "ckpt" / "one" / "j1", b"k" * 32) == {
+        2: "manifest.json does not authenticate with this job's key (planted or altered?)"
+    }
 
     resumed, ckpt = _fresh(tmp_path, 0)
     assert ckpt.resume() == 2 and resumed.step == 2
@@ -130,7 +137,7 @@ def test_refusals_name_the_directory_or_file(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no checkpoint .*step-00000005 on any host"):
         ckpt.resume(5)
     (step_dir / "COMPLETE").unlink()
-    with pytest.raises(CheckpointError, match=f"checkpoint {step_dir} is incomplete"):
+    with pytest.raises(CheckpointError, match=f"checkpoint {step_dir} is not usable"):
         ckpt.resume(1)
     (step_dir / "COMPLETE").touch()
     meta = step_dir / ".metadata"
@@ -139,16 +146,79 @@ def test_refusals_name_the_directory_or_file(tmp_path: Path) -> None:
         ckpt.resume(1)
 
 
-def test_a_stale_step_directory_is_cleared_before_saving(tmp_path: Path) -> None:
-    _, ckpt = _fresh(tmp_path, 1)
-    stale = tmp_path / "ckpt" / "one" / "step-00000001"
-    stale.mkdir(parents=True)
-    (stale / "__7_0.distcp").write_bytes(b"old")
-    (stale / "COMPLETE").touch()
-    ckpt.save()
+def test_a_complete_step_is_never_overwritten_and_leftovers_are_cleared(tmp_path: Path) -> None:
+    """Item 3 of issue 11: a save never deletes a COMPLETE step; half-written ones go."""
+    trainer, ckpt = _fresh(tmp_path, 1)
+    job = tmp_path / "ckpt" / "one" / "j1"
+    done = ckpt.save()
+    assert done is not None
+    before = {p.name: p.read_bytes() for p in done.iterdir()}
+    assert ckpt.save() is None  # the same step again: kept as it was
+    assert {p.name: p.read_bytes() for p in done.iterdir()} == before
+    trainer.fit(1)
+    half = job / "step-00000002"
+    half.mkdir()
+    (half / "__7_0.distcp").write_bytes(b"old")  # no COMPLETE: an interrupted attempt
+    (job / ".tmp-step-00000002").mkdir()
+    saved = ckpt.save()
     ckpt.close()
-    assert not (stale / "__7_0.distcp").exists()
-    assert incomplete_reason(stale) is None
+    assert saved == half and not (half / "__7_0.distcp").exists()
+    assert not (job / ".tmp-step-00000002").exists()
+    assert incomplete_reason(half, ckpt.key) is None
+
+
+def test_a_planted_checkpoint_is_never_unpickled(tmp_path: Path) -> None:
+    """Item 1 of issue 11: a newer step whose manifest's sha256 fit a malicious .metadata."""
+    import hashlib
+    import json
+    import pickle
+
+    trainer, ckpt = _fresh(tmp_path, 1)
+    good = ckpt.save()
+    ckpt.close()
+    assert good is not None
+    planted = good.parent / "step-00000099"
+    shutil.copytree(good, planted)
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (marker.touch, ())  # type: ignore[return-value]
+
+    payload = pickle.dumps(Evil())
+    (planted / ".metadata").write_bytes(payload)
+    manifest = json.loads((planted / "manifest.json").read_text())
+    manifest["step"] = 99
+    for f in manifest["files"]:
+        if f["path"] == ".metadata":
+            f["sha256"], f["bytes"] = hashlib.sha256(payload).hexdigest(), len(payload)
+    (planted / "manifest.json").write_text(json.dumps(manifest))
+    resumed, ckpt = _fresh(tmp_path, 0)
+    assert ckpt.resume() == 1  # step 99 is skipped: it does not authenticate
+    with pytest.raises(CheckpointError, match="does not authenticate"):
+        ckpt.resume(99)
+    assert not marker.exists()
+
+
+def test_directories_others_can_write_are_refused(tmp_path: Path) -> None:
+    """Item 1: like ssh's StrictModes, a checkpoint dir writable by others is refused."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    trainer = Trainer(PLAN, CONFIG)
+    shared = tmp_path / "shared"
+    (shared / "one" / "j1").mkdir(parents=True)
+    (shared / "one").chmod(0o777)
+    with pytest.raises(CheckpointError, match="writable by others"):
+        _checkpointer(trainer, shared)
+    private = tmp_path / "private"
+    ckpt = _checkpointer(trainer, private)
+    assert (private / "one" / "j1").stat().st_mode & 0o777 == 0o700
+    key = private / "one" / "j1" / ".autohet-key"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    assert ckpt.key == key.read_bytes()
+    key.chmod(0o644)
+    with pytest.raises(CheckpointError, match="readable or writable by others"):
+        _checkpointer(trainer, private)
 
 
 # --------------------------------------------------------------------- helpers
@@ -176,17 +246,16 @@ def test_tied_optimizer_state_is_filed_under_the_groups_first_name() -> None:
 
 def test_step_directories_and_their_markers(tmp_path: Path) -> None:
     plan_dir = tmp_path / "plan"
-    for step, files in [(2, ["COMPLETE", "manifest.json"]), (4, ["manifest.json"]), (6, [])]:
+    for step, files in [(4, ["manifest.json"]), (6, [])]:
         d = plan_dir / f"step-{step:08d}"
         d.mkdir(parents=True)
         for f in files:
             (d / f).touch()
     (plan_dir / "notes").mkdir()
-    steps = list_steps(plan_dir)
-    assert steps[2] is None
+    steps = list_steps(plan_dir, b"k" * 32)
     assert "no COMPLETE marker" in (steps[4] or "") and "no COMPLETE marker" in (steps[6] or "")
-    assert sorted(steps) == [2, 4, 6]
-    assert list_steps(tmp_path / "nowhere") == {}
+    assert sorted(steps) == [4, 6]
+    assert list_steps(tmp_path / "nowhere", None) == {}
 
 
 def test_where_checkpoints_go(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,9 +267,7 @@ def test_where_checkpoints_go(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOHET_CHECKPOINT_DIR", "/env/ckpt")
     assert checkpoint_root(None, run) == Path("/env/ckpt")
     assert checkpoint_root(Path("/flag"), run) == Path("/flag")
-    assert remote_url(None) == "/tmp/autohet-remote"
-    monkeypatch.setenv("AUTOHET_REMOTE", "s3://b/old")
-    assert remote_url(None) == "s3://b/old"
+    assert remote_url(None) is None  # no remote copy unless one is configured
     monkeypatch.setenv("AUTOHET_REMOTE_STORAGE", "memory://new")
     assert remote_url(None) == "memory://new"
     assert remote_url("none") is None and remote_url("file:///x") == "file:///x"
@@ -217,13 +284,13 @@ def test_rank0_uploads_complete_only_after_every_file_arrived(tmp_path: Path) ->
         for n, r in [("__0_0.distcp", 0), (".metadata", 0), ("__1_0.distcp", 1)]
     )
     manifest = Manifest(step=8, plan="p.v1", plan_sha256=SHA, world_size=2, files=files)
-    remote = RemoteCopy(f"file://{tmp_path / 'remote'}", "p")
+    remote = RemoteCopy(f"file://{tmp_path / 'remote'}", "p", "j")
     rank0 = Uploader(remote, timeout_s=30)
     rank0.start(
         UploadJob(step=8, local_dir=local, names=("__0_0.distcp", ".metadata"), manifest=manifest)
     )
     time.sleep(0.5)
-    target = tmp_path / "remote" / "p" / "step-00000008"
+    target = tmp_path / "remote" / "p" / "j" / "step-00000008"
     assert (target / "manifest.json").is_file() and not (target / "COMPLETE").exists()
     rank1 = Uploader(remote)
     threading.Timer(
@@ -243,9 +310,9 @@ def test_an_upload_that_never_completes_warns_and_leaves_no_marker(
     (local / "manifest.json").write_bytes(b"{}")
     lost = ManifestFile(path="__1_0.distcp", sha256=SHA, num_bytes=4, host="h", rank=1)
     manifest = Manifest(step=1, plan="p.v1", plan_sha256=SHA, world_size=2, files=(lost,))
-    uploader = Uploader(RemoteCopy(str(tmp_path / "remote"), "p"), timeout_s=0.5)
+    uploader = Uploader(RemoteCopy(str(tmp_path / "remote"), "p", "j"), timeout_s=0.5)
     uploader.start(UploadJob(step=1, local_dir=local, names=(), manifest=manifest))
     uploader.join()
     assert uploader.errors and "__1_0.distcp did not reach" in uploader.errors[0]
     assert "warning: upload of" in capsys.readouterr().err
-    assert not (tmp_path / "remote" / "p" / "step-00000001" / "COMPLETE").exists()
+    assert not (tmp_path / "remote" / "p" / "j" / "step-00000001" / "COMPLETE").exists()

@@ -1,0 +1,4 @@
+"""The checkpoint contract shared by the runtime (writer) and recovery (reader): pure.
+
+``policy``: when to save (``--checkpoint-every``).
+"""

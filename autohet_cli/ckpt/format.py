@@ -1,0 +1,311 @@
+"""The checkpoint format (``autohet.checkpoint/v1``), one contract for writer and reader (pure).
+
+The runtime writes it (``runtime.checkpoint``), recovery reads and moves it
+(``recovery``); both import it from here. The full description is
+docs/checkpoint-format.md. In short:
+
+Layout
+    ``<checkpoint_dir>/<plan name>/<job>/step-<N:08d>/`` on every host: DCP data
+    files ``__<rank>_0.distcp``, DCP's ``.metadata`` (rank 0's host), and on rank
+    0's host ``manifest.json`` and, last, the empty ``COMPLETE`` marker. ``<job>``
+    is the run namespace: a fresh launch starts a new one, a resumed or recovered
+    run continues its own, so two runs never mix. A step is written under a
+    temporary name and renamed into place; a ``COMPLETE`` step is never
+    overwritten or deleted. The remote copy has the same layout under its root.
+
+Authentication
+    Every job has a 32-byte secret, ``<job dir>/.autohet-key`` (mode 0600, in a
+    directory of mode 0700) on every host, created by ``autohet launch`` and
+    copied over SSH. The manifest carries ``hmac_sha256``, an HMAC-SHA256 with
+    that key over the manifest's canonical JSON (sorted keys, no spaces, without
+    the ``hmac_sha256`` field). The manifest lists the sha256 of every file, so a
+    verified manifest authenticates every byte of the step; readers verify the
+    manifest before any file of the step is read (DCP unpickles ``.metadata``), and
+    each file's sha256 before it is used. Whoever can write the checkpoint or
+    remote directories but cannot read the key cannot make a step that loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autohet_cli.errors import ConfigError
+from autohet_cli.yamlio import as_list, as_mapping, check_keys
+from autohet_cli.yamlio import field as get
+
+SCHEMA = "autohet.checkpoint/v1"
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+METADATA = ".metadata"
+KEY_FILE = ".autohet-key"
+KEY_BYTES = 32
+MAC_FIELD = "hmac_sha256"
+TMP_PREFIX = ".tmp-"  # a step being written: ``.tmp-step-<N:08d>``
+
+_STEP_DIR = re.compile(r"^step-(?P<step>\d{8,})$")
+# A plan name as plans are named (``plan.validate_name``): no '/', so a manifest can
+# never point a reader or writer outside the checkpoint directory.
+_PLAN_REF = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)\.v(?P<version>\d+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.distcp$")
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class ManifestAuthError(ConfigError):
+    """A manifest's HMAC is missing or does not verify with the job's key."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestFile:
+    """One file of a checkpoint: its name in the step directory and who holds it."""
+
+    path: str  # a bare file name inside the step directory
+    sha256: str
+    num_bytes: int
+    host: str  # the plan host whose checkpoint_dir holds it
+    rank: int  # the rank that wrote it
+
+    @property
+    def is_data(self) -> bool:
+        """A DCP data file (``__<rank>_<n>.distcp``), not ``.metadata``."""
+        return _DATA_FILE.match(self.path) is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Manifest:
+    step: int  # the next step to run after loading
+    plan: str  # "<name>.v<N>" of the plan that wrote it
+    plan_sha256: str
+    world_size: int
+    files: tuple[ManifestFile, ...]
+
+    @property
+    def plan_name(self) -> str:
+        m = _PLAN_REF.match(self.plan)
+        assert m is not None  # checked when parsed
+        return m.group("name")
+
+    @property
+    def plan_version(self) -> int:
+        m = _PLAN_REF.match(self.plan)
+        assert m is not None
+        return int(m.group("version"))
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(f.num_bytes for f in self.files)
+
+    def file(self, path: str) -> ManifestFile:
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise KeyError(path)
+
+
+# --------------------------------------------------------------------- parsing
+
+
+def parse_manifest(raw: Any, where: str) -> Manifest:
+    """Validate a decoded ``manifest.json``; errors name ``where`` and the field."""
+    d = as_mapping(raw, where)
+    check_keys(
+        d, where, ["schema", "step", "plan", "plan_sha256", "world_size", "files"], [MAC_FIELD]
+    )
+    if d["schema"] != SCHEMA:
+        raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
+    step = get(d, "step", int, where)
+    if step < 0:
+        raise ConfigError(f"{where}: step: must be >= 0, got {step}")
+    plan = get(d, "plan", str, where)
+    if not _PLAN_REF.match(plan):
+        raise ConfigError(
+            f"{where}: plan: expected '<plan name>.v<N>' (letters, digits, '-', '_', '.'), "
+            f"got {plan!r}"
+        )
+    plan_sha = get(d, "plan_sha256", str, where)
+    _check_sha(plan_sha, f"{where}: plan_sha256")
+    world = get(d, "world_size", int, where)
+    if world < 1:
+        raise ConfigError(f"{where}: world_size: must be at least 1, got {world}")
+    files = tuple(
+        _file(fv, f"{where}: files[{i}]", world)
+        for i, fv in enumerate(as_list(d["files"], f"{where}: files"))
+    )
+    seen: dict[str, int] = {}
+    for i, f in enumerate(files):
+        if f.path in seen:
+            raise ConfigError(
+                f"{where}: files[{i}].path: {f.path!r} is already listed as files[{seen[f.path]}]"
+            )
+        seen[f.path] = i
+    if METADATA not in seen:
+        raise ConfigError(f"{where}: files: no {METADATA!r} entry (DCP's metadata, from rank 0)")
+    return Manifest(step=step, plan=plan, plan_sha256=plan_sha, world_size=world, files=files)
+
+
+def _file(raw: Any, at: str, world_size: int) -> ManifestFile:
+    m = as_mapping(raw, at)
+    check_keys(m, at, ["path", "sha256", "bytes", "host", "rank"])
+    path = get(m, "path", str, at)
+    if not path or "/" in path or "\\" in path or path in (".", "..") or "\0" in path:
+        raise ConfigError(
+            f"{at}.path: {path!r} must be a plain file name inside the step directory"
+        )
+    if path in (MANIFEST, COMPLETE):
+        raise ConfigError(f"{at}.path: {path!r} is not a checkpoint data file")
+    sha = get(m, "sha256", str, at)
+    _check_sha(sha, f"{at}.sha256")
+    nbytes = get(m, "bytes", int, at)
+    if nbytes < 0:
+        raise ConfigError(f"{at}.bytes: must be >= 0, got {nbytes}")
+    host = get(m, "host", str, at)
+    if not host:
+        raise ConfigError(f"{at}.host: must not be empty")
+    rank = get(m, "rank", int, at)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"{at}.rank: {rank} is outside world_size {world_size}")
+    data = _DATA_FILE.match(path)
+    if data is not None and int(data.group("rank")) != rank:
+        raise ConfigError(f"{at}.rank: {rank}, but {path!r} is rank {data.group('rank')}'s file")
+    return ManifestFile(path=path, sha256=sha, num_bytes=nbytes, host=host, rank=rank)
+
+
+def _check_sha(value: str, at: str) -> None:
+    if not _SHA256.match(value):
+        raise ConfigError(f"{at}: expected 64 lowercase hex digits, got {value!r}")
+
+
+def manifest_from_json(text: str, where: str) -> Manifest:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    return parse_manifest(raw, where)
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    return manifest_from_json(text, str(p))
+
+
+def manifest_to_dict(m: Manifest) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "step": m.step,
+        "plan": m.plan,
+        "plan_sha256": m.plan_sha256,
+        "world_size": m.world_size,
+        "files": [
+            {
+                "path": f.path,
+                "sha256": f.sha256,
+                "bytes": f.num_bytes,
+                "host": f.host,
+                "rank": f.rank,
+            }
+            for f in m.files
+        ],
+    }
+
+
+# --------------------------------------------------------------------- paths
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step of a ``step-<N:08d>`` directory name; None for anything else."""
+    m = _STEP_DIR.match(name)
+    return int(m.group("step")) if m else None
+
+
+def local_step_dir(checkpoint_dir: str, plan_name: str, step: int) -> str:
+    """``<host.checkpoint_dir>/<plan name>/step-<N:08d>`` (POSIX, on the host)."""
+    return f"{checkpoint_dir.rstrip('/') or '/'}/{plan_name}/{step_dir_name(step)}"
+
+
+def remote_step_dir(root: str, plan_name: str, step: int) -> str:
+    return f"{root.rstrip('/')}/{plan_name}/{step_dir_name(step)}"
+
+
+def local_job_dir(checkpoint_dir: str, plan_name: str, job: str) -> str:
+    """``<host.checkpoint_dir>/<plan name>/<job>`` (POSIX, on the host)."""
+    return f"{checkpoint_dir.rstrip('/') or '/'}/{namespace(plan_name, job)}"
+
+
+def namespace(plan_name: str, job: str) -> str:
+    """The path of a job's checkpoints below a checkpoint or remote root."""
+    check_job(job)
+    return f"{plan_name}/{job}"
+
+
+def check_job(job: str) -> str:
+    if not _JOB.match(job) or ".." in job:
+        raise ConfigError(
+            f"job {job!r}: use letters, digits, '.', '_' and '-' (no '/', no '..'), "
+            "starting with a letter or digit"
+        )
+    return job
+
+
+# --------------------------------------------------------------------- authentication
+
+
+def canonical_bytes(d: dict[str, Any]) -> bytes:
+    """What the HMAC covers: the manifest without its MAC, as compact sorted JSON."""
+    body = {k: v for k, v in d.items() if k != MAC_FIELD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def mac_of(d: dict[str, Any], key: bytes) -> str:
+    return hmac.new(key, canonical_bytes(d), hashlib.sha256).hexdigest()
+
+
+def signed_manifest_text(m: Manifest, key: bytes) -> str:
+    """``manifest.json`` as written: the manifest plus its HMAC."""
+    d = manifest_to_dict(m)
+    d[MAC_FIELD] = mac_of(d, key)
+    return json.dumps(d, indent=2) + "\n"
+
+
+def verified_manifest(text: str, key: bytes, where: str) -> Manifest:
+    """Parse ``text`` and check its HMAC with the job key; ManifestAuthError if not."""
+    m = manifest_from_json(text, where)
+    raw = json.loads(text)
+    mac = raw.get(MAC_FIELD)
+    if not isinstance(mac, str):
+        raise ManifestAuthError(
+            f"{where}: not authenticated (no {MAC_FIELD}): written by an older autohet or "
+            "by someone else; it is not loaded"
+        )
+    if not hmac.compare_digest(mac, mac_of(raw, key)):
+        raise ManifestAuthError(
+            f"{where}: its {MAC_FIELD} does not verify with this job's key: not written "
+            "by this job (planted or altered?); it is not loaded"
+        )
+    return m
+
+
+def check_key(data: bytes, where: str) -> bytes:
+    if len(data) != KEY_BYTES:
+        raise ConfigError(f"{where}: a job key is {KEY_BYTES} bytes, this file has {len(data)}")
+    return data
+
+
+def belongs_to(m: Manifest, plan_name: str) -> bool:
+    """Whether a manifest was written by the plan lineage ``plan_name``."""
+    return m.plan_name == plan_name

@@ -1,0 +1,179 @@
+"""Run namespaces (jobs) and their keys on the hosts (effects, over the host pool).
+
+A fresh launch starts a new job, ``<UTC time>-<4 hex>``, so its checkpoints never
+mix with an earlier run of the same plan; ``--resume`` continues the newest job
+that has a complete checkpoint (or the one ``--job`` names). Every job has a
+random 32-byte key that authenticates its manifests (``autohet_cli.ckpt.format``):
+created here, copied over SSH (SFTP) into ``<checkpoint dir>/<plan>/<job>/`` on
+every host, mode 0600 in a 0700 directory, before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autohet_cli.ckpt.format import KEY_BYTES, KEY_FILE, check_job, parse_step_dir
+from autohet_cli.errors import AutohetError
+from autohet_cli.transport.fanout import fan_out
+from autohet_cli.transport.pool import HostPool
+
+Say = Callable[[str], None]
+
+# For each job directory of a plan on a host: "<job> <newest complete step or -> <key?>".
+_JOBS = (
+    'cd "$1" 2>/dev/null || exit 0; for j in *; do [ -d "$j" ] || continue; '
+    'best=-; for s in "$j"/step-*; do [ -f "$s/COMPLETE" ] && best=${s##*/step-}; done; '
+    'k=0; [ -f "$j/.autohet-key" ] && k=1; echo "$j $best $k"; done'
+)
+
+
+class JobError(AutohetError):
+    """A job (run namespace) cannot be chosen or prepared; names the host and the fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInfo:
+    name: str
+    newest_step: int | None  # newest COMPLETE step seen on any host
+    key_hosts: tuple[str, ...]  # hosts holding its key
+
+
+def new_job_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def list_jobs(pool: HostPool, hosts: Sequence[str], plan_name: str) -> dict[str, JobInfo]:
+    """The jobs of ``plan_name`` on the reachable ``hosts``, oldest first."""
+
+    def jobs_on(name: str) -> list[tuple[str, int | None, bool]]:
+        d = f"{pool.checkpoint_dir(name).rstrip('/')}/{plan_name}"
+        res = pool.runner(name).run(["sh", "-c", _JOBS, "sh", d], timeout_s=60)
+        out = []
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                step = parse_step_dir(f"step-{parts[1]}") if parts[1] != "-" else None
+                out.append((parts[0], step, parts[2] == "1"))
+        return out
+
+    found = fan_out([pool.host(h) for h in hosts], lambda h: jobs_on(h.name))
+    merged: dict[str, JobInfo] = {}
+    for host, rows in found.items():
+        if isinstance(rows, Exception):
+            continue
+        for job, step, has_key in rows:
+            old = merged.get(job, JobInfo(name=job, newest_step=None, key_hosts=()))
+            steps = [s for s in (old.newest_step, step) if s is not None]
+            merged[job] = JobInfo(
+                name=job,
+                newest_step=max(steps) if steps else None,
+                key_hosts=old.key_hosts + ((host,) if has_key else ()),
+            )
+    return dict(sorted(merged.items()))
+
+
+def job_dir(pool: HostPool, host: str, plan_name: str, job: str) -> str:
+    return f"{pool.checkpoint_dir(host).rstrip('/')}/{plan_name}/{check_job(job)}"
+
+
+def fetch_key(pool: HostPool, host: str, plan_name: str, job: str) -> bytes:
+    """The job key from ``host``, refusing a key file others could read or replace."""
+    path = f"{job_dir(pool, host, plan_name, job)}/{KEY_FILE}"
+    res = pool.runner(host).run(
+        ["sh", "-c", 'stat -c "%u %a" -- "$1" && id -u', "sh", path], timeout_s=30
+    )
+    lines = res.stdout.split("\n")
+    if res.exit_code != 0 or len(lines) < 2:
+        raise JobError(f"{host}: cannot read the job key {path}: {res.stderr.strip()}")
+    owner, mode = lines[0].split()
+    if owner != lines[1].strip() or int(mode, 8) & 0o077:
+        raise JobError(
+            f"{host}: the job key {path} (owner uid {owner}, mode {mode}) could be read or "
+            "replaced by others: refusing it (chmod 600 it if it is yours and intact)"
+        )
+    with tempfile.TemporaryDirectory(prefix="autohet-key-") as tmp:
+        local = Path(tmp) / KEY_FILE
+        pool.runner(host).get(path, local)
+        data = local.read_bytes()
+    if len(data) != KEY_BYTES:
+        raise JobError(f"{host}: {path} is not a job key ({len(data)} bytes)")
+    return data
+
+
+def distribute_key(
+    pool: HostPool, hosts: Sequence[str], plan_name: str, job: str, key: bytes
+) -> None:
+    """Put the key on every host that lacks it (0600 in a 0700 job directory)."""
+    with tempfile.TemporaryDirectory(prefix="autohet-key-") as tmp:
+        local = Path(tmp) / KEY_FILE
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+
+        def put(name: str) -> None:
+            d = job_dir(pool, name, plan_name, job)
+            runner = pool.runner(name)
+            res = runner.run(
+                [
+                    "sh",
+                    "-c",
+                    'umask 077 && mkdir -p -- "$1" && chmod 700 -- "$1" && '
+                    'test ! -e "$1/.autohet-key"',
+                    "sh",
+                    d,
+                ],
+                timeout_s=30,
+            )
+            if res.exit_code != 0:
+                if not res.stderr.strip():
+                    return  # has one already; the workers check that all agree
+                raise JobError(f"{name}: cannot create {d}: {res.stderr.strip()}")
+            runner.put(local, f"{d}/{KEY_FILE}")
+            runner.run(["chmod", "600", "--", f"{d}/{KEY_FILE}"], timeout_s=30).check()
+
+        results = fan_out([pool.host(h) for h in hosts], lambda h: put(h.name))
+        failed = {n: r for n, r in results.items() if isinstance(r, Exception)}
+        if failed:
+            raise JobError("; ".join(f"{n}: {e}" for n, e in failed.items()))
+
+
+def choose_job(
+    jobs: dict[str, JobInfo], *, resume: bool, job: str | None, plan_name: str, say: Say
+) -> tuple[str, bool]:
+    """(job, is_new). Fresh runs get a new job unless ``--job`` names one to continue."""
+    if job is not None:
+        check_job(job)
+        if resume and job not in jobs:
+            raise JobError(f"--job {job}: plan {plan_name} has no such job on any host")
+        return job, job not in jobs
+    if resume:
+        usable = [j for j in jobs.values() if j.newest_step is not None]
+        if not usable:
+            raise JobError(
+                f"--resume: no complete checkpoint of plan {plan_name} on any host; launch "
+                "without --resume to start afresh"
+            )
+        newest = usable[-1]
+        say(f"job: resuming {newest.name} (newest complete step {newest.newest_step})")
+        return newest.name, False
+    fresh = new_job_id()
+    earlier = [j for j in jobs.values() if j.newest_step is not None]
+    if earlier:
+        last = earlier[-1]
+        say(
+            f"job: {fresh} (new; earlier checkpoints of {plan_name} are kept: newest "
+            f"{last.name} at step {last.newest_step}; pass --resume to continue it instead)"
+        )
+    else:
+        say(f"job: {fresh} (new)")
+    return fresh, True
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)

@@ -1,0 +1,283 @@
+"""`autohet recover` as a domain object: detect, choose, replan, move, resume.
+
+The command (cli/recover.py) parses options into a ``RecoverRequest`` and prints;
+this module runs the phases and names the real cause whenever one cannot go on:
+a ``--lost`` host the plan does not have, survivors that refuse us (key, auth,
+permissions: not loss), no survivor at all, a run that never checkpointed, a
+requested step that is not usable (and why newer steps were skipped).
+
+The new plan version is written only after every shard has landed and been
+verified, so a failed recovery leaves no plan behind; the relaunch goes through
+``launch.session.run_job``, exactly like ``autohet launch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autohet_cli.ckpt.format import namespace
+from autohet_cli.cluster import load_cluster
+from autohet_cli.launch import jobs
+from autohet_cli.launch.session import JobChoice, Prepared, resolve_cluster, run_job
+from autohet_cli.plan import Plan, load_plan, write_plan
+from autohet_cli.recovery import executor as rx
+from autohet_cli.recovery.errors import RecoveryError
+from autohet_cli.recovery.lock import recover_lock
+from autohet_cli.recovery.manifest import CheckpointChoice, newest_complete, parse_step_dir
+from autohet_cli.recovery.replan import replan
+from autohet_cli.recovery.report import PhaseClock, build_report
+from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
+from autohet_cli.transport.pool import ConnectOptions, HostPool
+from autohet_cli.yamlio import sha256_file
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoverRequest:
+    plan_file: Path
+    lost: tuple[str, ...] = ()  # empty: probe every host
+    cluster: str | None = None
+    step: int | None = None  # None: the newest usable checkpoint
+    job: str | None = None  # None: the newest job of the plan on the survivors
+    steps: int = 100
+    checkpoint_every: str = "auto"
+    train_args: tuple[str, ...] = ()
+    time_limit_s: float = 30.0
+    dry_run: bool = False
+    resume: bool = True
+    master_port: int | None = None
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
+    runs_root: Path = Path("runs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecoverResult:
+    exit_code: int
+    report: dict[str, Any]  # the recovery report, or the dry run's plan
+
+
+def recover(req: RecoverRequest, say: Say) -> RecoverResult:
+    old = load_plan(req.plan_file)
+    cluster_path = resolve_cluster(old, req.cluster)
+    cl = load_cluster(cluster_path)
+    rx.check_lost_names(old, cl, req.lost)
+    clock = PhaseClock()
+    root = rx.remote_root_for(cl)
+    with recover_lock(req.plan_file.parent, old.name), HostPool(cl, req.connect) as pool:
+        with clock.phase("detect"):
+            gone = rx.probe_survivors(old, pool, req.lost, say)
+        survivors = [h for h in old.hosts() if h not in gone]
+        with clock.phase("checkpoint"):
+            job, key = _job_and_key(old, survivors, pool, req.job, say)
+            ns = namespace(old.name, job)
+            choice, remote, text = _choose(old, survivors, pool, root, ns, key, req.step, say)
+        say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
+        with clock.phase("replan"):
+            inputs = {
+                **old.inputs,
+                "cluster": {"path": cluster_path, "sha256": sha256_file(cluster_path)},
+            }
+            r = replan(
+                old,
+                cl,
+                gone,
+                old_path=str(req.plan_file),
+                tables=rx.plan_inputs_tables(old, cluster_path),
+                time_limit_s=req.time_limit_s,
+                inputs=inputs,
+            )
+        for note in r.plan.notes:
+            say(f"plan: {note}")
+        with clock.phase("transfer"):
+            new_hosts = r.plan.hosts()
+            expanded = rx.expanded_cluster(pool, sorted(set(new_hosts) | set(survivors)))
+            present = rx.hashes_present(new_hosts, ns, choice.step_dir, pool)
+            tp = plan_transfers(
+                choice.manifest,
+                r.plan,
+                expanded,
+                present,
+                remote_root=root or "",
+                remote_files=set(remote.get(choice.step_dir, set())),
+                lost=gone,
+                namespace=ns,
+            )
+            if req.dry_run:
+                planned = _dry_run(old, r.plan, gone, choice, tp) | {"job": job}
+                return RecoverResult(exit_code=0, report=planned)
+            jobs.distribute_key(pool, new_hosts, old.name, job, key)
+            rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
+            rx.execute_transfers(tp, pool, say)
+            rx.finalize(tp, text, pool)
+            rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
+        new_plan, new_path = write_plan(r.plan, req.plan_file.parent)
+        say(
+            f"wrote {new_path}; {len(tp.items)} file(s) copied "
+            f"({tp.bytes_from_peers} B from peers, {tp.bytes_from_remote} B from remote)"
+        )
+        report = build_report(
+            replan=r,
+            transfer=tp,
+            new_plan_path=str(new_path),
+            old_plan_path=str(req.plan_file),
+            phases=clock.phases,
+            resumed_step=choice.step,
+        )
+        code = 0
+        if req.resume:
+            prepared = Prepared(
+                plan=new_plan,
+                plan_file=new_path,
+                cluster=cl,
+                cluster_path=cluster_path,
+                remote_storage=root,
+            )
+            with clock.phase("relaunch"):
+                outcome = run_job(
+                    prepared,
+                    pool,
+                    train_args=[
+                        f"--steps={req.steps}",
+                        f"--resume={choice.step}",
+                        f"--checkpoint-every={req.checkpoint_every}",
+                        *req.train_args,
+                    ],
+                    master_port=req.master_port,
+                    runs_root=req.runs_root,
+                    printer=say,
+                    job_choice=JobChoice(resume=True, job=job, key=key),
+                )
+            say(f"{outcome.status}: {outcome.detail or outcome.last_status}")
+            code = outcome.exit_code
+            report = dataclasses.replace(report, phases=clock.phases)
+    return RecoverResult(exit_code=code, report=report.to_dict())
+
+
+def _job_and_key(
+    old: Plan, survivors: list[str], pool: HostPool, wanted: str | None, say: Say
+) -> tuple[str, bytes]:
+    """The job to recover (``--job``, else the newest on the survivors) and its key,
+    read from a survivor: the key never leaves our hosts, so remote storage alone
+    can never make a step that loads."""
+    found = jobs.list_jobs(pool, survivors, old.name)
+    if wanted is not None:
+        if wanted not in found:
+            raise RecoveryError(
+                f"--job {wanted}: no survivor has it (jobs of {old.name} there: "
+                f"{', '.join(found) or 'none'})"
+            )
+        info = found[wanted]
+    elif not found:
+        where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{old.name}/" for h in survivors)
+        raise RecoveryError(
+            f"the run never checkpointed: no job of {old.name} in {where}. Nothing to resume "
+            "from: start again with autohet launch (checkpoints are on by default; "
+            "--checkpoint-every 0 turns them off)"
+        )
+    else:
+        info = list(found.values())[-1]
+        others = [j for j in found.values() if j is not info and j.newest_step is not None]
+        if info.newest_step is None and others:
+            listed = ", ".join(f"{j.name} at step {j.newest_step}" for j in others)
+            say(
+                f"note: the newest job {info.name} has no complete checkpoint on the "
+                f"survivors; older ones do ({listed}): pass --job to pick one"
+            )
+    if not info.key_hosts:
+        raise RecoveryError(
+            f"job {info.name}: no survivor holds its key (.autohet-key), so its checkpoints "
+            "cannot be authenticated (written by an older autohet?); nothing is loaded"
+        )
+    return info.name, jobs.fetch_key(pool, info.key_hosts[0], old.name, info.name)
+
+
+def _choose(
+    old: Plan,
+    survivors: list[str],
+    pool: HostPool,
+    root: str | None,
+    ns: str,
+    key: bytes,
+    step: int | None,
+    say: Say,
+) -> tuple[CheckpointChoice, dict[str, set[str]], str]:
+    """The checkpoint to resume from (and its manifest text), saying why newer ones
+    were skipped and when it exists only in remote storage."""
+    listings = rx.list_checkpoints(survivors, ns, pool)
+    remote = rx.list_remote(root, ns)
+    found = [d for lst in [*listings.values(), remote] for d in lst]
+    if not any(parse_step_dir(d) is not None for d in found):
+        where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{ns}/" for h in survivors)
+        raise RecoveryError(
+            f"the run never checkpointed: no checkpoint in {where}"
+            + (f" nor in remote storage {root}/{ns}/" if root else "")
+            + ". Nothing to resume from: start again with autohet launch (checkpoints are "
+            "on by default; --checkpoint-every 0 turns them off)"
+        )
+    manifests, texts = rx.read_manifests(
+        listings, remote, ns, root, pool, key=key, plan_name=old.name
+    )
+    choice = newest_complete(
+        listings, manifests, remote=remote, before_step=None if step is None else step + 1
+    )
+    for d, why in choice.skipped:
+        say(f"skipped {d}: {why}")
+    if step is not None and choice.step != step:
+        raise RecoveryError(
+            f"--step {step}: no usable checkpoint of that step "
+            f"({'; '.join(f'{d}: {w}' for d, w in choice.skipped) or 'not found'}); "
+            f"the newest usable one before it is step {choice.step} (pass --step {choice.step})"
+        )
+    if not any(choice.step_dir in lst for lst in listings.values()):
+        say(
+            f"warning: {choice.step_dir} exists only in remote storage {root} (no survivor "
+            "has it); it is used because its manifest authenticates with the job's key"
+        )
+    elif choice.remote_only:
+        say(
+            f"note: {len(choice.remote_only)} file(s) of {choice.step_dir} exist only in "
+            f"remote storage {root}: {', '.join(choice.remote_only)}"
+        )
+    return choice, remote, texts[choice.step_dir]
+
+
+def _dry_run(
+    old: Plan, new: Plan, gone: list[str], choice: CheckpointChoice, tp: TransferPlan
+) -> dict[str, Any]:
+    return {
+        "lost": gone,
+        "step": choice.step,
+        "new_plan_hosts": new.hosts(),
+        "plan_diff": plan_diff(old, new),
+        "notes": list(new.notes),
+        "transfers": tp.to_dict(),
+    }
+
+
+def plan_diff(old: Plan, new: Plan) -> dict[str, object]:
+    """Stage by stage, old and new: host:gpus [start, end) per pipeline, and the batch."""
+
+    def shape(p: Plan) -> list[str]:
+        return [
+            f"m={pl.num_microbatches}: "
+            + " | ".join(
+                f"{s.host}:{','.join(str(d.gpu) for d in s.devices)} [{s.layer_start},"
+                f"{s.layer_end})"
+                for s in pl.stages
+            )
+            for pl in p.pipelines
+        ]
+
+    removed = sorted(set(old.hosts()) - set(new.hosts()))
+    return {
+        "old": shape(old),
+        "new": shape(new),
+        "hosts_dropped": removed,
+        "tensor_parallel": [old.tensor_parallel, new.tensor_parallel],
+        "micro_batch_size": [old.training.micro_batch_size, new.training.micro_batch_size],
+    }

@@ -1,0 +1,157 @@
+"""Safe by default, on real sshd hosts (issue 11): planted checkpoints never load, completed
+checkpoints are never lost, runs never mix, recover checks and locks, names stay inside."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.sshd import SshdFarm
+from tests.e2e.test_launch import _cluster_file, _launch, _plan, _workers_alive
+from tests.e2e.test_recover import _recover
+
+pytestmark = pytest.mark.e2e
+
+
+def _jobs(root: Path) -> list[Path]:
+    return sorted(d for d in (root / "e2e").iterdir() if d.is_dir())
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    remote = tmp_path / "remote"
+    plan = _plan(tmp_path, _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(remote)))
+    proc = _launch(plan, tmp_path, "--steps", "1000", "--checkpoint-every", "2")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 5 " in line:
+            break
+    # Item 4: --lost no longer skips the check for workers still running.
+    busy = _recover(tmp_path, plan, "--lost", "fake-4", "--dry-run")
+    assert busy.returncode == 1 and "still running" in busy.stderr, busy.stderr
+    sshd_farm.hosts[2].stop()
+    proc.communicate(timeout=120)
+
+    (job,) = _jobs(remote)
+    steps = sorted(d for d in job.iterdir() if d.name.startswith("step-"))
+    newest = steps[-1]
+    # Item 1: a "newer" step in remote storage whose .metadata runs a command when
+    # unpickled, with a manifest whose sha256 and step were edited to match.
+    marker = tmp_path / "pwned"
+    planted = job / "step-00000099"
+    shutil.copytree(newest, planted)
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (Path.touch, (marker,))  # type: ignore[return-value]
+
+    payload = pickle.dumps(Evil())
+    (planted / ".metadata").write_bytes(payload)
+    manifest = json.loads((planted / "manifest.json").read_text())
+    manifest["step"] = 99
+    for f in manifest["files"]:
+        if f["path"] == ".metadata":
+            f["sha256"], f["bytes"] = hashlib.sha256(payload).hexdigest(), len(payload)
+    (planted / "manifest.json").write_text(json.dumps(manifest))
+
+    # Item 10: an older step on request, and a step that does not exist.
+    older = int(steps[-2].name.split("-")[1])
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--dry-run", "--json", "--step", str(older))
+    assert res.returncode == 0 and json.loads(res.stdout)["step"] == older, res.stderr
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--dry-run", "--step", "77")
+    assert res.returncode == 1 and "--step 77: no usable checkpoint" in res.stderr
+
+    # Item 10: a recover whose transfer fails writes no plan version. fake-4's shard
+    # lives only in remote storage: corrupt it there for a moment.
+    lost_shard = next(
+        f["path"]
+        for f in json.loads((newest / "manifest.json").read_text())["files"]
+        if f["host"] == "fake-4"
+    )
+    good = (newest / lost_shard).read_bytes()
+    (newest / lost_shard).write_bytes(b"x" + good[1:])
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--no-resume")
+    assert res.returncode == 1 and "every source failed" in res.stderr, res.stderr
+    assert not (tmp_path / "plans" / "e2e.v2.yaml").exists()
+    (newest / lost_shard).write_bytes(good)
+
+    # Temp files of an interrupted copy are removed.
+    survivor = _jobs(sshd_farm.hosts[0].checkpoint_dir)[0] / newest.name
+    (survivor / "__9_0.distcp.autohet-part").write_bytes(b"partial")
+    (survivor / ".__9_0.distcp.1234abcd.tmp").write_bytes(b"partial")
+
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--steps", str(older + 6))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert re.search(r"skipped step-00000099: .*does not verify", out), out
+    assert f"resuming job {job.name} from {newest.name}" in out
+    assert not marker.exists()  # nothing planted was ever unpickled
+    assert (tmp_path / "plans" / "e2e.v2.yaml").exists()
+    assert not list(survivor.glob("*.autohet-part")) and not list(survivor.glob(".*.tmp"))
+    time.sleep(1)
+    assert not _workers_alive(sshd_farm)
+
+
+def test_runs_never_mix_never_delete_checkpoints_and_tilde_means_the_hosts_home(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    # A remote copy lets a plain --resume fill in the shards other hosts wrote.
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
+    home_dir = f"autohet-e2e-{uuid.uuid4().hex[:8]}"
+    doc = yaml.safe_load(cluster.read_text())
+    for i, h in enumerate(doc["hosts"]):
+        h["checkpoint_dir"] = f"~/{home_dir}/ck{i}"  # item 8: was passed quoted
+    cluster.write_text(yaml.safe_dump(doc))
+    plan = _plan(tmp_path, cluster)
+    ck = Path.home() / home_dir
+    try:
+        first = _launch(plan, tmp_path, "--steps", "3", "--run-id", "r1")
+        out, _ = first.communicate(timeout=300)
+        assert first.returncode == 0, out
+        assert not list((tmp_path / "sshd").rglob("~")), "a directory literally named ~"
+        (job1,) = _jobs(ck / "ck0")
+        before = _digests(ck)
+
+        # Item 9: a reused run directory is refused, never judged by old heartbeats.
+        again = _launch(plan, tmp_path, "--steps", "3", "--run-id", "r1")
+        out, _ = again.communicate(timeout=120)
+        assert again.returncode == 1 and "already exists" in out, out
+        assert "started" not in out
+
+        # Item 3: a fresh launch starts a new job beside the old one, which stays intact.
+        second = _launch(plan, tmp_path, "--steps", "3")
+        out, _ = second.communicate(timeout=300)
+        assert second.returncode == 0, out
+        assert re.search(r"^job: \S+ \(new; earlier checkpoints of e2e are kept", out, re.M)
+        jobs = _jobs(ck / "ck0")
+        assert len(jobs) == 2 and job1 in jobs
+        after = _digests(ck)
+        assert {k: v for k, v in after.items() if k in before} == before
+
+        resumed = _launch(plan, tmp_path, "--steps", "5", "--resume")
+        out, _ = resumed.communicate(timeout=300)
+        assert resumed.returncode == 0, out
+        newest = max(jobs).name
+        assert f"job: resuming {newest}" in out and "at step 3" in out, out
+    finally:
+        shutil.rmtree(ck, ignore_errors=True)

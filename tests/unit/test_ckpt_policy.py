@@ -1,0 +1,87 @@
+"""Checkpoints on by default: the `auto` schedule, its agreement across ranks, the final save."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import pytest
+
+from autohet_cli.ckpt.policy import (
+    auto_interval_steps,
+    checkpoint_every_of,
+    describe_every,
+    parse_every,
+)
+from autohet_cli.runtime.ckpt_schedule import CheckpointHook
+
+
+def test_parse_every_accepts_auto_zero_and_counts_and_names_the_flag_on_errors() -> None:
+    assert parse_every("auto") is None and parse_every("AUTO") is None
+    assert parse_every("0") == 0 and parse_every("25") == 25
+    for bad in ("-1", "often", "1.5"):
+        with pytest.raises(ValueError, match="--checkpoint-every"):
+            parse_every(bad)
+
+
+def test_the_last_flag_wins_like_argparse() -> None:
+    assert checkpoint_every_of(["--steps=5"]) is None
+    assert checkpoint_every_of(["--checkpoint-every=auto", "--checkpoint-every", "3"]) == 3
+    assert checkpoint_every_of(["--checkpoint-every", "7", "--checkpoint-every=0"]) == 0
+
+
+def test_auto_interval_keeps_overhead_under_two_percent_and_bounds_lost_work() -> None:
+    # 0.1 s saves, 50 ms steps: 100 steps -> 0.1 / 5 s = 2%.
+    assert auto_interval_steps(0.1, 0.05) == 100
+    # 60 s saves, 1 s steps: 2% would be every 3000 s; 30 min wins.
+    assert auto_interval_steps(60.0, 1.0) == 1800
+    assert auto_interval_steps(0.0, 1.0) == 1  # free saves: every step
+    assert auto_interval_steps(5.0, 0.0) == 1  # no timing yet
+    assert describe_every(0) == "off" and "every 3 steps" in describe_every(3)
+
+
+class FakeSaver:
+    def __init__(self, save_s: float, others: Sequence[float]) -> None:
+        self.save_s, self.others = save_s, list(others)
+        self.saved: list[int] = []
+        self.closed = False
+        self.trainer: SimpleNamespace | None = None
+
+    def save(self) -> None:
+        assert self.trainer is not None
+        self.saved.append(self.trainer.step)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def agree_max(self, values: Sequence[float]) -> list[float]:
+        # Another rank measured a slower save: everyone must use the maximum.
+        return [max(a, b) for a, b in zip(values, self.others, strict=True)]
+
+
+def _run(hook: CheckpointHook, saver: FakeSaver, start: int, steps: int, step_s: float) -> None:
+    trainer = SimpleNamespace(step=start, runtime=SimpleNamespace(global_rank=0))
+    saver.trainer = trainer
+    hook.on_train_start(trainer)  # type: ignore[arg-type]
+    for _ in range(steps):
+        trainer.step += 1
+        hook.on_step_end(trainer, SimpleNamespace(time_s=step_s))  # type: ignore[arg-type]
+    hook.on_train_end(trainer)  # type: ignore[arg-type]
+
+
+def test_auto_saves_after_the_first_step_then_on_the_agreed_interval_then_at_the_end() -> None:
+    saver = FakeSaver(0.0, [0.1, 0.01])  # other ranks: 0.1 s saves, 10 ms steps -> K = 500
+    said: list[str] = []
+    hook = CheckpointHook(saver, None, say=said.append)
+    _run(hook, saver, start=0, steps=1200, step_s=0.005)
+    assert saver.saved == [1, 501, 1001, 1200] and saver.closed
+    assert "next in 500 step(s)" in said[0]
+
+
+def test_fixed_interval_and_final_save_and_resumed_runs_do_not_resave_their_start() -> None:
+    saver = FakeSaver(0.0, [0.0, 0.0])
+    _run(CheckpointHook(saver, 3), saver, start=0, steps=10, step_s=0.01)
+    assert saver.saved == [3, 6, 9, 10]
+    resumed = FakeSaver(0.0, [0.0, 0.0])
+    _run(CheckpointHook(resumed, 3), resumed, start=9, steps=0, step_s=0.01)
+    assert resumed.saved == []  # nothing trained: step 9 is already saved
