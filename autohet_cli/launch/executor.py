@@ -1,42 +1,45 @@
-"""Run launch specs through the transport: copy the plan, start, watch, stop (effects).
+"""Run launch specs through the transport: start, watch, judge, stop (effects).
 
 Every host's torchrun runs in its own process group; its pid goes to a pid file
 on the host, and stopping is always by that pid (TERM, wait, KILL), never by
-process name. The monitor polls every host: a worker group that exits with an
-error, or an SSH connection that drops, ends the job: the survivors are stopped,
-``events.json`` in the local run directory says what happened, and the exact
-``autohet recover`` command is returned to print.
+process name. The monitor polls every host's process and, every couple of
+seconds, its run directory (heartbeat ages, boot marks). When something happens
+(a connection drops, workers exit, heartbeats go stale, the start-up deadline
+passes) it looks at every host once more (does it answer, what did its ranks
+record, what did it print last) and ``triage`` decides: a lost host, failed
+workers with a root cause, or workers that never started. The others are then
+stopped and ``events.json`` in the local run directory says what happened.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TextIO
 
-from autohet_cli.cluster import Cluster
-from autohet_cli.errors import AutohetError, TransportError
+from autohet_cli.errors import AutohetError, CommandFailed, TransportError
+from autohet_cli.launch import triage
 from autohet_cli.launch.specs import LaunchSpec
-from autohet_cli.launch.sync import sync_dir
-from autohet_cli.plan import Plan
-from autohet_cli.profiling.run import remote_home
 from autohet_cli.transport.base import ProcessHandle, Runner
-from autohet_cli.transport.fanout import runner_for
+from autohet_cli.transport.fanout import fan_out
+from autohet_cli.transport.pool import ConnectOptions, HostPool
+
+__all__ = ["ConnectOptions", "Job", "JobOutcome", "LaunchError"]
 
 STEP_LINE = re.compile(r"step (\d+) loss ([-+0-9.eE]+|nan|inf) tokens/s ([0-9.]+)")
 Printer = Callable[[str], None]
+OUTPUT_TAIL_LINES = 200
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectOptions:
-    known_hosts: Path | None = None
-    accept_new_host_keys: bool = False
-    connect_timeout_s: float = 10.0
+class LaunchError(AutohetError):
+    """The job could not be started as asked (names the host and what to do)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -61,14 +64,61 @@ class Status:
 
 @dataclass(slots=True, kw_only=True)
 class JobOutcome:
-    status: str  # finished | failed | host_lost | interrupted
+    status: str  # finished | failed | host_lost | not_started | interrupted
     exit_code: int
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     lost_hosts: list[str] = field(default_factory=list)
     failed_hosts: list[str] = field(default_factory=list)
+    not_started_hosts: list[str] = field(default_factory=list)
+    root_cause: dict[str, object] | None = None
     detail: str = ""
     local_run_dir: str = ""
     last_status: str = ""
+    last_step: int | None = None
+
+    @property
+    def recoverable(self) -> bool:
+        return self.status == triage.HOST_LOST
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+# One command per host and check: heartbeat ages (host clock), boot marks, and,
+# when asked, the error records of its ranks.
+_PROBE = (
+    'd="$1"; now=$(date +%s); '
+    'for f in "$d"/heartbeat/rank*; do [ -f "$f" ] && echo "hb $((now - $(stat -c %Y "$f")))"; '
+    "done; n=0; "
+    'for f in "$d"/boot/rank*; do [ -f "$f" ] && n=$((n+1)); done; echo "boot $n"; '
+    'if [ "$2" = 1 ]; then for f in "$d"/errors/rank*.json; do '
+    '[ -f "$f" ] && { printf "err "; head -c 8192 "$f"; echo; }; done; fi; true'
+)
+
+
+# Which of the process tree under $1 holds the TCP port $2 (listening: the
+# rendezvous store on the master) or a connection to it (an agent that joined).
+_RENDEZVOUS = r"""
+pids="$1 $(ps -eo pid=,ppid= | awk -v r="$1" '{k[$2]=k[$2]" "$1}
+  END {n=1; q[1]=r; while (n>0) {p=q[n]; n--; m=split(k[p],c," ");
+  for (i=1;i<=m;i++) {print c[i]; q[++n]=c[i]}}}')"
+inodes=$(for p in $pids; do ls -l /proc/$p/fd 2>/dev/null; done |
+  sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p')
+port=$(printf "%04X" "$2")
+awk -v port="$port" -v inodes="$inodes" '
+  BEGIN {n=split(inodes,a," "); for (i=1;i<=n;i++) want[a[i]]=1}
+  FNR>1 && ($10 in want) {split($2,l,":"); split($3,r,":");
+    if ($4=="0A" && l[2]==port) print "listening";
+    else if ($4=="01" && r[2]==port) print "connected"}' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+echo done
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Probe:
+    heartbeat_ages_s: tuple[int, ...] = ()
+    booted: int = 0
+    errors: str = ""
 
 
 class Job:
@@ -77,61 +127,62 @@ class Job:
     def __init__(
         self,
         specs: Sequence[LaunchSpec],
-        cluster: Cluster,
+        pool: HostPool,
         plan_file: Path,
         local_run_dir: Path,
         *,
-        connect: ConnectOptions,
         printer: Printer = print,
         shares: tuple[int, ...] = (),
-        sync_source: Path | None = None,
+        start_timeout_s: float | None = 300.0,
     ) -> None:
-        self.sync_source = sync_source
         self.specs = list(specs)
-        self.cluster = cluster
+        self.pool = pool
         self.plan_file = plan_file
         self.local_run_dir = local_run_dir
-        self.connect = connect
         self.printer = printer
         self.status = Status(shares=shares)
         self.status_every_s = 10.0
-        self._last_status = time.monotonic()
+        # None: no start-up deadline (user scripts write no boot marks).
+        self.start_timeout_s = start_timeout_s
         self.stop_requested = threading.Event()
-        self._runners: dict[str, Runner] = {}
         self._handles: dict[str, ProcessHandle] = {}
-        self._logs: dict[str, object] = {}
+        self._logs: dict[str, TextIO] = {}
+        self._tails: dict[str, collections.deque[str]] = {}
         self._lock = threading.Lock()
         # Workers beat every ~2 s; 20 s of silence plus a 2 s check stays within
         # the 30 s in which a lost host must be noticed.
         self.heartbeat_timeout_s = 20.0
         self.heartbeat_check_s = 2.0
-        self._last_heartbeat_check = time.monotonic()
+        self.settle_s = 3.0  # after a first failure, let the other hosts finish failing
+        self._started_at = 0.0
+
+    def runner(self, host: str) -> Runner:
+        return self.pool.runner(host)
 
     # ------------------------------------------------------------ start
 
     def start(self) -> None:
+        """Make each host's run directory (never reusing one), copy the plan, start."""
         self.local_run_dir.mkdir(parents=True, exist_ok=True)
         for spec in self.specs:
-            host = self.cluster.host(spec.host)
-            runner = runner_for(
-                host,
-                known_hosts=self.connect.known_hosts,
-                accept_new_host_keys=self.connect.accept_new_host_keys,
-                connect_timeout_s=self.connect.connect_timeout_s,
+            res = self.runner(spec.host).run(
+                ["sh", "-c", 'mkdir -p -- "$1" "$2" && mkdir -- "$3"', "sh"]
+                + [spec.workdir, str(Path(spec.run_dir).parent), spec.run_dir],
+                timeout_s=60,
             )
-            self._runners[spec.host] = runner
-            runner.run(["mkdir", "-p", spec.run_dir, spec.workdir], timeout_s=60).check()
-            runner.put(self.plan_file, spec.plan_path)
-            if self.sync_source is not None:
-                sent = sync_dir(runner, self.sync_source, spec.workdir)
-                self.printer(
-                    f"{spec.host}: synced {len(sent)} changed file(s) of "
-                    f"{self.sync_source} into {spec.workdir}"
+            if res.exit_code != 0:
+                raise LaunchError(
+                    f"{spec.host}: cannot create the run directory {spec.run_dir}: "
+                    f"{res.stderr.strip() or 'exists'}; a run directory is never reused "
+                    "(its old heartbeats would be judged): pick another --run-id"
                 )
+            self.runner(spec.host).put(self.plan_file, spec.plan_path)
         for spec in self.specs:
-            log = (self.local_run_dir / f"{spec.host}.log").open("a", encoding="utf-8")
-            self._logs[spec.host] = log
-            handle = self._runners[spec.host].start(
+            self._logs[spec.host] = (self.local_run_dir / f"{spec.host}.log").open(
+                "a", encoding="utf-8"
+            )
+            self._tails[spec.host] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+            handle = self.runner(spec.host).start(
                 spec.argv, env=spec.env, cwd=spec.workdir, on_line=self._on_line(spec.host)
             )
             self._handles[spec.host] = handle
@@ -139,28 +190,24 @@ class Job:
             while handle.pid is None and handle.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             if handle.pid is not None:
-                self._runners[spec.host].run(
-                    [
-                        "sh",
-                        "-c",
-                        'printf "%s\\n" "$1" > "$2"',
-                        "sh",
-                        str(handle.pid),
-                        spec.pid_file,
-                    ],
+                self.runner(spec.host).run(
+                    ["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", str(handle.pid)]
+                    + [spec.pid_file],
                     timeout_s=30,
                 )
             self.printer(
                 f"{spec.host}: started {spec.nproc_per_node} worker(s), "
                 f"pid {handle.pid}, log {self.local_run_dir / (spec.host + '.log')}"
             )
+        self._started_at = time.monotonic()
 
     def _on_line(self, host: str) -> Callable[[str, str], None]:
         def on_line(stream: str, line: str) -> None:
             with self._lock:
                 log = self._logs[host]
-                log.write(f"{stream}: {line}\n")  # type: ignore[attr-defined]
-                log.flush()  # type: ignore[attr-defined]
+                log.write(f"{stream}: {line}\n")
+                log.flush()
+                self._tails[host].append(line)
                 m = STEP_LINE.search(line)
                 if m:
                     self.status.step = int(m.group(1))
@@ -173,82 +220,166 @@ class Job:
     # ------------------------------------------------------------ watch
 
     def watch(self, poll_s: float = 0.5) -> JobOutcome:
-        """Block until every host finished, one failed or vanished, or stop was asked."""
+        """Block until every host finished, something went wrong, or stop was asked."""
         codes: dict[str, int | None] = dict.fromkeys(self._handles)
+        dropped: dict[str, str] = {}
+        last_status = last_check = time.monotonic()
         while True:
             if self.stop_requested.is_set():
                 self.stop_all()
-                return self._finish("interrupted", 130, codes, detail="stopped on request")
-            for host, handle in self._handles.items():
-                if codes[host] is not None:
-                    continue
-                try:
-                    codes[host] = handle.poll()
-                except TransportError as exc:
-                    self.stop_all(skip={host})
-                    return self._finish("host_lost", 1, codes, lost=[host], detail=str(exc))
-                if codes[host] not in (None, 0):
-                    self.stop_all(skip={host})
-                    return self._finish(
-                        "failed",
-                        int(codes[host] or 1),
-                        codes,
-                        failed=[host],
-                        detail=f"workers on {host} exited with code {codes[host]}",
-                    )
-            if all(c == 0 for c in codes.values()):
-                return self._finish("finished", 0, codes)
-            if time.monotonic() - self._last_status >= self.status_every_s:
-                self._last_status = time.monotonic()
-                self.printer(f"status: {self.status.line()}")
-            stale = self._stale_hosts(codes)
-            if stale:
-                self.printer(f"lost: heartbeats on {', '.join(stale)} are stale; stopping all")
-                self.stop_all()
-                return self._finish(
-                    "host_lost",
-                    1,
-                    codes,
-                    lost=stale,
-                    detail=f"heartbeats on {', '.join(stale)} stale for over "
-                    f"{self.heartbeat_timeout_s:.0f} s",
+                verdict = triage.Verdict(
+                    status=triage.INTERRUPTED, exit_code=130, detail="stopped on request"
                 )
+                return self._finish(verdict, codes, [])
+            self._poll(codes, dropped)
+            ended = dropped or any(c not in (None, 0) for c in codes.values())
+            if ended:
+                self._settle(codes, dropped)
+            now = time.monotonic()
+            if (
+                ended
+                or all(c == 0 for c in codes.values())
+                or now - last_check >= (self.heartbeat_check_s)
+            ):
+                last_check = now
+                outcome = self._judge(
+                    codes, dropped, force=bool(ended) or None not in codes.values()
+                )
+                if outcome is not None:
+                    return outcome
+            if now - last_status >= self.status_every_s:
+                last_status = now
+                self.printer(f"status: {self.status.line()}")
             time.sleep(poll_s)
 
-    def _stale_hosts(self, codes: dict[str, int | None]) -> list[str]:
-        """Hosts whose running workers' heartbeat files stopped being rewritten.
-
-        Checked every ``heartbeat_check_s`` over the transport: the age comes from
-        the host's own clock (``date`` vs the files' mtimes), so clock skew between
-        the controller and the hosts does not matter. Hosts that never wrote a
-        heartbeat (user scripts) are never judged by it.
-        """
-        now = time.monotonic()
-        if now - self._last_heartbeat_check < self.heartbeat_check_s:
-            return []
-        self._last_heartbeat_check = now
-        stale = []
-        for spec in self.specs:
-            if codes.get(spec.host) is not None:
+    def _poll(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
+        for host, handle in self._handles.items():
+            if codes[host] is not None or host in dropped:
                 continue
             try:
-                res = self._runners[spec.host].run(
-                    [
-                        "sh",
-                        "-c",
-                        'now=$(date +%s); for f in "$1"/heartbeat/rank*; do '
-                        '[ -f "$f" ] && echo $((now - $(stat -c %Y "$f"))); done; true',
-                        "sh",
-                        spec.run_dir,
-                    ],
-                    timeout_s=20,
-                )
-            except AutohetError:
-                continue  # the process poll reports a lost connection
-            ages = [int(x) for x in res.stdout.split() if x.lstrip("-").isdigit()]
-            if ages and max(ages) > self.heartbeat_timeout_s:
-                stale.append(spec.host)
-        return stale
+                codes[host] = handle.poll()
+            except TransportError as exc:
+                dropped[host] = f"connection lost: {exc}"
+
+    def _settle(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
+        deadline = time.monotonic() + self.settle_s
+        while time.monotonic() < deadline:
+            self._poll(codes, dropped)
+            if all(c is not None or h in dropped for h, c in codes.items()):
+                return
+            time.sleep(0.2)
+
+    def _judge(
+        self, codes: dict[str, int | None], dropped: dict[str, str], *, force: bool
+    ) -> JobOutcome | None:
+        """Look at every host, decide; stop everything and finish if there is a verdict."""
+        ended = force or any(c is not None for c in codes.values())
+        probes = self._probe_all(dropped, with_errors=ended)
+        deadline_passed = (
+            self.start_timeout_s is not None
+            and time.monotonic() - self._started_at > self.start_timeout_s
+        )
+        states = [self._state(spec, codes, dropped, probes) for spec in self.specs]
+        if deadline_passed and not any(st.booted for st in states):
+            states = self._with_rendezvous(states)
+        stale = [
+            s
+            for s in states
+            if s.exit_code is None
+            and s.heartbeat_age_s is not None
+            and s.heartbeat_age_s > self.heartbeat_timeout_s
+        ]
+        if not force and not stale and not deadline_passed:
+            return None
+        if stale and not force:
+            # Frozen workers: read the records too, for the message.
+            probes = self._probe_all(dropped, with_errors=True)
+            states = [self._state(spec, codes, dropped, probes) for spec in self.specs]
+        verdict = triage.triage(
+            states,
+            stale_after_s=self.heartbeat_timeout_s,
+            start_deadline_passed=deadline_passed,
+        )
+        if verdict is None:
+            return None
+        if verdict.status == triage.HOST_LOST:
+            self.printer(f"lost: {verdict.detail}; stopping the other hosts")
+        unreachable = {s.name for s in states if s.unreachable}
+        self.stop_all(skip=unreachable)
+        return self._finish(verdict, codes, states)
+
+    def _probe_all(self, dropped: dict[str, str], *, with_errors: bool) -> dict[str, object]:
+        def probe(name: str) -> _Probe:
+            spec = next(s for s in self.specs if s.host == name)
+            res = self.runner(name).run(
+                ["sh", "-c", _PROBE, "sh", spec.run_dir, "1" if with_errors else "0"],
+                timeout_s=self.pool.connect.connect_timeout_s + 10,
+            )
+            ages, booted, errors = [], 0, []
+            for line in res.stdout.splitlines():
+                kind, _, value = line.partition(" ")
+                if kind == "hb" and value.lstrip("-").isdigit():
+                    ages.append(int(value))
+                elif kind == "boot" and value.isdigit():
+                    booted = int(value)
+                elif kind == "err":
+                    errors.append(value)
+            return _Probe(heartbeat_ages_s=tuple(ages), booted=booted, errors="\n".join(errors))
+
+        todo = [self.pool.host(s.host) for s in self.specs if s.host not in dropped]
+        return dict(fan_out(todo, lambda h: probe(h.name)))
+
+    def _with_rendezvous(self, states: list[triage.HostState]) -> list[triage.HostState]:
+        """Nobody started: which hosts' torchrun reached the rendezvous at all?"""
+
+        def look(name: str) -> str:
+            spec = next(s for s in self.specs if s.host == name)
+            pid = self._handles[name].pid
+            if pid is None:
+                return "none"
+            port = spec.argv[list(spec.argv).index("--master-port") + 1]
+            res = self.runner(name).run(
+                ["sh", "-c", _RENDEZVOUS, "sh", str(pid), port], timeout_s=30
+            )
+            words = res.stdout.split()
+            if "done" not in words:
+                return ""
+            return next((w for w in ("listening", "connected") if w in words), "none")
+
+        hosts = [self.pool.host(st.name) for st in states if not st.unreachable]
+        found = fan_out(hosts, lambda h: look(h.name))
+        return [
+            dataclasses.replace(st, rendezvous=r)
+            if isinstance(r := found.get(st.name), str)
+            else st
+            for st in states
+        ]
+
+    def _state(
+        self,
+        spec: LaunchSpec,
+        codes: dict[str, int | None],
+        dropped: dict[str, str],
+        probes: dict[str, object],
+    ) -> triage.HostState:
+        name = spec.host
+        got = probes.get(name)
+        unreachable = dropped.get(name, "")
+        if isinstance(got, Exception) and not isinstance(got, CommandFailed):
+            unreachable = unreachable or f"does not answer: {got}"
+        if not isinstance(got, _Probe):
+            got = _Probe()
+        with self._lock:
+            tail = tuple(self._tails.get(name, ()))
+        return triage.HostState(
+            name=name,
+            exit_code=codes.get(name),
+            unreachable=unreachable,
+            heartbeat_age_s=float(max(got.heartbeat_ages_s)) if got.heartbeat_ages_s else None,
+            booted=got.booted >= spec.nproc_per_node,
+            errors=tuple(triage.parse_records(name, got.errors)),
+            output_tail=tail,
+        )
 
     # ------------------------------------------------------------ stop
 
@@ -263,8 +394,9 @@ class Job:
         for host, handle in self._handles.items():
             if skip and host in skip:
                 continue
-            runner = self._runners[host]
-            t = threading.Thread(target=_stop_tree, args=(runner, handle, grace_s), daemon=True)
+            t = threading.Thread(
+                target=_stop_tree, args=(self.runner(host), handle, grace_s), daemon=True
+            )
             t.start()
             threads.append(t)
         for t in threads:
@@ -272,63 +404,38 @@ class Job:
 
     def close(self) -> None:
         for log in self._logs.values():
-            log.close()  # type: ignore[attr-defined]
-        for runner in self._runners.values():
-            try:
-                runner.close()
-            except AutohetError:
-                pass
+            log.close()
 
     def _finish(
         self,
-        status: str,
-        code: int,
+        verdict: triage.Verdict,
         codes: dict[str, int | None],
-        *,
-        lost: list[str] | None = None,
-        failed: list[str] | None = None,
-        detail: str = "",
+        states: Sequence[triage.HostState],
     ) -> JobOutcome:
+        cause = verdict.root_cause
         outcome = JobOutcome(
-            status=status,
-            exit_code=code,
+            status=verdict.status,
+            exit_code=verdict.exit_code,
             exit_codes=dict(codes),
-            lost_hosts=lost or [],
-            failed_hosts=failed or [],
-            detail=detail,
+            lost_hosts=list(verdict.lost_hosts),
+            failed_hosts=list(verdict.failed_hosts),
+            not_started_hosts=list(verdict.not_started_hosts),
+            root_cause=asdict(cause) if cause is not None else None,
+            detail=verdict.detail,
             local_run_dir=str(self.local_run_dir),
             last_status=self.status.line(),
+            last_step=self.status.step if self.status.loss is not None else None,
         )
         events = {
-            "status": outcome.status,
-            "exit_code": outcome.exit_code,
-            "exit_codes": outcome.exit_codes,
-            "lost_hosts": outcome.lost_hosts,
-            "failed_hosts": outcome.failed_hosts,
-            "detail": outcome.detail,
-            "last_status": outcome.last_status,
+            **outcome.to_dict(),
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "plan": str(self.plan_file),
+            "hosts": [asdict(s) | {"output_tail": list(s.output_tail[-20:])} for s in states],
         }
-        (self.local_run_dir / "events.json").write_text(json.dumps(events, indent=2) + "\n")
+        (self.local_run_dir / "events.json").write_text(
+            json.dumps(events, indent=2, default=str) + "\n"
+        )
         return outcome
-
-
-def home_directories(plan: Plan, cluster: Cluster, connect: ConnectOptions) -> dict[str, str]:
-    """Each plan host's home directory, for workdirs written as ``~/...``."""
-    out = {}
-    for name in plan.hosts():
-        host = cluster.host(name)
-        if not host.workdir.startswith("~"):
-            continue
-        with runner_for(
-            host,
-            known_hosts=connect.known_hosts,
-            accept_new_host_keys=connect.accept_new_host_keys,
-            connect_timeout_s=connect.connect_timeout_s,
-        ) as runner:
-            out[name] = remote_home(runner)
-    return out
 
 
 _TREE = (
@@ -349,12 +456,3 @@ def _stop_tree(runner: Runner, handle: ProcessHandle, grace_s: float) -> None:
             runner.run(["kill", "-KILL", *tree], timeout_s=20)  # by pid; gone ones are fine
     except AutohetError:
         pass  # the host is gone: nothing left to stop there that we could reach
-
-
-def recover_command(plan_file: Path, cluster_file: str | None, lost: Sequence[str]) -> str:
-    argv = ["autohet", "recover", str(plan_file)]
-    if cluster_file:
-        argv += ["--cluster", cluster_file]
-    if lost:
-        argv += ["--lost", ",".join(lost)]
-    return shlex.join(argv)

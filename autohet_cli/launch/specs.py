@@ -15,6 +15,7 @@ GPUs in that same order, so worker i drives ``cuda:i`` = the plan's GPU.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pathlib import PurePosixPath
 
 from autohet_cli.cluster import Cluster, python_for
 from autohet_cli.errors import PlanError
+from autohet_cli.paths import expand_home, shell_word
 from autohet_cli.plan import Plan
 
 DEFAULT_MODULE = "autohet_cli.runtime.train"
@@ -45,9 +47,17 @@ class LaunchSpec:
     pid_file: str = ""
 
     def command_line(self) -> str:
-        """The exact shell line (cd, env, argv), for --dry-run and for humans."""
-        env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(self.env.items()))
-        return f"cd {shlex.quote(self.workdir)} && env {env} {shlex.join(self.argv)}"
+        """The exact shell line (cd, env, argv), for --dry-run and for humans: it runs as
+        printed in sh or bash on the host (``~`` paths become ``"$HOME"/...``)."""
+        env = " ".join(
+            f"{k}={shell_word(v)}" if _ENV_NAME.match(k) else shlex.quote(f"{k}={v}")
+            for k, v in sorted(self.env.items())
+        )
+        argv = " ".join(shell_word(a) for a in self.argv)
+        return f"cd {shell_word(self.workdir)} && env {env} {argv}"
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +68,7 @@ class LaunchOptions:
     train_args: Sequence[str] = ()  # extra args for the built-in trainer
     user_env: Mapping[str, str] = field(default_factory=dict)
     remote_storage: str | None = None  # checkpoints' remote copy, for the built-in trainer
+    job: str | None = None  # the run namespace of the built-in trainer's checkpoints
 
 
 def host_order(plan: Plan) -> list[str]:
@@ -72,8 +83,9 @@ def build_launch_specs(
 ) -> list[LaunchSpec]:
     """One spec per plan host; no I/O, so --dry-run shows exactly what would run.
 
-    ``homes`` (host → home directory, looked up on the host by the executor)
-    expands a workdir that starts with ``~``; without it ``~`` stays as written.
+    ``homes`` (host → home directory, looked up on the host by the preflight)
+    expands a workdir or checkpoint dir that starts with ``~``; without it ``~``
+    stays as written and ``command_line`` renders it as ``"$HOME"``.
     """
     hosts = host_order(plan)
     if not hosts:
@@ -87,8 +99,10 @@ def build_launch_specs(
         host = cluster.host(name)
         gpus = tuple(d.gpu for d in plan.devices() if d.host == name)
         workdir = host.workdir.rstrip("/") or "/"
-        if homes and workdir.startswith("~") and name in homes:
-            workdir = homes[name].rstrip("/") + workdir[1:]
+        checkpoint_dir = host.checkpoint_dir
+        if homes and name in homes:
+            workdir = expand_home(workdir, homes[name])
+            checkpoint_dir = expand_home(checkpoint_dir, homes[name])
         run_dir = f"{workdir}/runs/{plan.name}.v{plan.version}/{options.run_id}"
         plan_path = f"{run_dir}/{plan.name}.v{plan.version}.yaml"
         env = {
@@ -132,8 +146,10 @@ def build_launch_specs(
                 "--run-dir",
                 run_dir,
                 "--checkpoint-dir",
-                host.checkpoint_dir,
-                *(["--remote-storage", options.remote_storage] if options.remote_storage else []),
+                checkpoint_dir,
+                "--remote-storage",
+                options.remote_storage or "none",
+                *(["--job", options.job] if options.job else []),
                 *options.train_args,
             ]
         specs.append(

@@ -51,6 +51,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.context import Runtime, WorkerEnv
+from autohet_cli.runtime.records import write_error
 from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
 
 HEARTBEAT_DIR = "heartbeat"
@@ -133,6 +134,7 @@ class HealthMonitor(Hook):
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.confirm_s = confirm_s if confirm_s is not None else max(3.0, 2.5 * interval_s)
         self.exit_fn = exit_fn
+        self.run_dir = run_dir
         self.path = heartbeat_path(run_dir, self.rank) if run_dir is not None else None
         self.token = _job_token()
         self.machine = socket.gethostname()
@@ -393,6 +395,7 @@ class HealthMonitor(Hook):
             )
         if cause and lost:
             print(f"autohet runtime: rank {self.rank}: {cause}", file=sys.stderr)
+        self._record(lost, cause)
         sys.stderr.flush()
         sys.stdout.flush()
         self._stop.set()
@@ -404,6 +407,26 @@ class HealthMonitor(Hook):
             # keep it up while the others diagnose, or they would blame rank 0.
             time.sleep(self.confirm_s + 1)
         self.exit_fn(EXIT_LOST)
+
+    def _record(self, lost: list[Lost], cause: str | None) -> None:
+        """The failure record the launcher reads (``runtime.records``)."""
+        info = self.runtime.info
+        if lost:
+            peer = lost[0]
+            message = (
+                f"lost contact with rank {peer.rank} (host {peer.host}, pipeline "
+                f"{peer.pipeline} stage {peer.stage}) at step {self._step}: {peer.why}"
+            )
+        else:
+            message = f"{cause}: no progress for {self.timeout_s:.0f} s, no peer known lost"
+        write_error(
+            self.run_dir,
+            kind="peer_lost" if lost else "stuck",
+            message=message,
+            host=info.device.host,
+            rank=self.rank,
+            place=f"pipeline {info.pipeline} stage {info.stage}",
+        )
 
 
 def _first_line(exc: BaseException) -> str:

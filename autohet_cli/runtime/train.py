@@ -9,10 +9,13 @@ Without torchrun the worker runs alone, which a one-device plan allows: the
 single-process reference every distributed plan must match.
 
 ``--steps N`` is the step training ends at: a run resumed from step k
-(``--resume``) runs steps k .. N-1. ``--checkpoint-every K`` saves after every
-K-th step (``runtime.checkpoint``; docs/checkpoint-format.md); every rank beats a
-heartbeat under ``RUN_DIR/heartbeat/`` and a lost peer ends the run within the
-collective timeout (``runtime.health``).
+(``--resume``) runs steps k .. N-1. ``--checkpoint-every`` (``auto`` by default,
+``runtime.ckpt_schedule``) saves on a schedule and at the end
+(``runtime.checkpoint``; docs/checkpoint-format.md); every rank beats a heartbeat
+under ``RUN_DIR/heartbeat/`` and a lost peer ends the run within the collective
+timeout (``runtime.health``). A worker marks its start under ``RUN_DIR/boot/`` and
+records why it failed under ``RUN_DIR/errors/`` (``runtime.records``), which is
+how the launcher tells a crash from a lost host.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from pathlib import Path
 
 import torch
 
+from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.errors import AutohetError
 from autohet_cli.plan import load_plan
 from autohet_cli.runtime.checkpoint import (
     CHECKPOINT_DIR_ENV,
+    DEFAULT_JOB,
     Checkpointer,
     CheckpointError,
     CheckpointHook,
@@ -45,6 +50,7 @@ from autohet_cli.runtime.health import (
     init_process_group,
 )
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
+from autohet_cli.runtime.records import error_detail, first_line, write_boot, write_error
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
@@ -78,6 +84,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="HuggingFace model directory (config.json + model.safetensors or its sharded "
+        "index): initial weights; each rank reads only its layers' TP shards",
+    )
+    p.add_argument(
         "--dump-state",
         type=Path,
         help="after the last step every rank writes its parameters, TP-gathered and keyed "
@@ -85,10 +97,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--checkpoint-every",
-        type=int,
-        default=0,
+        default=AUTO,
         metavar="K",
-        help="save a checkpoint after every K-th step (default 0: never)",
+        help="save after every K-th step and at the end; 'auto' (default): "
+        + describe_every(None)
+        + "; 0: never",
     )
     p.add_argument(
         "--checkpoint-dir",
@@ -108,7 +121,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--remote-storage",
         metavar="URL",
         help="fsspec URL checkpoints are copied to in the background (default "
-        "$AUTOHET_REMOTE_STORAGE, else /tmp/autohet-remote; 'none': no copy)",
+        "$AUTOHET_REMOTE_STORAGE, else none)",
+    )
+    p.add_argument(
+        "--job",
+        default=DEFAULT_JOB,
+        metavar="ID",
+        help="the run namespace under CHECKPOINT_DIR/<plan name>/ (default "
+        f"{DEFAULT_JOB!r}; autohet launch starts a new one per fresh run)",
     )
     p.add_argument(
         "--collective-timeout",
@@ -127,8 +147,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 0:
         p.error("--steps must be >= 0")
-    if args.checkpoint_every < 0:
-        p.error("--checkpoint-every must be >= 0")
+    try:
+        args.checkpoint_every = parse_every(args.checkpoint_every)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.resume not in (None, "latest"):
         if not args.resume.isdigit():
             p.error(f"--resume {args.resume!r}: expected a step number (or no value: the newest)")
@@ -161,7 +183,13 @@ def _info(trainer: Trainer) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
-    config = TrainConfig(seed=args.seed, lr=args.lr, device=args.device, model_fn=args.model_fn)
+    config = TrainConfig(
+        seed=args.seed,
+        lr=args.lr,
+        device=args.device,
+        model_fn=args.model_fn,
+        init_from=args.init_from,
+    )
     run_dir = args.run_dir or (
         Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None
     )
@@ -186,8 +214,14 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             checkpointer.resume(None if args.resume == "latest" else args.resume)
         # The watchdog's step ends before a save: saves have their own, longer timeout.
         trainer.hooks.append(health)
-        if checkpointer is not None and args.checkpoint_every:
-            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every))
+        if checkpointer is not None and args.checkpoint_every != 0:
+            if trainer.runtime.global_rank == 0:
+                _say(
+                    f"checkpoints: {describe_every(args.checkpoint_every)}, in "
+                    f"{checkpointer.plan_dir}"
+                    + (f" (remote copy: {checkpointer.remote.url})" if checkpointer.remote else "")
+                )
+            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every, say=_say))
         results = trainer.fit(max(0, args.steps - trainer.step))
     except BaseException as exc:
         health.fail(exc)  # a lost peer is reported here and the process ends
@@ -202,9 +236,13 @@ def run(args: argparse.Namespace) -> list[StepResult]:
 def _checkpointer(
     args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
 ) -> Checkpointer | None:
-    if not args.checkpoint_every and args.resume is None:
+    if args.checkpoint_every == 0 and args.resume is None:
         return None
     root = checkpoint_root(args.checkpoint_dir, run_dir)
+    if root is None and args.checkpoint_every is None and args.resume is None:
+        if trainer.runtime.global_rank == 0:
+            _say("note: no checkpoint directory (--checkpoint-dir, --run-dir): not saving")
+        return None
     if root is None:
         raise CheckpointError(
             f"no checkpoint directory: pass --checkpoint-dir, set ${CHECKPOINT_DIR_ENV} or "
@@ -217,17 +255,35 @@ def _checkpointer(
         root=root,
         plan_ref=f"{plan.name}.v{plan.version}",
         plan_sha256=hashlib.sha256(args.plan.read_bytes()).hexdigest(),
-        remote=RemoteCopy(url, plan.name) if url else None,
+        job=args.job,
+        remote=RemoteCopy(url, plan.name, args.job) if url else None,
     )
+
+
+def _say(message: str) -> None:
+    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    run_dir = args.run_dir or (
+        Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None
+    )
+    write_boot(run_dir)
     try:
         run(args)
     except (AutohetError, ValueError) as exc:
         print(f"autohet runtime: error: {exc}", file=sys.stderr, flush=True)
+        write_error(run_dir, kind="error", message=str(exc))
         return 1
+    except Exception as exc:  # user code (--model-fn) or a bug: record, then the traceback
+        write_error(
+            run_dir,
+            kind="error",
+            message=f"{type(exc).__name__}: {first_line(str(exc))}",
+            detail=error_detail(exc),
+        )
+        raise
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from autohet_cli.cluster import cluster_from_dict
-from autohet_cli.launch.executor import recover_command
+from autohet_cli.launch.session import LaunchRequest, recover_argv
 from autohet_cli.launch.specs import LaunchOptions, build_launch_specs
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.settings import TrainingSettings
@@ -86,7 +86,9 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "--run-dir",
         run,
         "--checkpoint-dir",
-        "/tmp/autohet-ckpt",
+        "~/autohet/checkpoints",
+        "--remote-storage",
+        "none",
         "--steps=20",
     )
     assert a100.argv[5:8] == ("--node-rank", "1", "--nproc-per-node")
@@ -108,7 +110,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 "
         "--master-addr 127.0.0.3 --master-port 29600 "
         f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
-        f"--run-dir {run} --checkpoint-dir /tmp/autohet-ckpt --steps=20"
+        f'--run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints --remote-storage none '
+        "--steps=20"
     )
 
 
@@ -125,7 +128,7 @@ def test_user_script_and_env_replace_the_built_in_trainer() -> None:
     assert spec.argv[-3:] == ("my_train.py", "--epochs", "3")
     assert "autohet_cli.runtime.train" not in spec.argv
     assert spec.env["WANDB_MODE"] == "offline; rm -rf /"
-    assert "'WANDB_MODE=offline; rm -rf /'" in spec.command_line()
+    assert "WANDB_MODE='offline; rm -rf /'" in spec.command_line()
 
 
 def test_cpu_hosts_get_one_thread_per_worker_and_no_cuda_devices() -> None:
@@ -173,16 +176,30 @@ def test_home_directories_expand_a_tilde_workdir() -> None:
 
 
 @pytest.mark.parametrize(
-    ("lost", "expected"),
+    ("lost", "known_hosts", "expected"),
     [
-        ((), "autohet recover plans/x.v1.yaml --cluster c.yaml"),
-        (("b", "c d"), "autohet recover plans/x.v1.yaml --cluster c.yaml --lost 'b,c d'"),
+        (("b",), None, "recover plans/x.v1.yaml --cluster c.yaml --lost b"),
+        (
+            ("b", "c d"),
+            "k h",
+            "recover plans/x.v1.yaml --cluster c.yaml --lost 'b,c d' --known-hosts 'k h'",
+        ),
     ],
 )
-def test_recover_command_is_exact_and_quoted(lost: tuple[str, ...], expected: str) -> None:
+def test_recover_command_is_exact_and_quoted(
+    lost: tuple[str, ...], known_hosts: str | None, expected: str
+) -> None:
+    import shlex
     from pathlib import Path
 
-    assert recover_command(Path("plans/x.v1.yaml"), "c.yaml", lost) == expected
+    from autohet_cli.transport.pool import ConnectOptions
+
+    req = LaunchRequest(
+        plan_file=Path("plans/x.v1.yaml"),
+        cluster="c.yaml",
+        connect=ConnectOptions(known_hosts=Path(known_hosts) if known_hosts else None),
+    )
+    assert shlex.join(recover_argv(req, lost)) == expected
 
 
 def test_status_line_splits_tokens_per_s_by_batch_share() -> None:
@@ -194,3 +211,57 @@ def test_status_line_splits_tokens_per_s_by_batch_share() -> None:
     assert m is not None
     st.step, st.loss, st.tokens_per_s = int(m.group(1)), float(m.group(2)), float(m.group(3))
     assert st.line() == "step 12 loss 5.5102 | 8,000 tok/s = p0 5,000 + p1 3,000"
+
+
+def test_dry_run_line_runs_as_printed_with_a_tilde_workdir(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    """Pasted into sh on the host, the line cds into ~/autohet and passes expanded paths."""
+    import subprocess
+    from pathlib import Path
+
+    tmp = Path(str(tmp_path))
+    home = tmp / "home dir"
+    (home / "autohet").mkdir(parents=True)
+    fake_python = tmp / "fakepy"
+    fake_python.write_text('#!/bin/sh\nprintf "%s\\n" "PWD=$PWD" "PLAN=$AUTOHET_PLAN" "$@"\n')
+    fake_python.chmod(0o755)
+    cluster = cluster_from_dict(
+        {
+            "schema": "autohet.cluster/v1",
+            "name": "t",
+            "defaults": {"python": str(fake_python)},
+            "hosts": [
+                {
+                    "name": "h0",
+                    "address": "127.0.0.2",
+                    "gpus": {"type": "cpu", "count": 1},
+                    "checkpoint_dir": "~/ck",
+                }
+            ],
+        },
+        "t",
+    )
+    plan = Plan(
+        name="t",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=64),
+        tensor_parallel=1,
+        pipelines=(Pipeline(num_microbatches=1, stages=(stage(0, 6, "cpu", "h0", 0),)),),
+    )
+    (spec,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"))
+    line = spec.command_line()
+    assert "'~" not in line  # a quoted ~ would not expand
+    out = subprocess.run(
+        ["sh", "-c", line],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == f"PWD={home}/autohet"
+    assert out[1] == f"PLAN={home}/autohet/runs/t.v1/R/t.v1.yaml"
+    assert out[out.index("--plan") + 1] == f"{home}/autohet/runs/t.v1/R/t.v1.yaml"
+    assert out[out.index("--checkpoint-dir") + 1] == f"{home}/ck"

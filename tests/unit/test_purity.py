@@ -25,8 +25,10 @@ PURE_MODULES = (
     "autohet_cli.errors",
     "autohet_cli.yamlio",
     "autohet_cli.catalog",
+    "autohet_cli.gputypes",
     "autohet_cli.cluster",
     "autohet_cli.models",
+    "autohet_cli.architecture",
     "autohet_cli.hfconfig",
     "autohet_cli.plan",
     "autohet_cli.defaults",
@@ -35,14 +37,18 @@ PURE_MODULES = (
     "autohet_cli.profiling.sailor",
     "autohet_cli.profiling.measure",
     "autohet_cli.settings",
+    "autohet_cli.limits",
+    "autohet_cli.names",
     "autohet_cli.inputs",
     "autohet_cli.launch.specs",
+    "autohet_cli.launch.triage",
+    "autohet_cli.paths",
     "autohet_cli.recovery.manifest",
     "autohet_cli.recovery.replan",
     "autohet_cli.recovery.transfer",
     "autohet_cli.recovery.report",
 )
-PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner")
+PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.ckpt")
 
 # The only names above that may be absent (not written yet). Keep this explicit:
 # a listed module that exists is checked anyway; an unlisted one that is missing fails.

@@ -1,0 +1,373 @@
+"""`autohet launch` as a domain object: prepare, dry-run or run, and say what happened.
+
+The command (cli/launch.py) only parses options into a ``LaunchRequest`` and
+prints; everything a launch does is here, so recover's relaunch and the tests
+use exactly the same path:
+
+1. load the plan and its cluster, refuse a changed cluster file (unless forced);
+2. (dry run: build the specs with no I/O and print them, runnable as printed);
+3. sync ``--sync-dir``, then the preflight on every host (interpreter, torch,
+   autohet, home directory, a free rendezvous port on the master host);
+4. announce where checkpoints go, start torchrun on every host, watch, judge
+   (``triage``), stop; a lost host yields the ``autohet recover`` command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every
+from autohet_cli.cluster import Cluster, load_cluster
+from autohet_cli.defaults import resolve_cluster_path
+from autohet_cli.errors import ConfigError, PlanError
+from autohet_cli.launch import jobs
+from autohet_cli.launch.executor import Job, JobOutcome, LaunchError
+from autohet_cli.launch.preflight import PREFLIGHT_TIMEOUT_S, preflight, version_warnings
+from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
+from autohet_cli.launch.sync import sync_dir as sync_directory
+from autohet_cli.plan import Plan, check_against_cluster, load_plan
+from autohet_cli.recovery.manifest import remote_root
+from autohet_cli.transport.pool import ConnectOptions, HostPool
+from autohet_cli.yamlio import sha256_file
+
+Printer = Callable[[str], None]
+DEFAULT_PORT_SHOWN = 29500
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRequest:
+    plan_file: Path
+    cluster: str | None = None
+    steps: int = 100
+    checkpoint_every: str = "auto"
+    train_args: tuple[str, ...] = ()
+    script: tuple[str, ...] = ()
+    master_port: int | None = None  # None: a free port on the master host
+    run_id: str | None = None
+    sync_dir: Path | None = None
+    force: bool = False
+    connect: ConnectOptions = field(default_factory=ConnectOptions)
+    start_timeout_s: float = 300.0
+    runs_root: Path = Path("runs")
+    resume: bool = False  # continue a job (the newest, or --job) from its newest checkpoint
+    job: str | None = None
+    init_from: str | None = None  # a HuggingFace model directory present on every host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    plan: Plan
+    plan_file: Path
+    cluster: Cluster
+    cluster_path: str
+    remote_storage: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobChoice:
+    """Which run namespace the built-in trainer checkpoints into (``launch.jobs``)."""
+
+    resume: bool = False
+    job: str | None = None  # None: new (or, resuming, the newest)
+    key: bytes | None = None  # known already (recover): distribute it as is
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    outcome: JobOutcome
+    recover_command: str | None  # only when a host was lost
+
+
+def resolve_cluster(plan: Plan, cluster: str | None) -> str:
+    """``--cluster``, else the plan's own cluster file, else the embedded localhost."""
+    return str(resolve_cluster_path(cluster or plan.inputs.get("cluster", {}).get("path")))
+
+
+def prepare(plan_file: Path, cluster: str | None, *, force: bool = False) -> Prepared:
+    plan = load_plan(plan_file)
+    cluster_path = resolve_cluster(plan, cluster)
+    _check_fingerprint(plan, plan_file, cluster_path, force)
+    cl = load_cluster(cluster_path)
+    check_against_cluster(
+        plan, {h.name: (h.gpu_type, h.num_gpus) for h in cl.hosts}, str(plan_file)
+    )
+    return Prepared(
+        plan=plan,
+        plan_file=plan_file,
+        cluster=cl,
+        cluster_path=cluster_path,
+        remote_storage=remote_root(cl.remote_storage, os.environ),
+    )
+
+
+def worker_args(req: LaunchRequest) -> list[str]:
+    """The built-in trainer's arguments: ours first, so ``--train-arg`` can override."""
+    resume = ["--resume"] if req.resume else []
+    init = [f"--init-from={req.init_from}"] if req.init_from else []
+    return [
+        f"--steps={req.steps}",
+        f"--checkpoint-every={req.checkpoint_every}",
+        *resume,
+        *init,
+        *req.train_args,
+    ]
+
+
+def dry_run(req: LaunchRequest) -> str:
+    """Every host's exact command, with no I/O; pasted into a shell on the host it runs."""
+    p = prepare(req.plan_file, req.cluster, force=req.force)
+    port = req.master_port
+    master = p.cluster.host(p.plan.hosts()[0])
+    note = ""
+    if port is None:
+        if master.is_local:
+            port = free_local_port()
+        else:
+            port = DEFAULT_PORT_SHOWN
+            note = (
+                f"# master port: a free port is picked on {master.name} at launch; "
+                f"{port} is shown (pass --master-port to fix it)\n"
+            )
+    options = LaunchOptions(
+        run_id=_run_id(req.run_id),
+        master_port=port,
+        script=req.script,
+        train_args=worker_args(req),
+        remote_storage=p.remote_storage,
+        job=None if req.script else (req.job or jobs.new_job_id()),
+    )
+    specs = build_launch_specs(p.plan, p.cluster, options)
+    return note + "\n".join(
+        f"# {s.host} ({s.address}), node {s.node_rank}, {s.nproc_per_node} worker(s)\n"
+        f"{s.command_line()}"
+        for s in specs
+    )
+
+
+def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
+    """Run the plan to its end (or its failure); Ctrl-C/SIGTERM stop every host."""
+    p = prepare(req.plan_file, req.cluster, force=req.force)
+    with HostPool(p.cluster, req.connect) as pool:
+        outcome = run_job(
+            p,
+            pool,
+            train_args=worker_args(req),
+            script=req.script,
+            master_port=req.master_port,
+            run_id=req.run_id,
+            sync_dir=req.sync_dir,
+            start_timeout_s=req.start_timeout_s,
+            runs_root=req.runs_root,
+            printer=printer,
+            job_choice=JobChoice(resume=req.resume, job=req.job),
+        )
+    hint = None
+    if outcome.recoverable:
+        hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts)])
+    return LaunchResult(outcome=outcome, recover_command=hint)
+
+
+def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False) -> list[str]:
+    """``recover PLAN [--cluster C] --lost H`` (``full``: with the training options too)."""
+    argv = ["recover", str(req.plan_file)]
+    if req.cluster:
+        argv += ["--cluster", req.cluster]
+    argv += ["--lost", ",".join(lost)]
+    argv += req.connect.argv()
+    if full:
+        argv += ["--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
+        argv += [f"--train-arg={a}" for a in req.train_args]
+    return argv
+
+
+def run_job(
+    p: Prepared,
+    pool: HostPool,
+    *,
+    train_args: Sequence[str],
+    script: Sequence[str] = (),
+    master_port: int | None = None,
+    run_id: str | None = None,
+    sync_dir: Path | None = None,
+    start_timeout_s: float = 300.0,
+    runs_root: Path = Path("runs"),
+    printer: Printer = print,
+    job_choice: JobChoice | None = None,
+) -> JobOutcome:
+    """Sync, preflight, job and key, announce, start, watch, stop: one attempt of a plan."""
+    hosts = p.plan.hosts()
+    if sync_dir is not None:
+        for name in hosts:
+            sent = sync_directory(pool.runner(name), sync_dir, pool.workdir(name), warn=printer)
+            printer(f"{name}: synced {len(sent)} changed file(s) of {sync_dir}")
+    master = hosts[0]
+    reports = preflight(
+        pool,
+        hosts,
+        needs_autohet=not script,
+        port_host=master if master_port is None else None,
+        timeout_s=min(PREFLIGHT_TIMEOUT_S, start_timeout_s),
+    )
+    for warning in version_warnings(reports):
+        printer(warning)
+    port = master_port if master_port is not None else reports[master].free_port
+    assert port is not None
+    local_dir, rid = _local_run_dir(runs_root, p.plan, run_id)  # refuses a reused run id
+    job_name = None if script else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
+    options = LaunchOptions(
+        run_id=rid,
+        master_port=port,
+        script=script,
+        train_args=train_args,
+        remote_storage=p.remote_storage,
+        job=job_name,
+    )
+    specs = build_launch_specs(p.plan, p.cluster, options, {h: r.home for h, r in reports.items()})
+    printer(f"rendezvous: {specs[0].address}:{port}; run {rid}; logs in {local_dir}")
+    if not script:
+        _announce_checkpoints(specs, train_args, p, printer)
+    job = Job(
+        specs,
+        pool,
+        p.plan_file,
+        local_dir,
+        printer=printer,
+        shares=tuple(pl.num_microbatches for pl in p.plan.pipelines),
+        start_timeout_s=None if script else start_timeout_s,
+    )
+    with _stop_on_signals(job.stop_requested):
+        try:
+            job.start()
+            return job.watch()
+        finally:
+            job.stop_all()
+            job.close()
+
+
+def _prepare_job(
+    p: Prepared, pool: HostPool, hosts: Sequence[str], choice: JobChoice, printer: Printer
+) -> str:
+    """The job to run in, with its key on every host."""
+    name = p.plan.name
+    if choice.key is not None and choice.job is not None:
+        jobs.distribute_key(pool, hosts, name, choice.job, choice.key)
+        return choice.job
+    found = jobs.list_jobs(pool, hosts, name)
+    job, is_new = jobs.choose_job(
+        found, resume=choice.resume, job=choice.job, plan_name=name, say=printer
+    )
+    if choice.resume and choice.key is None and len(hosts) > 1 and p.remote_storage is None:
+        printer(
+            "note: each rank may read shards other hosts wrote; without remote_storage "
+            f"they are not there: if loading fails, run autohet recover {p.plan_file} "
+            "(it copies them peer to peer first)"
+        )
+    if is_new:
+        key = jobs.new_key()
+    else:
+        holders = found[job].key_hosts if job in found else ()
+        if not holders:
+            raise jobs.JobError(
+                f"job {job} of plan {name} has no key on any host (written by an older "
+                "autohet?): its checkpoints cannot be authenticated; start a new job"
+            )
+        key = jobs.fetch_key(pool, holders[0], name, job)
+    jobs.distribute_key(pool, hosts, name, job, key)
+    return job
+
+
+def _announce_checkpoints(
+    specs: Sequence[LaunchSpec], train_args: Sequence[str], p: Prepared, printer: Printer
+) -> None:
+    every = checkpoint_every_of(train_args)
+    if every == 0:
+        printer(
+            "checkpoints: off (--checkpoint-every 0): a lost host cannot be recovered, "
+            "and the run cannot be resumed"
+        )
+        return
+    where = ", ".join(
+        f"{s.host}:{s.argv[s.argv.index('--checkpoint-dir') + 1]}/{p.plan.name}/"
+        f"{s.argv[s.argv.index('--job') + 1]}/"
+        for s in specs
+    )
+    remote = p.remote_storage or (
+        "none (set remote_storage in the cluster file: a shard whose every host copy is "
+        "lost cannot be recovered without one)"
+    )
+    printer(f"checkpoints: {describe_every(every)}; in {where}; remote copy: {remote}")
+
+
+def free_local_port() -> int:
+    """A TCP port free on every interface of this machine now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_id(raw: str | None) -> str:
+    if raw is None:
+        return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if not _RUN_ID.match(raw) or ".." in raw:
+        raise ConfigError(
+            f"--run-id {raw!r}: use letters, digits, '.', '_' and '-' only (no '/', no '..'), "
+            "starting with a letter or digit"
+        )
+    return raw
+
+
+def _local_run_dir(root: Path, plan: Plan, run_id: str | None) -> tuple[Path, str]:
+    """``runs/<plan>.v<N>/<run id>``, new: a given run id already used is refused; a
+    default one (the UTC second) gets a suffix when two launches share a second."""
+    rid = _run_id(run_id)
+    base = root / f"{plan.name}.v{plan.version}"
+    candidate, n = rid, 1
+    while (base / candidate).exists():
+        if run_id is not None:
+            raise LaunchError(
+                f"run directory {base / candidate} already exists: a run id is used once "
+                "(old heartbeats and logs would mix with the new run); pick another --run-id"
+            )
+        n += 1
+        candidate = f"{rid}-{n}"
+    (base / candidate).mkdir(parents=True)
+    return base / candidate, candidate
+
+
+@contextmanager
+def _stop_on_signals(event: threading.Event) -> Iterator[None]:
+    """Ctrl-C and SIGTERM ask the job to stop every host (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, lambda *_: event.set())
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _check_fingerprint(plan: Plan, plan_file: Path, cluster_path: str, force: bool) -> None:
+    want = plan.inputs.get("cluster", {}).get("sha256")
+    if not want or force:
+        return
+    have = sha256_file(cluster_path)
+    if have != want:
+        raise PlanError(
+            f"{plan_file}: made for a cluster file with sha256 {want[:12]}…, but "
+            f"{cluster_path} now has {have[:12]}…; re-plan (autohet plan) or pass --force"
+        )

@@ -1,0 +1,99 @@
+"""What a worker leaves in its run directory for the launcher: a boot mark and its failure.
+
+``RUN_DIR/boot/rank<R>``
+    Written the moment the worker process runs, i.e. after torchrun's rendezvous and
+    the interpreter's start. The launcher's start-up deadline looks for these: a
+    host with none has workers that never started (a hung interpreter, a rendezvous
+    that never completed), which is neither a lost host nor a crash.
+
+``RUN_DIR/errors/rank<R>.json``
+    One JSON object on one line, written when the worker fails: ``kind`` is
+    ``error`` (this rank's own failure: an exception, a bad config), ``peer_lost``
+    (it stopped because another rank vanished) or ``stuck``; ``message`` is one
+    line, ``detail`` the tail of the traceback, ``time`` the Unix time. The
+    launcher reads every host's records and names the earliest ``error`` as the
+    root cause, the way torchrun's error summary names the first failure, but
+    across hosts.
+
+Both are best effort: a full or vanished run directory must not turn one failure
+into another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+BOOT_DIR = "boot"
+ERRORS_DIR = "errors"
+MAX_DETAIL_LINES = 15
+MAX_DETAIL_CHARS = 3000
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def write_boot(run_dir: Path | None, rank: int | None = None) -> None:
+    """Mark this worker as started (the launcher's start-up deadline reads it)."""
+    if run_dir is None:
+        return
+    r = _rank() if rank is None else rank
+    try:
+        (run_dir / BOOT_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / BOOT_DIR / f"rank{r}").write_text(f"{os.getpid()} {time.time():.3f}\n")
+    except OSError:
+        pass
+
+
+def error_detail(exc: BaseException) -> str:
+    """The last lines of ``exc``'s traceback, bounded."""
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return "\n".join(lines[-MAX_DETAIL_LINES:])[-MAX_DETAIL_CHARS:]
+
+
+def first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+def write_error(
+    run_dir: Path | None,
+    *,
+    kind: str,
+    message: str,
+    detail: str = "",
+    host: str = "",
+    rank: int | None = None,
+    place: str = "",
+) -> None:
+    """Record why this rank stops; the first record of a rank wins (later ones are
+    consequences, e.g. the exit after a peer was found lost)."""
+    if run_dir is None:
+        return
+    r = _rank() if rank is None else rank
+    record = {
+        "rank": r,
+        "host": host or os.environ.get("AUTOHET_HOST", ""),
+        "place": place,
+        "kind": kind,
+        "message": first_line(message)[:500],
+        "detail": detail[-MAX_DETAIL_CHARS:],
+        "time": round(time.time(), 3),
+    }
+    target = run_dir / ERRORS_DIR / f"rank{r}.json"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            return
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record) + "\n", encoding="utf-8")
+        tmp.replace(target)
+    except OSError:
+        pass

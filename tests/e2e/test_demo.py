@@ -1,0 +1,54 @@
+"""`make demo` on a workstation where another torchrun already holds port 29500."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def port_29500_taken() -> Iterator[None]:
+    """Listen on 29500 on every interface, as a torchrun would (or find it taken already)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", 29500))
+        s.listen(1)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    try:
+        yield
+    finally:
+        s.close()
+
+
+def test_make_demo_passes_while_another_process_listens_on_29500(
+    port_29500_taken: None, tmp_path: Path
+) -> None:
+    if shutil.which("make") is None or not (ROOT / ".venv" / ".installed-stamp").exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI: make and the .venv from `make install` are required")
+        pytest.skip("needs make and the .venv made by `make install`")
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", 29500)) == 0  # really taken
+    res = subprocess.run(
+        ["make", "-C", str(ROOT), "demo", f"PLANS={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST")},
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "EADDRINUSE" not in out and "autohet recover" not in out, out[-4000:]
+    assert "finished:" in out and "checkpoints: auto" in out, out[-4000:]
