@@ -19,6 +19,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,15 +85,26 @@ class JobOutcome:
         return asdict(self)
 
 
-# One command per host and check: heartbeat ages (host clock), boot marks, and,
-# when asked, the error records of its ranks.
+# One command per host and check, over that host's ranks only ($3: "0 1 2"; hosts that
+# share a home on NFS share the run directory): heartbeat ages (on the host's clock),
+# boot marks, and, when asked, the ranks' error records.
 _PROBE = (
-    'd="$1"; now=$(date +%s); '
-    'for f in "$d"/heartbeat/rank*; do [ -f "$f" ] && echo "hb $((now - $(stat -c %Y "$f")))"; '
-    "done; n=0; "
-    'for f in "$d"/boot/rank*; do [ -f "$f" ] && n=$((n+1)); done; echo "boot $n"; '
-    'if [ "$2" = 1 ]; then for f in "$d"/errors/rank*.json; do '
-    '[ -f "$f" ] && { printf "err "; head -c 8192 "$f"; echo; }; done; fi; true'
+    'd="$1"; now=$(date +%s); n=0; for r in $3; do f="$d/heartbeat/rank$r"; '
+    # A rank that said done or failed beats no more: only running ranks can go stale.
+    # Its age comes from the time it wrote (the host's clock), not the file's mtime,
+    # which a network file system sets from the server's clock.
+    'if [ -f "$f" ] && grep -q \'"state": "running"\' "$f"; then '
+    't=$(sed -n \'s/.*"time": \\([0-9]*\\).*/\\1/p\' "$f"); '
+    '[ -n "$t" ] && echo "hb $((now - t))"; fi; '
+    '{ [ -f "$d/boot/rank$r" ] || [ -f "$f" ]; } && n=$((n+1)); '
+    'if [ "$2" = 1 ] && [ -f "$d/errors/rank$r.json" ]; then '
+    'printf "err "; head -c 8192 "$d/errors/rank$r.json"; echo; fi; done; echo "boot $n"'
+)
+# Make the run directory; one that exists is refused unless this very launch made it
+# (another host sharing the directory): a run directory is never reused.
+_MKRUN = (
+    'umask 077; mkdir -p -- "$1" "$2" || exit 1; if mkdir -- "$3" 2>/dev/null; then '
+    'printf "%s" "$4" > "$3/.launch"; else [ "$(cat "$3/.launch" 2>/dev/null)" = "$4" ]; fi'
 )
 
 
@@ -164,10 +176,11 @@ class Job:
     def start(self) -> None:
         """Make each host's run directory (never reusing one), copy the plan, start."""
         self.local_run_dir.mkdir(parents=True, exist_ok=True)
+        token = uuid.uuid4().hex
         for spec in self.specs:
             res = self.runner(spec.host).run(
-                ["sh", "-c", 'mkdir -p -- "$1" "$2" && mkdir -- "$3"', "sh"]
-                + [spec.workdir, str(Path(spec.run_dir).parent), spec.run_dir],
+                ["sh", "-c", _MKRUN, "sh"]
+                + [spec.workdir, str(Path(spec.run_dir).parent), spec.run_dir, token],
                 timeout_s=60,
             )
             if res.exit_code != 0:
@@ -311,8 +324,9 @@ class Job:
     def _probe_all(self, dropped: dict[str, str], *, with_errors: bool) -> dict[str, object]:
         def probe(name: str) -> _Probe:
             spec = next(s for s in self.specs if s.host == name)
+            ranks = " ".join(str(r) for r in spec.ranks)
             res = self.runner(name).run(
-                ["sh", "-c", _PROBE, "sh", spec.run_dir, "1" if with_errors else "0"],
+                ["sh", "-c", _PROBE, "sh", spec.run_dir, "1" if with_errors else "0", ranks],
                 timeout_s=self.pool.connect.connect_timeout_s + 10,
             )
             ages, booted, errors = [], 0, []
@@ -326,8 +340,18 @@ class Job:
                     errors.append(value)
             return _Probe(heartbeat_ages_s=tuple(ages), booted=booted, errors="\n".join(errors))
 
+        def confirmed(name: str) -> _Probe:
+            """One slow or failed probe is not a lost host: ask once more, simply."""
+            try:
+                return probe(name)
+            except AutohetError:
+                self.runner(name).run(
+                    ["true"], timeout_s=self.pool.connect.connect_timeout_s + 10
+                ).check()
+                return _Probe()
+
         todo = [self.pool.host(s.host) for s in self.specs if s.host not in dropped]
-        return dict(fan_out(todo, lambda h: probe(h.name)))
+        return dict(fan_out(todo, lambda h: confirmed(h.name)))
 
     def _with_rendezvous(self, states: list[triage.HostState]) -> list[triage.HostState]:
         """Nobody started: which hosts' torchrun reached the rendezvous at all?"""

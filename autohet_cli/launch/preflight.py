@@ -6,7 +6,8 @@ crashed job blamed on the wrong host:
 
 - does the interpreter start at all (a hung ``python`` is reported by host, with
   the timeout, instead of as a rendezvous that never completes);
-- can it import torch, and autohet when the built-in trainer runs there;
+- can it find torch, and autohet when the built-in trainer runs there (found, not
+  imported: an import takes seconds and the workers import them anyway);
 - which torch version (hosts that disagree are warned about);
 - the home directory, so ``~`` in the cluster file expands on that host;
 - on the master host only, a TCP port free on every interface now, for the
@@ -29,22 +30,23 @@ PREFLIGHT_TIMEOUT_S = 90.0
 # argv: workdir (may start with ~), "1" to import autohet_cli, "1" to pick a port.
 _PROGRAM = r"""
 import json, os, socket, sys
+os.umask(0o077)  # what we create is ours alone (checkpoint dirs are checked for it)
 workdir = os.path.expanduser(sys.argv[1])
 os.makedirs(workdir, exist_ok=True)
 os.chdir(workdir)
 sys.path.insert(0, workdir)
 out = {"home": os.path.expanduser("~"), "python": sys.version.split()[0]}
-try:
-    import torch
-    out["torch"] = torch.__version__
-except Exception as exc:
-    out["error"] = "cannot import torch: %s: %s" % (type(exc).__name__, exc)
-if "error" not in out and sys.argv[2] == "1":
+# Found, not imported: importing torch takes seconds, and the workers do it anyway.
+import importlib.metadata, importlib.util
+if importlib.util.find_spec("torch") is None:
+    out["error"] = "cannot import torch: no module named 'torch'"
+else:
     try:
-        import autohet_cli
-        out["autohet"] = getattr(autohet_cli, "__version__", "?")
-    except Exception as exc:
-        out["error"] = "cannot import autohet_cli: %s: %s" % (type(exc).__name__, exc)
+        out["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        out["torch"] = "?"
+if "error" not in out and sys.argv[2] == "1" and importlib.util.find_spec("autohet_cli") is None:
+    out["error"] = "cannot import autohet_cli: no module named 'autohet_cli'"
 if sys.argv[3] == "1":
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("", 0))
@@ -92,7 +94,7 @@ def preflight(
             res = pool.runner(name).run(argv, timeout_s=timeout_s)
         except CommandTimeout:
             raise PreflightError(
-                f"{name}: `{host.python} -c 'import torch'` did not finish within "
+                f"{name}: `{host.python}` did not answer within "
                 f"{timeout_s:.0f} s (a hung interpreter? a slow network home?)"
             ) from None
         line = next((x for x in res.stdout.splitlines() if x.startswith(_MARK)), None)

@@ -45,6 +45,7 @@ class LaunchSpec:
     plan_path: str = ""  # where the plan is copied on the host
     run_dir: str = ""  # on the host: logs, pid file, heartbeats, metrics
     pid_file: str = ""
+    ranks: tuple[int, ...] = ()  # the global ranks torchrun gives this host's workers
 
     def command_line(self) -> str:
         """The exact shell line (cd, env, argv), for --dry-run and for humans: it runs as
@@ -94,8 +95,11 @@ def build_launch_specs(
     master_addr = "127.0.0.1" if master.is_local else master.address
     addresses = [cluster.host(h).address for h in hosts]
     loopback_only = all(a.startswith("127.") or a in ("localhost", "local") for a in addresses)
-    specs = []
+    specs: list[LaunchSpec] = []
+    first_rank = 0
     for node_rank, name in enumerate(hosts):
+        if node_rank:
+            first_rank += specs[-1].nproc_per_node
         host = cluster.host(name)
         gpus = tuple(d.gpu for d in plan.devices() if d.host == name)
         workdir = host.workdir.rstrip("/") or "/"
@@ -164,7 +168,9 @@ def build_launch_specs(
                 workdir=workdir,
                 plan_path=plan_path,
                 run_dir=run_dir,
-                pid_file=str(PurePosixPath(run_dir) / "torchrun.pid"),
+                # Per host: hosts sharing a home (NFS) share the run directory.
+                pid_file=str(PurePosixPath(run_dir) / f"torchrun-{name}.pid"),
+                ranks=tuple(range(first_rank, first_rank + len(gpus))),
             )
         )
     return specs

@@ -83,6 +83,7 @@ import hashlib, hmac, os, socket, sys
 addr, port, src_path, dest, io_timeout, keyfile = (
     sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6])
 key = open(keyfile, "rb").read()
+os.umask(0o077)
 os.makedirs(os.path.dirname(dest), exist_ok=True)
 tmp = dest + ".autohet-part"
 with socket.create_connection((addr, port), timeout=io_timeout) as s:
@@ -142,10 +143,9 @@ def direct_copy(
         if not port:
             raise AutohetError(f"{src_host.name}: could not serve {path} (no port)")
         fetch = [src_host.address, str(port[0]), path, dest_path, str(IO_TIMEOUT_S), dest_key]
-        res = dest.run(
-            [python_for(dest_host), "-c", FETCH, *fetch],
-            timeout_s=TIMEOUT_S + 10,
-        )
+        # No limit on the whole copy (a big shard takes long): the sockets' inactivity
+        # timeout ends a stalled one.
+        res = dest.run([python_for(dest_host), "-c", FETCH, *fetch], timeout_s=None)
         if res.exit_code != 0:
             tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
             raise AutohetError(f"{dest_host.name}: fetching {path} failed: {tail}")

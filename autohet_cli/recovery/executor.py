@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from autohet_cli.ckpt.format import (
@@ -72,7 +72,9 @@ def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: 
         runner = pool.runner(host.name)
         runner.run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
         d = pool.checkpoint_dir(host.name)
-        res = runner.run(["sh", "-c", 'mkdir -p -- "$1" && test -r "$1"', "sh", d], timeout_s=30)
+        res = runner.run(
+            ["sh", "-c", 'umask 077; mkdir -p -- "$1" && test -r "$1"', "sh", d], timeout_s=30
+        )
         if res.exit_code != 0:
             raise RecoveryError(
                 f"{host.name}: its checkpoint directory {d} cannot be created or read "
@@ -111,7 +113,8 @@ def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: 
 
 
 _RUNNING = (
-    'for f in "$1"/runs/"$2"/*/torchrun.pid; do [ -f "$f" ] || continue; '
+    'for f in "$1"/runs/"$2"/*/torchrun-"$3".pid "$1"/runs/"$2"/*/torchrun.pid; do '
+    '[ -f "$f" ] || continue; '
     'p=$(cat "$f"); case "$p" in ""|*[!0-9]*) continue;; esac; '
     'kill -0 "$p" 2>/dev/null && echo "$p"; done; true'
 )
@@ -122,7 +125,8 @@ def running_workers(plan: Plan, names: Sequence[str], pool: HostPool) -> dict[st
 
     def alive(host: Host) -> list[str]:
         res = pool.runner(host.name).run(
-            ["sh", "-c", _RUNNING, "sh", pool.workdir(host.name), f"{plan.name}.v{plan.version}"],
+            ["sh", "-c", _RUNNING, "sh", pool.workdir(host.name), f"{plan.name}.v{plan.version}"]
+            + [host.name],
             timeout_s=30,
         )
         return res.stdout.split()
@@ -213,32 +217,47 @@ def read_manifests(
     texts: dict[str, str] = {}
     steps = {s for lst in listings.values() for s in lst} | set(remote)
     for step in sorted(steps):
-        text = None
-        for host, lst in listings.items():
-            if MANIFEST in lst.get(step, set()):
-                path = f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{step}"
-                res = pool.runner(host).run(["cat", f"{path}/{MANIFEST}"], timeout_s=60)
-                if res.exit_code == 0:
-                    text = res.stdout
-                    break
-        if text is None and root is not None and MANIFEST in remote.get(step, set()):
-            import fsspec
-
-            with fsspec.open(f"{root.rstrip('/')}/{ns}/{step}/{MANIFEST}", "r") as fh:
-                text = fh.read()
-        if text is None:
-            out[step] = "no manifest.json anywhere"
-            continue
-        try:
-            manifest = verified_manifest(text, key, f"{step}/{MANIFEST}")
-        except AutohetError as exc:
-            out[step] = str(exc)
-            continue
-        if not belongs_to(manifest, plan_name):
-            out[step] = f"written by plan {manifest.plan}, not by the {plan_name} lineage"
-            continue
-        out[step], texts[step] = manifest, text
+        why = "no manifest.json anywhere"
+        for text in _manifest_copies(listings, remote, ns, root, pool, step):
+            # Every copy is tried: one corrupt or planted copy must not hide a good one.
+            try:
+                manifest = verified_manifest(text, key, f"{step}/{MANIFEST}")
+            except AutohetError as exc:
+                why = str(exc)
+                continue
+            if not belongs_to(manifest, plan_name):
+                why = f"written by plan {manifest.plan}, not by the {plan_name} lineage"
+                continue
+            out[step], texts[step] = manifest, text
+            break
+        else:
+            out[step] = why
     return out, texts
+
+
+def _manifest_copies(
+    listings: Mapping[str, Mapping[str, set[str]]],
+    remote: Mapping[str, set[str]],
+    ns: str,
+    root: str | None,
+    pool: HostPool,
+    step: str,
+) -> Iterator[str]:
+    """The texts of a step's manifest: each survivor's copy, then the remote one."""
+    for host, lst in listings.items():
+        if MANIFEST in lst.get(step, set()):
+            path = f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{step}"
+            res = pool.runner(host).run(["cat", f"{path}/{MANIFEST}"], timeout_s=60)
+            if res.exit_code == 0:
+                yield res.stdout
+    if root is not None and MANIFEST in remote.get(step, set()):
+        import fsspec
+
+        try:
+            with fsspec.open(f"{root.rstrip('/')}/{ns}/{step}/{MANIFEST}", "r") as fh:
+                yield str(fh.read())
+        except (OSError, UnicodeDecodeError):
+            return
 
 
 def hashes_present(

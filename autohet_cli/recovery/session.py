@@ -14,6 +14,7 @@ verified, so a failed recovery leaves no plan behind; the relaunch goes through
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,12 @@ from autohet_cli.plan import Plan, load_plan, write_plan
 from autohet_cli.recovery import executor as rx
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.lock import recover_lock
-from autohet_cli.recovery.manifest import CheckpointChoice, newest_complete, parse_step_dir
+from autohet_cli.recovery.manifest import (
+    CheckpointChoice,
+    newest_complete,
+    parse_step_dir,
+    remote_root,
+)
 from autohet_cli.recovery.replan import replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
@@ -135,7 +141,8 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 plan_file=new_path,
                 cluster=cl,
                 cluster_path=cluster_path,
-                remote_storage=root,
+                # As the cluster file writes it: each host expands its own ``~``.
+                remote_storage=remote_root(cl.remote_storage, os.environ),
             )
             with clock.phase("relaunch"):
                 outcome = run_job(

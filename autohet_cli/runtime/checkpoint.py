@@ -171,6 +171,9 @@ class Checkpointer:
         places: list[Any] = [None] * self.world_size
         dist.all_gather_object(places, where, group=self.group)
         self.owner = places.index(where) == self.rank
+        # Hosts sharing this directory (an NFS home): each has an owner, and either may
+        # find the other's work done (a rename, a cleanup).
+        self.shared_dir = len({m for m, d in places if d == where[1]}) > 1
         self.key = self._agree_key()
 
     def _prepare_dir(self, root: Path) -> str | None:
@@ -245,8 +248,8 @@ class Checkpointer:
             return None
         if self.owner:  # leftovers of an interrupted attempt of this job (never COMPLETE)
             for d in (tmp, final):
-                if d.exists():
-                    shutil.rmtree(d)
+                # Hosts sharing one directory (NFS) each have an owner: both may clear it.
+                shutil.rmtree(d, ignore_errors=True)
         dist.barrier(group=self.group)
         state, _ = self._state()
         dcp_save(
@@ -292,7 +295,11 @@ class Checkpointer:
             write_atomic(tmp / COMPLETE, b"")
         dist.barrier(group=self.group)
         if self.owner:
-            tmp.rename(final)
+            try:
+                tmp.rename(final)
+            except OSError:
+                if not (self.shared_dir and final.is_dir()):
+                    raise  # not another owner's rename of a shared directory: a real failure
         dist.barrier(group=self.group)
         if self.uploader is not None:
             self.uploader.start(

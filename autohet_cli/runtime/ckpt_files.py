@@ -60,13 +60,29 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 # --------------------------------------------------------------------- private directories
 
 
+def _private_group(gid: int) -> bool:
+    """The user's own group (named like the user, nobody else in it): Debian's
+    user-private-group scheme, where umask 002 makes directories group-writable
+    without giving anyone else access; OpenSSH on Debian accepts it too."""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(os.getuid())
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and not group.gr_mem
+
+
 def unsafe_reason(path: Path, *, below_root: bool) -> str | None:
     """Why ``path`` may be changed by someone else; None when it is safe."""
     st = path.stat()
     uid = os.getuid()
     if st.st_uid not in (uid, 0):
         return f"{path} belongs to uid {st.st_uid}, not to you (uid {uid})"
-    writable_by_others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    group_ok = st.st_uid == uid and _private_group(st.st_gid)
+    writable_by_others = st.st_mode & ((0 if group_ok else stat.S_IWGRP) | stat.S_IWOTH)
     sticky_root = st.st_mode & stat.S_ISVTX and st.st_uid == 0
     if writable_by_others and (below_root or not sticky_root):
         return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
@@ -82,10 +98,13 @@ def ensure_private_dir(path: Path, root: Path) -> None:
     """
     path = Path(os.path.abspath(path))
     root = Path(os.path.abspath(root))
+    old_umask = os.umask(0o077)  # parents we create are private too, whatever the umask
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create {path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
     chain = [path, *path.parents]
     for d in chain:
         below = d == root or root in d.parents
@@ -120,16 +139,23 @@ def read_key(job_dir: Path) -> bytes | None:
 
 def write_key(job_dir: Path, key: bytes) -> bytes:
     """Store ``key`` unless the host has one already (ranks of a host race): returns the
-    key now on disk."""
+    key now on disk. Written whole to a temp file, then linked into place, so no reader
+    ever sees a half-written key."""
     path = job_dir / KEY_FILE
+    tmp = job_dir / f".{KEY_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+        f.flush()
+        os.fsync(f.fileno())
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.link(tmp, path)
     except FileExistsError:
         got = read_key(job_dir)
         assert got is not None
         return got
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
+    finally:
+        tmp.unlink(missing_ok=True)
     return key
 
 

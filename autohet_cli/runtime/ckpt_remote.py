@@ -23,7 +23,8 @@ from autohet_cli.runtime.ckpt_files import CheckpointError, ensure_private_dir
 
 REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"
 NO_REMOTE = ("", "none", "off")
-UPLOAD_TIMEOUT_S = 1800.0  # rank 0 waits this long for the other ranks' uploads
+UPLOAD_TIMEOUT_S = 600.0  # rank 0 waits this long for the other ranks' uploads
+CLOSE_WAIT_S = 300.0  # at the end of training, how long to wait for a running upload
 
 
 def _say(message: str) -> None:
@@ -102,15 +103,31 @@ class Uploader:
         self.errors: list[str] = []
 
     def start(self, job: UploadJob) -> None:
-        self.join()
+        """Upload in the background; if the previous upload still runs (a slow or failing
+        remote), this step is not uploaded: training never waits for the remote copy."""
+        if self._thread is not None and self._thread.is_alive():
+            message = (
+                f"the upload of an earlier step to {self.remote.url} is still running; "
+                f"step {job.step} is not copied there"
+            )
+            self.errors.append(message)
+            _say(f"warning: {message}")
+            return
         self._thread = threading.Thread(
             target=self._run, args=(job,), name=f"autohet-upload-{job.step}", daemon=True
         )
         self._thread.start()
 
-    def join(self) -> None:
+    def join(self, timeout_s: float | None = CLOSE_WAIT_S) -> None:
+        """Wait for the running upload, at most ``timeout_s``; then leave it (the remote
+        copy of that step stays without COMPLETE, which readers treat as incomplete)."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                _say(
+                    f"warning: an upload to {self.remote.url} did not finish within "
+                    f"{timeout_s:.0f} s; the local checkpoints are complete"
+                )
             self._thread = None
 
     def _run(self, job: UploadJob) -> None:

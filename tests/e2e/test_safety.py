@@ -155,3 +155,34 @@ def test_runs_never_mix_never_delete_checkpoints_and_tilde_means_the_hosts_home(
         assert f"job: resuming {newest}" in out and "at step 3" in out, out
     finally:
         shutil.rmtree(ck, ignore_errors=True)
+
+
+def test_hosts_sharing_a_home_share_run_and_checkpoint_directories_safely(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    """An NFS home: every host sees the same workdir and checkpoint dir. The run directory
+    is made once per launch (not refused as reused), pid files and heartbeats stay per
+    host, and checkpoints are written and resumed whole."""
+    sshd_farm.start(3)
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml")
+    doc = yaml.safe_load(cluster.read_text())
+    for h in doc["hosts"]:
+        h["workdir"] = str(tmp_path / "home" / "work")
+        h["checkpoint_dir"] = str(tmp_path / "home" / "ck")
+    cluster.write_text(yaml.safe_dump(doc))
+    plan = _plan(tmp_path, cluster)
+    first = _launch(plan, tmp_path, "--steps", "4", "--checkpoint-every", "2")
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out
+    (run,) = (tmp_path / "home" / "work" / "runs" / "e2e.v1").iterdir()
+    assert sorted(p.name for p in run.glob("torchrun-*.pid")) == [
+        "torchrun-fake-2.pid",
+        "torchrun-fake-3.pid",
+        "torchrun-fake-4.pid",
+    ]
+    (job,) = _jobs(tmp_path / "home" / "ck")
+    assert (job / "step-00000004" / "COMPLETE").exists()
+    assert len(list((job / "step-00000004").glob("*.distcp"))) == 3
+    again = _launch(plan, tmp_path, "--steps", "6", "--resume")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "at step 4" in out, out

@@ -120,7 +120,7 @@ def test_a_hung_interpreter_is_named_before_anything_starts(
     plan = _plan_two(tmp_path, cluster)
     rc, out = _run(plan, tmp_path, "--start-timeout", "5", "--force", timeout=120)
     assert rc == 1, out
-    assert "error: fake-3:" in out and "did not finish within 5 s" in out, out
+    assert "error: fake-3:" in out and "did not answer within 5 s" in out, out
     assert "started" not in out  # no worker was started anywhere
 
 

@@ -102,7 +102,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "CUDA_VISIBLE_DEVICES": "3,1",
         "GLOO_SOCKET_IFNAME": "lo",
     }
-    assert a100.pid_file == f"{run}/torchrun.pid"
+    assert a100.pid_file == f"{run}/torchrun-a100-0.pid"
+    assert (v100.ranks, a100.ranks) == ((0,), (1, 2))  # torchrun numbers hosts in order
     assert v100.command_line() == (
         "cd /srv/autohet && env AUTOHET_HOST=v100-0 "
         f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
