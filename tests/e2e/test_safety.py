@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import re
 import shutil
 import time
@@ -18,6 +17,7 @@ import yaml
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import _cluster_file, _launch, _plan, _workers_alive
 from tests.e2e.test_recover import _recover
+from tests.planting import plant_step
 
 pytestmark = pytest.mark.e2e
 
@@ -57,21 +57,7 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     # Item 1: a "newer" step in remote storage whose .metadata runs a command when
     # unpickled, with a manifest whose sha256 and step were edited to match.
     marker = tmp_path / "pwned"
-    planted = job / "step-00000099"
-    shutil.copytree(newest, planted)
-
-    class Evil:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (Path.touch, (marker,))  # type: ignore[return-value]
-
-    payload = pickle.dumps(Evil())
-    (planted / ".metadata").write_bytes(payload)
-    manifest = json.loads((planted / "manifest.json").read_text())
-    manifest["step"] = 99
-    for f in manifest["files"]:
-        if f["path"] == ".metadata":
-            f["sha256"], f["bytes"] = hashlib.sha256(payload).hexdigest(), len(payload)
-    (planted / "manifest.json").write_text(json.dumps(manifest))
+    plant_step(newest, 99, marker)
 
     # Item 10: an older step on request, and a step that does not exist.
     older = int(steps[-2].name.split("-")[1])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from autohet_cli.runtime.checkpoint import (
 )
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from autohet_cli.settings import TrainingSettings
+from tests.planting import plant_step
 
 PLAN = Plan(
     name="one",
@@ -169,30 +169,12 @@ def test_a_complete_step_is_never_overwritten_and_leftovers_are_cleared(tmp_path
 
 def test_a_planted_checkpoint_is_never_unpickled(tmp_path: Path) -> None:
     """Item 1 of issue 11: a newer step whose manifest's sha256 fit a malicious .metadata."""
-    import hashlib
-    import json
-    import pickle
-
     trainer, ckpt = _fresh(tmp_path, 1)
     good = ckpt.save()
     ckpt.close()
     assert good is not None
-    planted = good.parent / "step-00000099"
-    shutil.copytree(good, planted)
     marker = tmp_path / "pwned"
-
-    class Evil:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (marker.touch, ())  # type: ignore[return-value]
-
-    payload = pickle.dumps(Evil())
-    (planted / ".metadata").write_bytes(payload)
-    manifest = json.loads((planted / "manifest.json").read_text())
-    manifest["step"] = 99
-    for f in manifest["files"]:
-        if f["path"] == ".metadata":
-            f["sha256"], f["bytes"] = hashlib.sha256(payload).hexdigest(), len(payload)
-    (planted / "manifest.json").write_text(json.dumps(manifest))
+    plant_step(good, 99, marker)
     resumed, ckpt = _fresh(tmp_path, 0)
     assert ckpt.resume() == 1  # step 99 is skipped: it does not authenticate
     with pytest.raises(CheckpointError, match="does not authenticate"):
