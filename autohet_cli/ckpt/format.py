@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ MANIFEST = "manifest.json"
 COMPLETE = "COMPLETE"
 METADATA = ".metadata"
 KEY_FILE = ".autohet-key"
+REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"  # the remote copy, when no cluster file or flag names one
 KEY_BYTES = 32
 MAC_FIELD = "hmac_sha256"
 TMP_PREFIX = ".tmp-"  # a step being written: ``.tmp-step-<N:08d>``
@@ -298,6 +300,18 @@ def verified_manifest(text: str, key: bytes, where: str) -> Manifest:
             "by this job (planted or altered?); it is not loaded"
         )
     return m
+
+
+def remote_storage(url: str | None) -> str | None:
+    """A remote copy's URL, or None for no remote copy (unset, '', 'none' or 'off')."""
+    if url is None or url.strip().lower() in ("", "none", "off"):
+        return None
+    return url
+
+
+def new_key() -> bytes:
+    """A fresh job key (``secrets``: the OS's cryptographic randomness)."""
+    return secrets.token_bytes(KEY_BYTES)
 
 
 def check_key(data: bytes, where: str) -> bytes:

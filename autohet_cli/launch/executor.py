@@ -85,11 +85,11 @@ class JobOutcome:
         return asdict(self)
 
 
-# One command per host and check, over that host's ranks only ($3: "0 1 2"; hosts that
+# One command per host and check, over that host's ranks only ($2: "0 1 2"; hosts that
 # share a home on NFS share the run directory): heartbeat ages (on the host's clock),
-# boot marks, and, when asked, the ranks' error records.
+# boot marks, and the ranks' error records (none while all is well: a test per rank).
 _PROBE = (
-    'd="$1"; now=$(date +%s); n=0; for r in $3; do f="$d/heartbeat/rank$r"; '
+    'd="$1"; now=$(date +%s); n=0; for r in $2; do f="$d/heartbeat/rank$r"; '
     # A rank that said done or failed beats no more: only running ranks can go stale.
     # Its age comes from the time it wrote (the host's clock), not the file's mtime,
     # which a network file system sets from the server's clock.
@@ -97,7 +97,7 @@ _PROBE = (
     't=$(sed -n \'s/.*"time": \\([0-9]*\\).*/\\1/p\' "$f"); '
     '[ -n "$t" ] && echo "hb $((now - t))"; fi; '
     '{ [ -f "$d/boot/rank$r" ] || [ -f "$f" ]; } && n=$((n+1)); '
-    'if [ "$2" = 1 ] && [ -f "$d/errors/rank$r.json" ]; then '
+    'if [ -f "$d/errors/rank$r.json" ]; then '
     'printf "err "; head -c 8192 "$d/errors/rank$r.json"; echo; fi; done; echo "boot $n"'
 )
 # Make the run directory; one that exists is refused unless this very launch made it
@@ -245,19 +245,14 @@ class Job:
                 )
                 return self._finish(verdict, codes, [])
             self._poll(codes, dropped)
-            ended = dropped or any(c not in (None, 0) for c in codes.values())
-            if ended:
+            failed = bool(dropped) or any(c not in (None, 0) for c in codes.values())
+            if failed:
                 self._settle(codes, dropped)
+            ended = failed or None not in codes.values()
             now = time.monotonic()
-            if (
-                ended
-                or all(c == 0 for c in codes.values())
-                or now - last_check >= (self.heartbeat_check_s)
-            ):
+            if ended or now - last_check >= self.heartbeat_check_s:
                 last_check = now
-                outcome = self._judge(
-                    codes, dropped, force=bool(ended) or None not in codes.values()
-                )
+                outcome = self._judge(codes, dropped, force=ended)
                 if outcome is not None:
                     return outcome
             if now - last_status >= self.status_every_s:
@@ -285,9 +280,9 @@ class Job:
     def _judge(
         self, codes: dict[str, int | None], dropped: dict[str, str], *, force: bool
     ) -> JobOutcome | None:
-        """Look at every host, decide; stop everything and finish if there is a verdict."""
-        ended = force or any(c is not None for c in codes.values())
-        probes = self._probe_all(dropped, with_errors=ended)
+        """Look at every host, decide; stop everything and finish if there is a verdict.
+        ``force``: some host ended (or every one did), so a verdict is due now."""
+        probes = self._probe_all(dropped)
         deadline_passed = (
             self.start_timeout_s is not None
             and time.monotonic() - self._started_at > self.start_timeout_s
@@ -304,10 +299,6 @@ class Job:
         ]
         if not force and not stale and not deadline_passed:
             return None
-        if stale and not force:
-            # Frozen workers: read the records too, for the message.
-            probes = self._probe_all(dropped, with_errors=True)
-            states = [self._state(spec, codes, dropped, probes) for spec in self.specs]
         verdict = triage.triage(
             states,
             stale_after_s=self.heartbeat_timeout_s,
@@ -321,12 +312,12 @@ class Job:
         self.stop_all(skip=unreachable)
         return self._finish(verdict, codes, states)
 
-    def _probe_all(self, dropped: dict[str, str], *, with_errors: bool) -> dict[str, object]:
+    def _probe_all(self, dropped: dict[str, str]) -> dict[str, object]:
         def probe(name: str) -> _Probe:
             spec = next(s for s in self.specs if s.host == name)
             ranks = " ".join(str(r) for r in spec.ranks)
             res = self.runner(name).run(
-                ["sh", "-c", _PROBE, "sh", spec.run_dir, "1" if with_errors else "0", ranks],
+                ["sh", "-c", _PROBE, "sh", spec.run_dir, ranks],
                 timeout_s=self.pool.connect.connect_timeout_s + 10,
             )
             ages, booted, errors = [], 0, []

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autohet_cli.ckpt.format import KEY_BYTES, KEY_FILE, check_job, parse_step_dir
+from autohet_cli.ckpt.format import KEY_FILE, check_job, check_key, parse_step_dir
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
@@ -118,9 +118,10 @@ def fetch_key(pool: HostPool, host: str, plan_name: str, job: str) -> bytes:
         local = Path(tmp) / KEY_FILE
         pool.runner(host).get(path, local)
         data = local.read_bytes()
-    if len(data) != KEY_BYTES:
-        raise JobError(f"{host}: {path} is not a job key ({len(data)} bytes)")
-    return data
+    try:
+        return check_key(data, f"{host}:{path}")
+    except ConfigError as exc:
+        raise JobError(str(exc)) from None
 
 
 def distribute_key(
@@ -190,7 +191,3 @@ def choose_job(
     else:
         say(f"job: {fresh} (new)")
     return fresh, True
-
-
-def new_key() -> bytes:
-    return secrets.token_bytes(KEY_BYTES)

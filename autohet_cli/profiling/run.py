@@ -23,6 +23,7 @@ from autohet_cli.profiling.measure import profile_from_probe, spec_for
 from autohet_cli.profiling.schema import Profile
 from autohet_cli.transport.base import Runner
 from autohet_cli.transport.fanout import fan_out, runner_for
+from autohet_cli.transport.pool import remote_home
 
 PROBE = Path(__file__).with_name("probe.py")
 Event = Callable[[str, str], None]  # (host, what is happening)
@@ -168,10 +169,6 @@ def remote_workdir(runner: Runner, host: Host) -> str:
     if not host.workdir.startswith("~"):
         return host.workdir
     return remote_home(runner) + host.workdir[1:]
-
-
-def remote_home(runner: Runner) -> str:
-    return runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
 
 
 def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None]) -> Profile:

@@ -23,6 +23,7 @@ from autohet_cli.ckpt.format import (
     KEY_FILE,
     MANIFEST,
     METADATA,
+    REMOTE_ENV,
     SCHEMA,
     Manifest,
     ManifestFile,
@@ -35,6 +36,7 @@ from autohet_cli.ckpt.format import (
     parse_manifest,
     parse_step_dir,
     remote_step_dir,
+    remote_storage,
     step_dir_name,
 )
 from autohet_cli.errors import ConfigError
@@ -64,7 +66,6 @@ __all__ = [
     "step_dir_name",
 ]
 
-REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"
 REMOTE = "remote"  # the name the remote copy goes by in listings and reports
 
 
@@ -72,8 +73,7 @@ def remote_root(cluster_remote: str | None, env: Mapping[str, str]) -> str | Non
     """Where the remote copy lives: the cluster's ``remote_storage``, else
     ``$AUTOHET_REMOTE_STORAGE``; None: no remote copy (a shard whose every host
     copy is lost cannot be recovered, which launch says)."""
-    url = cluster_remote or env.get(REMOTE_ENV) or ""
-    return None if url.strip().lower() in ("", "none", "off") else url
+    return remote_storage(cluster_remote or env.get(REMOTE_ENV))
 
 
 # --------------------------------------------------------------------- choice

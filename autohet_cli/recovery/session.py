@@ -181,11 +181,7 @@ def _job_and_key(
         info = found[wanted]
     elif not found:
         where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{old.name}/" for h in survivors)
-        raise RecoveryError(
-            f"the run never checkpointed: no job of {old.name} in {where}. Nothing to resume "
-            "from: start again with autohet launch (checkpoints are on by default; "
-            "--checkpoint-every 0 turns them off)"
-        )
+        raise _never_checkpointed(f"no job of {old.name} in {where}")
     else:
         info = list(found.values())[-1]
         others = [j for j in found.values() if j is not info and j.newest_step is not None]
@@ -201,6 +197,13 @@ def _job_and_key(
             "cannot be authenticated (written by an older autohet?); nothing is loaded"
         )
     return info.name, jobs.fetch_key(pool, info.key_hosts[0], old.name, info.name)
+
+
+def _never_checkpointed(what: str) -> RecoveryError:
+    return RecoveryError(
+        f"the run never checkpointed: {what}. Nothing to resume from: start again with "
+        "autohet launch (checkpoints are on by default; --checkpoint-every 0 turns them off)"
+    )
 
 
 def _choose(
@@ -220,12 +223,8 @@ def _choose(
     found = [d for lst in [*listings.values(), remote] for d in lst]
     if not any(parse_step_dir(d) is not None for d in found):
         where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{ns}/" for h in survivors)
-        raise RecoveryError(
-            f"the run never checkpointed: no checkpoint in {where}"
-            + (f" nor in remote storage {root}/{ns}/" if root else "")
-            + ". Nothing to resume from: start again with autohet launch (checkpoints are "
-            "on by default; --checkpoint-every 0 turns them off)"
-        )
+        remote_too = f" nor in remote storage {root}/{ns}/" if root else ""
+        raise _never_checkpointed(f"no checkpoint in {where}{remote_too}")
     manifests, texts = rx.read_manifests(
         listings, remote, ns, root, pool, key=key, plan_name=old.name
     )

@@ -50,7 +50,6 @@ import os
 import pickle
 import shutil
 import socket
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,6 +71,7 @@ from autohet_cli.ckpt.format import (
     Manifest,
     ManifestFile,
     check_job,
+    new_key,
     signed_manifest_text,
     step_dir_name,
     verified_manifest,
@@ -83,7 +83,6 @@ from autohet_cli.runtime.ckpt_files import (
     ensure_private_dir,
     incomplete_reason,
     list_steps,
-    new_key,
     read_key,
     sha256_file,
     write_atomic,
@@ -92,6 +91,7 @@ from autohet_cli.runtime.ckpt_files import (
 from autohet_cli.runtime.ckpt_remote import RemoteCopy, Uploader, UploadJob, remote_url
 from autohet_cli.runtime.ckpt_schedule import CheckpointHook
 from autohet_cli.runtime.ckpt_state import checkpoint_failure, rename_optimizer, tied_aliases
+from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
 
 __all__ = [
@@ -111,10 +111,6 @@ __all__ = [
 CHECKPOINT_DIR_ENV = "AUTOHET_CHECKPOINT_DIR"
 DEFAULT_JOB = "default"
 COLLECTIVE_TIMEOUT_S = 1800.0  # for the collectives of a save or load
-
-
-def _say(message: str) -> None:
-    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
 
 
 def checkpoint_root(explicit: Path | None, run_dir: Path | None) -> Path | None:
@@ -244,7 +240,7 @@ class Checkpointer:
         dist.all_gather_object(seen, complete, group=self.group)
         if any(seen):
             if self.rank == 0:
-                _say(f"note: step {step} of job {self.job} is already saved and complete; kept")
+                say(f"note: step {step} of job {self.job} is already saved and complete; kept")
             return None
         if self.owner:  # leftovers of an interrupted attempt of this job (never COMPLETE)
             for d in (tmp, final):
@@ -340,9 +336,9 @@ class Checkpointer:
             chosen = max(complete, default=None)
             if self.rank == 0:
                 for s in sorted(s for s in seen - complete if chosen is None or s > chosen):
-                    _say(f"note: skipping checkpoint {here / step_dir_name(s)} ({why_not(s)})")
+                    say(f"note: skipping checkpoint {here / step_dir_name(s)} ({why_not(s)})")
                 if chosen is None:
-                    _say(f"note: no complete checkpoint under {here}: starting at step 0")
+                    say(f"note: no complete checkpoint under {here}: starting at step 0")
             if chosen is None:
                 return None
         else:
@@ -404,7 +400,7 @@ class Checkpointer:
             raise checkpoint_failure(exc) from None
         for name in reader.fetched:
             assert self.remote is not None
-            _say(f"note: fetched {name} from {self.remote.url} into {local}")
+            say(f"note: fetched {name} from {self.remote.url} into {local}")
         state["optimizer"] = rename_optimizer(
             state["optimizer"], {new: old for old, new in aliases.items()}
         )
@@ -414,7 +410,7 @@ class Checkpointer:
                 f"{local}: the state says step {self.trainer.step}, {MANIFEST} says {manifest.step}"
             )
         if self.rank == 0:
-            _say(
+            say(
                 f"resumed from {local} at step {step} (saved by plan {manifest.plan}, "
                 f"{manifest.world_size} ranks)"
             )

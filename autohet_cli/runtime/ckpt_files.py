@@ -21,7 +21,6 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from autohet_cli.ckpt.format import (
     COMPLETE,
-    KEY_BYTES,
     KEY_FILE,
     MANIFEST,
     Manifest,
@@ -157,10 +156,6 @@ def write_key(job_dir: Path, key: bytes) -> bytes:
     finally:
         tmp.unlink(missing_ok=True)
     return key
-
-
-def new_key() -> bytes:
-    return os.urandom(KEY_BYTES)
 
 
 # --------------------------------------------------------------------- listing

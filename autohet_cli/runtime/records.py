@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +39,12 @@ def _rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+def say(message: str) -> None:
+    """A line for the launcher's log (``autohet runtime: ...``; errors are
+    ``autohet runtime: error: ...``, which triage reads when no record exists)."""
+    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
 
 
 def write_boot(run_dir: Path | None, rank: int | None = None) -> None:

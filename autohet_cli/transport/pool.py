@@ -31,6 +31,11 @@ class ConnectOptions:
         return out + (["--accept-new-host-keys"] if self.accept_new_host_keys else [])
 
 
+def remote_home(runner: Runner) -> str:
+    """The home directory of the user on the runner's host, as that host sees it."""
+    return runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
+
+
 class HostPool:
     """One runner per host of ``cluster``, opened on first use and closed together."""
 
@@ -56,8 +61,7 @@ class HostPool:
     def home(self, name: str) -> str:
         """The home directory on ``name`` (looked up there once)."""
         if name not in self._homes:
-            res = self.runner(name).run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30)
-            self._homes[name] = res.check().stdout.strip()
+            self._homes[name] = remote_home(self.runner(name))
         return self._homes[name]
 
     def set_home(self, name: str, home: str) -> None:

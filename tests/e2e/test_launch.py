@@ -52,8 +52,14 @@ def _cluster_file(farm: SshdFarm, path: Path, remote_storage: str | None = None)
     return path
 
 
-def _plan(tmp: Path, cluster: Path) -> Path:
-    """Two asymmetric pipelines over three hosts: 2 stages (uneven split) and 1 stage."""
+# (micro-batches, ((layer start, layer end, host), ...)) per pipeline.
+Layout = tuple[tuple[int, tuple[tuple[int, int, str], ...]], ...]
+# Two asymmetric pipelines over three hosts: 2 stages (uneven split) and 1 stage.
+THREE_HOSTS: Layout = ((5, ((0, 2, "fake-2"), (2, 6, "fake-3"))), (3, ((0, 6, "fake-4"),)))
+
+
+def _plan(tmp: Path, cluster: Path, layout: Layout = THREE_HOSTS) -> Path:
+    """A gpt-tiny plan of ``layout`` on one CPU device per host, made for ``cluster``."""
 
     def st(a: int, b: int, host: str) -> Stage:
         return Stage(
@@ -70,12 +76,15 @@ def _plan(tmp: Path, cluster: Path) -> Path:
         model_name="gpt-tiny",
         num_layers=6,
         training=TrainingSettings(
-            global_batch_size=8, micro_batch_size=1, seq_len=64, precision="fp32"
+            global_batch_size=sum(m for m, _ in layout),
+            micro_batch_size=1,
+            seq_len=64,
+            precision="fp32",
         ),
         tensor_parallel=1,
-        pipelines=(
-            Pipeline(num_microbatches=5, stages=(st(0, 2, "fake-2"), st(2, 6, "fake-3"))),
-            Pipeline(num_microbatches=3, stages=(st(0, 6, "fake-4"),)),
+        pipelines=tuple(
+            Pipeline(num_microbatches=m, stages=tuple(st(*s) for s in stages))
+            for m, stages in layout
         ),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )

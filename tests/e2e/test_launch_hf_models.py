@@ -10,12 +10,12 @@ what to build. Localhost needs no sshd; workers are real torchrun processes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import autohet
 
 pytestmark = pytest.mark.e2e
 
@@ -24,21 +24,8 @@ STEPS = 20
 
 
 def _autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "HOME": str(cwd),  # the localhost workdir (~/autohet) lands in the test's folder
-        "OMP_NUM_THREADS": "1",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "autohet_cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    # HOME: the localhost workdir (~/autohet) lands in the test's folder.
+    return autohet(*args, cwd=cwd, timeout=240, env={"HOME": str(cwd), "OMP_NUM_THREADS": "1"})
 
 
 def _cluster(tmp: Path) -> Path:

@@ -117,43 +117,11 @@ def test_a_hung_interpreter_is_named_before_anything_starts(
     sshd_farm.start(2)
     cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml")
     _set_python(cluster, "fake-3", _wrapper(tmp_path / "hung", "exec sleep 600"))
-    plan = _plan_two(tmp_path, cluster)
+    plan = _plan(tmp_path, cluster, ((2, ((0, 6, "fake-2"),)), (2, ((0, 6, "fake-3"),))))
     rc, out = _run(plan, tmp_path, "--start-timeout", "5", "--force", timeout=120)
     assert rc == 1, out
     assert "error: fake-3:" in out and "did not answer within 5 s" in out, out
     assert "started" not in out  # no worker was started anywhere
-
-
-def _plan_two(tmp: Path, cluster: Path) -> Path:
-    from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-    from autohet_cli.settings import TrainingSettings
-    from autohet_cli.yamlio import sha256_file
-
-    def st(host: str) -> Stage:
-        return Stage(
-            layer_start=0,
-            layer_end=6,
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=host, gpu=0),),
-        )
-
-    plan = Plan(
-        name="e2e",
-        version=0,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=4, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(num_microbatches=2, stages=(st("fake-2"),)),
-            Pipeline(num_microbatches=2, stages=(st("fake-3"),)),
-        ),
-        inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
-    )
-    return write_plan(plan, tmp / "plans")[1]
 
 
 def _recover(tmp: Path, plan: Path, *args: str) -> subprocess.CompletedProcess[str]:

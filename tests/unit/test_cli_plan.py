@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from autohet_cli.plan import load_plan
+from tests.cli import autohet as run_autohet
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = str(ROOT / "profiles" / "clusters" / "small-mix.yaml")
@@ -19,15 +18,7 @@ OPT_PROFILE = str(ROOT / "profiles" / "sailor" / "OPT-350M.yaml")
 
 
 def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "autohet_cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return run_autohet(*args, cwd=cwd, timeout=240)
 
 
 # The plan both the fixture and the re-plan test make: small-mix, OPT-350M, batch 32.

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from autohet_cli.profiling.schema import load_profile
+from tests.cli import autohet
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCALHOST = str(ROOT / "profiles" / "clusters" / "localhost.yaml")
-
-
-def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "autohet_cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:

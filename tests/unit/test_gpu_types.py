@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from autohet_cli.models import get_model
 from autohet_cli.plan import load_plan
 from autohet_cli.profiling.schema import DeviceFacts, Profile
 from autohet_cli.settings import TrainingSettings
+from tests.cli import autohet as run_autohet
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "profiles" / "clusters" / "custom-types.yaml"
@@ -211,15 +210,7 @@ def test_a_measured_type_plans_from_its_device_facts_alone() -> None:
 
 
 def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "autohet_cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return run_autohet(*args, cwd=cwd, timeout=240)
 
 
 def test_plan_and_estimate_on_a_cluster_of_a_defined_type(tmp_path: Path) -> None:

@@ -107,6 +107,20 @@ def activation(name: str) -> Callable[[Tensor], Tensor]:
     return fns[name]
 
 
+def shared_input() -> object:
+    """TP input style of a module whose projections (q/k/v, gate/up) read one replicated
+    input: their input gradients add up as one partial sum, all-reduced once, as
+    Megatron's fused projections do, not once per projection."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    return PrepareModuleInput(
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        use_local_output=False,
+    )
+
+
 def vocab_parallel_embedding() -> object:
     """Megatron's vocabulary-parallel embedding: rows split, one all-reduce of the output."""
     from torch.distributed.tensor import Replicate

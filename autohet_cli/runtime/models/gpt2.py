@@ -27,6 +27,7 @@ from autohet_cli.runtime.models.common import (
     HFSource,
     activation,
     make_norm,
+    shared_input,
     vocab_parallel_embedding,
 )
 
@@ -129,21 +130,13 @@ class Block(nn.Module):
         return out
 
     def tp_plan(self) -> dict[str, object]:
-        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
-            PrepareModuleInput,
             RowwiseParallel,
         )
 
         return {
-            # q, k and v share one replicated input: their input gradients add up as
-            # one partial sum, all-reduced once (Megatron's fused QKV), not three times.
-            "attn": PrepareModuleInput(
-                input_layouts=(Replicate(),),
-                desired_input_layouts=(Replicate(),),
-                use_local_output=False,
-            ),
+            "attn": shared_input(),
             "attn.q_proj": ColwiseParallel(),
             "attn.k_proj": ColwiseParallel(),
             "attn.v_proj": ColwiseParallel(),

@@ -34,6 +34,7 @@ from autohet_cli.runtime.models.common import (
     HFSource,
     activation,
     make_norm,
+    shared_input,
     vocab_parallel_embedding,
 )
 
@@ -167,21 +168,10 @@ class Block(nn.Module):
         return out
 
     def tp_plan(self) -> dict[str, object]:
-        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
-            PrepareModuleInput,
             RowwiseParallel,
         )
-
-        def shared_input() -> PrepareModuleInput:
-            # q/k/v (gate/up) read one replicated input: their input gradients add up
-            # as one partial sum, all-reduced once, as Megatron's fused projections do.
-            return PrepareModuleInput(
-                input_layouts=(Replicate(),),
-                desired_input_layouts=(Replicate(),),
-                use_local_output=False,
-            )
 
         return {
             "self_attn": shared_input(),
