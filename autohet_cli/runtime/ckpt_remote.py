@@ -12,31 +12,31 @@ the same rule as checkpoint directories (ours alone, mode 0700).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autohet_cli.ckpt.format import COMPLETE, MANIFEST, Manifest, namespace, step_dir_name
+from autohet_cli.ckpt.format import (
+    COMPLETE,
+    MANIFEST,
+    REMOTE_ENV,
+    Manifest,
+    namespace,
+    remote_storage,
+    step_dir_name,
+)
 from autohet_cli.runtime.ckpt_files import CheckpointError, ensure_private_dir
+from autohet_cli.runtime.records import say
 
-REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"
-NO_REMOTE = ("", "none", "off")
 UPLOAD_TIMEOUT_S = 600.0  # rank 0 waits this long for the other ranks' uploads
 CLOSE_WAIT_S = 300.0  # at the end of training, how long to wait for a running upload
 
 
-def _say(message: str) -> None:
-    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
-
-
 def remote_url(explicit: str | None) -> str | None:
     """``--remote-storage``, else ``$AUTOHET_REMOTE_STORAGE``; None (or 'none'): no copy."""
-    url = explicit if explicit is not None else os.environ.get(REMOTE_ENV, "")
-    if url.strip().lower() in NO_REMOTE:
-        return None
-    return os.path.expanduser(url) if url.startswith("~") else url
+    url = remote_storage(explicit if explicit is not None else os.environ.get(REMOTE_ENV))
+    return os.path.expanduser(url) if url is not None and url.startswith("~") else url
 
 
 class RemoteCopy:
@@ -94,41 +94,71 @@ class UploadJob:
     manifest: Manifest | None = None  # rank 0: then the manifest, wait for all, COMPLETE
 
 
+class _Superseded(Exception):
+    pass
+
+
 class Uploader:
-    """One background upload at a time for this rank; failures warn, never stop training."""
+    """This rank's uploads, in one background thread; failures warn, never stop training.
+
+    At most one step waits: a newer save replaces a step that has not started
+    uploading, and ends rank 0's wait for the other ranks' files of the step it is
+    on (that step then stays without ``COMPLETE`` in the remote copy, which readers
+    treat as incomplete). So a slow or failing remote never makes training wait, and
+    the remote copy catches up with the newest step as soon as it can.
+    """
 
     def __init__(self, remote: RemoteCopy, *, timeout_s: float = UPLOAD_TIMEOUT_S) -> None:
         self.remote, self.timeout_s = remote, timeout_s
+        self._cond = threading.Condition()
+        self._pending: UploadJob | None = None
+        self._closed = False
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
 
     def start(self, job: UploadJob) -> None:
-        """Upload in the background; if the previous upload still runs (a slow or failing
-        remote), this step is not uploaded: training never waits for the remote copy."""
-        if self._thread is not None and self._thread.is_alive():
-            message = (
-                f"the upload of an earlier step to {self.remote.url} is still running; "
-                f"step {job.step} is not copied there"
-            )
-            self.errors.append(message)
-            _say(f"warning: {message}")
-            return
-        self._thread = threading.Thread(
-            target=self._run, args=(job,), name=f"autohet-upload-{job.step}", daemon=True
-        )
-        self._thread.start()
+        with self._cond:
+            if self._pending is not None:
+                self._warn(
+                    f"step {self._pending.step} is not copied to {self.remote.url}: "
+                    f"superseded by {job.step}"
+                )
+            self._pending = job
+            self._closed = False
+            self._cond.notify_all()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="autohet-upload", daemon=True
+                )
+                self._thread.start()
 
     def join(self, timeout_s: float | None = CLOSE_WAIT_S) -> None:
-        """Wait for the running upload, at most ``timeout_s``; then leave it (the remote
-        copy of that step stays without COMPLETE, which readers treat as incomplete)."""
+        """Finish what is queued, waiting at most ``timeout_s`` (the end of training)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                _say(
+                say(
                     f"warning: an upload to {self.remote.url} did not finish within "
                     f"{timeout_s:.0f} s; the local checkpoints are complete"
                 )
             self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                job, self._pending = self._pending, None
+            self._run(job)
+
+    def _warn(self, message: str) -> None:
+        self.errors.append(message)
+        say(f"warning: {message}")
 
     def _run(self, job: UploadJob) -> None:
         try:
@@ -140,10 +170,13 @@ class Uploader:
                 self.remote.put(job.local_dir / MANIFEST, job.step, MANIFEST)
                 self._wait_for(job.step, job.manifest)
                 self.remote.mark_complete(job.step)
+        except _Superseded as exc:
+            self._warn(
+                f"step {job.step} is not marked {COMPLETE} in {self.remote.url}: "
+                f"superseded by {exc}"
+            )
         except Exception as exc:  # a remote outage must not stop training
-            message = f"upload of {job.local_dir} to {self.remote.path(job.step)} failed: {exc}"
-            self.errors.append(message)
-            _say(f"warning: {message}")
+            self._warn(f"upload of {job.local_dir} to {self.remote.path(job.step)} failed: {exc}")
 
     def _wait_for(self, step: int, manifest: Manifest) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -153,6 +186,10 @@ class Uploader:
             ]
             if not missing:
                 return
+            with self._cond:
+                newer = self._pending
+            if newer is not None:
+                raise _Superseded(newer.step)
             if time.monotonic() > deadline:
                 raise CheckpointError(
                     f"{', '.join(missing)} did not reach {self.remote.path(step)} within "

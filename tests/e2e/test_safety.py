@@ -40,7 +40,7 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     sshd_farm.start(3)
     remote = tmp_path / "remote"
     plan = _plan(tmp_path, _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(remote)))
-    proc = _launch(plan, tmp_path, "--steps", "1000", "--checkpoint-every", "2")
+    proc = _launch(plan, tmp_path, "--steps", "60", "--checkpoint-every", "2")
     assert proc.stdout is not None
     for line in proc.stdout:
         if "step 5 " in line:
@@ -48,12 +48,15 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     # Item 4: --lost no longer skips the check for workers still running.
     busy = _recover(tmp_path, plan, "--lost", "fake-4", "--dry-run")
     assert busy.returncode == 1 and "still running" in busy.stderr, busy.stderr
+    # The run ends (its uploads finish), then fake-4 is lost: the remote copy is whole.
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
     sshd_farm.hosts[2].stop()
-    proc.communicate(timeout=120)
 
     (job,) = _jobs(remote)
-    steps = sorted(d for d in job.iterdir() if d.name.startswith("step-"))
+    steps = sorted(d for d in job.glob("step-*") if (d / "COMPLETE").exists())
     newest = steps[-1]
+    assert newest.name == "step-00000060"
     # Item 1: a "newer" step in remote storage whose .metadata runs a command when
     # unpickled, with a manifest whose sha256 and step were edited to match.
     marker = tmp_path / "pwned"
@@ -85,7 +88,7 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     (survivor / "__9_0.distcp.autohet-part").write_bytes(b"partial")
     (survivor / ".__9_0.distcp.1234abcd.tmp").write_bytes(b"partial")
 
-    res = _recover(tmp_path, plan, "--lost", "fake-4", "--steps", str(older + 6))
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--steps", "64")
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert re.search(r"skipped step-00000099: .*does not verify", out), out

@@ -23,22 +23,30 @@ SHA = "0" * 64
 
 
 def test_a_slow_remote_never_blocks_the_next_save(tmp_path: Path) -> None:
-    """A running upload (here: waiting for a file another rank never sends) makes the
-    next step skip its remote copy with a warning instead of waiting."""
+    """Rank 0 waits for a file another rank never sends; the next save returns at once,
+    ends that wait, and the newer step reaches the remote copy instead."""
     local = tmp_path / "local"
     local.mkdir()
     (local / "manifest.json").write_bytes(b"{}")
+    (local / "__0_0.distcp").write_bytes(b"data")
     lost = ManifestFile(path="__1_0.distcp", sha256=SHA, num_bytes=4, host="h", rank=1)
     manifest = Manifest(step=1, plan="p.v1", plan_sha256=SHA, world_size=2, files=(lost,))
     uploader = Uploader(RemoteCopy(str(tmp_path / "remote"), "p", "j"), timeout_s=30)
     uploader.start(UploadJob(step=1, local_dir=local, names=(), manifest=manifest))
+    time.sleep(0.5)  # rank 0 is now waiting for rank 1's file of step 1
     started = time.monotonic()
-    uploader.start(UploadJob(step=2, local_dir=local, names=()))
+    uploader.start(UploadJob(step=2, local_dir=local, names=("__0_0.distcp",)))
     assert time.monotonic() - started < 1.0
-    assert any("step 2 is not copied" in e for e in uploader.errors)
     began = time.monotonic()
-    uploader.join(timeout_s=0.5)  # the end of training waits a bounded time
+    uploader.join(timeout_s=10)  # the end of training: a bounded wait, here a short one
     assert time.monotonic() - began < 5
+    assert any(
+        "step 1 is not marked COMPLETE in" in e and e.endswith("superseded by 2")
+        for e in uploader.errors
+    )
+    step2 = tmp_path / "remote" / "p" / "j" / "step-00000002" / "__0_0.distcp"
+    assert step2.read_bytes() == b"data"
+    assert not (tmp_path / "remote" / "p" / "j" / "step-00000001" / "COMPLETE").exists()
 
 
 def test_private_dirs_are_made_private_whatever_the_umask(tmp_path: Path) -> None:
@@ -92,7 +100,7 @@ def test_the_probe_reads_only_this_hosts_running_ranks_on_the_hosts_clock(
     (tmp_path / "boot" / "rank2").write_text("x")
     (tmp_path / "errors" / "rank1.json").write_text('{"message": "boom"}')
     res = subprocess.run(
-        ["sh", "-c", _PROBE, "sh", str(tmp_path), "1", "0 1 2 3"],
+        ["sh", "-c", _PROBE, "sh", str(tmp_path), "0 1 2 3"],
         capture_output=True,
         text=True,
         check=True,
