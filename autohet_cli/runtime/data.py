@@ -7,6 +7,12 @@ the loss falls. Step ``t``'s global batch is ``global_batch_size`` windows of
 any rank, any plan, any restart computes the same batch for the same step.
 Each pipeline then takes its contiguous share of the global batch
 (``Topology.sample_range``) and cuts it into micro-batches.
+
+Evaluation batches (``eval_microbatches``) are windows of the same corpus drawn
+from a disjoint seed namespace ("eval" instead of "batch"): synthetic data has no
+held-out text, but evaluation ``i`` is the same batch in every run, so its loss is
+comparable across evaluations. ``autohet_cli.runtime.data_api`` states the
+protocol this class and ``autohet_cli.dataset.sampling.TokenDataset`` share.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class SyntheticCorpus:
     def __init__(self, *, vocab_size: int, seq_len: int, seed: int) -> None:
         if vocab_size < 2:
             raise ValueError(f"synthetic data needs a vocabulary of at least 2, got {vocab_size}")
+        self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.seed = seed
         gen = torch.Generator().manual_seed(_seed("corpus", seed, vocab_size))
@@ -43,7 +50,10 @@ class SyntheticCorpus:
 
     def global_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
         """(inputs, targets) of step ``step``, each [batch_size, seq_len] int64."""
-        gen = torch.Generator().manual_seed(_seed("batch", self.seed, step))
+        return self._windows(_seed("batch", self.seed, step), batch_size)
+
+    def _windows(self, seed: int, batch_size: int) -> tuple[Tensor, Tensor]:
+        gen = torch.Generator().manual_seed(seed)
         span = self.seq_len + 1
         starts = torch.randint(0, len(self.tokens) - span + 1, (batch_size,), generator=gen)
         windows = self.tokens[starts.unsqueeze(1) + torch.arange(span)]
@@ -59,3 +69,24 @@ class SyntheticCorpus:
             (inputs[i : i + micro_batch_size], targets[i : i + micro_batch_size])
             for i in range(start, stop, micro_batch_size)
         ]
+
+    def eval_microbatches(
+        self, index: int, *, batch_size: int, sample_range: tuple[int, int], micro_batch_size: int
+    ) -> list[tuple[Tensor, Tensor]]:
+        """Evaluation batch ``index``'s share ``sample_range``, cut into micro-batches."""
+        inputs, targets = self._windows(_seed("eval", self.seed, index), batch_size)
+        start, stop = sample_range
+        return [
+            (inputs[i : i + micro_batch_size], targets[i : i + micro_batch_size])
+            for i in range(start, stop, micro_batch_size)
+        ]
+
+    def describe(self) -> dict[str, object]:
+        """What a log or checkpoint records: synthetic data is fixed by these four numbers."""
+        return {
+            "kind": "synthetic",
+            "vocab_size": self.vocab_size,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "num_tokens": len(self.tokens),
+        }
