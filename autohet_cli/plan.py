@@ -59,6 +59,11 @@ class Stage:
     tensor_parallel: int
     devices: tuple[Device, ...]
     predicted: StagePrediction | None = None
+    # Full activation recomputation: the runtime wraps each layer of the stage in a
+    # (non-reentrant) torch.utils.checkpoint, keeping only each layer's input per
+    # micro-batch in flight and re-running the layer's forward before its backward.
+    # Written to YAML only when true, so plans without it keep their bytes and digests.
+    recompute: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -273,6 +278,8 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
         "tensor_parallel": s.tensor_parallel,
         "devices": [{"host": x.host, "gpu": x.gpu} for x in s.devices],
     }
+    if s.recompute:
+        d["recompute"] = True
     if s.predicted is not None:
         d["predicted"] = {k: _round(getattr(s.predicted, k)) for k in StagePrediction.__slots__}
     return d
@@ -369,7 +376,12 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
     for j, sv in enumerate(as_list(pm["stages"], f"{at}.stages")):
         sat = f"{at}.stages[{j}]"
         sm = as_mapping(sv, sat)
-        check_keys(sm, sat, ["layers", "gpu_type", "devices"], ["tensor_parallel", "predicted"])
+        check_keys(
+            sm,
+            sat,
+            ["layers", "gpu_type", "devices"],
+            ["tensor_parallel", "predicted", "recompute"],
+        )
         layers = as_list(sm["layers"], f"{sat}.layers")
         if len(layers) != 2:
             raise ConfigError(f"{sat}.layers: expected [start, end), got {layers}")
@@ -387,6 +399,10 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
                 tensor_parallel=get(sm, "tensor_parallel", int, sat, len(devices)),
                 devices=tuple(devices),
                 predicted=_stage_prediction(sm.get("predicted"), f"{sat}.predicted"),
+                # Strict: true or false only (not null, 1 or "yes"), named in the error.
+                recompute=coerce(sm["recompute"], bool, f"{sat}.recompute")
+                if "recompute" in sm
+                else False,
             )
         )
     return Pipeline(num_microbatches=get(pm, "num_microbatches", int, at), stages=tuple(stages))

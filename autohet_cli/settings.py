@@ -22,6 +22,21 @@ _STATE_BYTES = {
 }
 
 
+# Communication dtypes: the one decision the cost model charges and the runtime runs.
+# - Stage-to-stage activations (and their gradients, sent back) travel in the compute
+#   dtype: 2 bytes under bf16/fp16, as Megatron-LM's pipeline sends them. The receiver
+#   widens them to fp32 again, so the residual stream stays fp32 like one process.
+# - Data-parallel gradient all-reduce runs in fp32 (4 bytes per parameter) on the fp32
+#   gradients of fp32 master weights, as Megatron-LM's accumulate_allreduce_grads_in_fp32
+#   (forced on for bf16) and torchtitan's reduce_dtype=float32 do: summing 16-bit
+#   gradients over many replicas loses their low bits, and our replicas are uneven.
+# - TP all-reduces inside a layer run on autocast outputs: the compute dtype.
+# On a CPU the runtime computes, and so communicates, in fp32 whatever the plan says.
+COMPUTE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+GRAD_REDUCE_DTYPE = "float32"
+GRAD_REDUCE_BYTES = 4
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSettings:
     global_batch_size: int
@@ -57,6 +72,7 @@ class TrainingSettings:
 
     @property
     def dtype_bytes(self) -> int:
+        """Bytes of an activation, and of one sent between stages or inside TP."""
         return 4 if self.precision == "fp32" else 2
 
     @property
@@ -65,8 +81,8 @@ class TrainingSettings:
 
     @property
     def grad_bytes_per_param(self) -> int:
-        """What the data-parallel all-reduce moves per parameter."""
-        return self.dtype_bytes
+        """What the data-parallel all-reduce moves per parameter (fp32, see above)."""
+        return GRAD_REDUCE_BYTES
 
     @property
     def num_microbatches_total(self) -> int:

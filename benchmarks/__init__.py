@@ -11,6 +11,9 @@
   ``Schedule1F1B`` (2 gloo processes on CPU, gpt-small).
 - ``llama_runtime``: tokens/s of the runtime training a small LLaMA on one CPU
   device against a plain single-process torch loop of the same model.
+- ``comm_dtype``: predicted iteration time with the gradient all-reduce charged in
+  bf16 (2 bytes/parameter, the old charge) versus fp32 (4, settings.py), on fast and
+  slow (5 Gbit/s) links, for fixed plans and for the planner's own picks.
 """
 
 BENCHMARKS = (
@@ -21,4 +24,5 @@ BENCHMARKS = (
     "runtime_overhead",
     "llama_runtime",
     "recovery_time",
+    "comm_dtype",
 )

@@ -38,8 +38,9 @@ def estimate(
     """Predict a plan's iteration time, tokens/s and per-GPU memory.
 
     Judges any plan file, one that plan wrote or one edited by hand, with the
-    same cost model; nothing is solved. Pass --cluster or --profile to ask how
-    the plan would do on other hosts or with other measurements.
+    same cost model; nothing is solved. Stages marked `recompute: true` are
+    costed with activation recomputation (marked R). Pass --cluster or --profile
+    to ask how the plan would do on other hosts or with other measurements.
 
     Example:
 

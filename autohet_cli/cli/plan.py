@@ -57,6 +57,16 @@ def plan(
             help="Also solve for the loss of each spot host (used by autohet recover)",
         ),
     ] = False,
+    recompute: Annotated[
+        bool,
+        typer.Option(
+            "--recompute",
+            help="Recompute activations on every stage: each layer's forward runs again "
+            "before its backward (~1/3 more compute per step) and a stage keeps one hidden "
+            "state per layer per micro-batch in flight instead of all its activations, so "
+            "plans fit with fewer stages or bigger micro-batches",
+        ),
+    ] = False,
     explain: Annotated[
         bool, typer.Option("--explain", help="Print stages, memory, bottlenecks, baselines")
     ] = False,
@@ -101,6 +111,7 @@ def plan(
             inputs=inputs.fingerprints,
             contingency=contingency,
             progress=report,
+            recompute=recompute,
         )
     planned = outcome.plan
     # Say now, not at launch, when the built-in runtime cannot train this model.

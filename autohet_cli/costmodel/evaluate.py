@@ -16,7 +16,10 @@ segment's full gradient through it.
 
 Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
 activations of the micro-batches in flight (stage s of S holds min(S - s, m)
-under 1F1B), send/receive buffers and a fixed runtime reserve.
+under 1F1B), send/receive buffers and a fixed runtime reserve. A stage that
+recomputes (``Stage.recompute``, tables.py) keeps only its layers' inputs per
+micro-batch in flight, plus one layer's activations while that layer runs its
+backward, and its backward includes the re-run forward.
 """
 
 from __future__ import annotations
@@ -83,12 +86,12 @@ def stage_memory_bytes(
     num_stages: int,
     num_microbatches: int,
 ) -> int:
-    """Peak bytes on one GPU of a stage under 1F1B."""
+    """Peak bytes on one GPU of a stage under 1F1B (recompute or not: ``cost`` says)."""
     in_flight = min(num_stages - stage_index, num_microbatches)
     state = cost.num_params * tables.training.state_bytes_per_param
     buffers = 2.0 * cost.output_bytes
     reserve = tables.spec(gpu_type).runtime_reserve_bytes
-    return int(state + cost.act_bytes * in_flight + buffers + reserve)
+    return int(state + cost.act_bytes * in_flight + cost.transient_bytes + buffers + reserve)
 
 
 def ring_allreduce_ms(nbytes: float, participants: int, gbps: float) -> float:
@@ -166,7 +169,7 @@ def _pipeline_time(
 def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> StageCost:
     host = cluster.host(s.host)
     table = tables.table(s.gpu_type, s.tensor_parallel, mbs, host.intra_node_gbps)
-    return table.stage(s.layer_start, s.layer_end)
+    return table.stage(s.layer_start, s.layer_end, recompute=s.recompute)
 
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster) -> float:

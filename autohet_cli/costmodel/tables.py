@@ -6,11 +6,24 @@ bandwidth). It comes from the profile when the profile measured that
 combination, else from the analytic model; analytic tables get the Megatron TP
 all-reduces added here (two per block forward, two backward), because measured
 times already contain them.
+
+A stage with activation recomputation (``Stage.recompute``: every layer wrapped
+in a non-reentrant ``torch.utils.checkpoint``) costs, per micro-batch:
+
+- backward = its backward + its forward again (the re-run, TP all-reduces
+  included, since the forward's communication repeats too);
+- kept per micro-batch in flight: each layer's input, the hidden state entering
+  it, instead of everything the layer saves for backward. The runtime keeps the
+  residual stream in fp32 under autocast (settings.py), so a hidden state counts
+  RESIDUAL_BYTES per element whatever the compute dtype; the model's first layer
+  takes int64 token ids, TOKEN_ID_BYTES each;
+- once, while one layer runs its backward: that layer's full activations, the
+  largest ``act_bytes`` among the stage's layers (``transient_bytes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
@@ -22,24 +35,40 @@ from autohet_cli.profiling.analytic import analytic_entry
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
 from autohet_cli.settings import TrainingSettings
 
+TOKEN_ID_BYTES = 8  # int64: what the model's first layer (the embedding) takes
+RESIDUAL_BYTES = 4  # fp32: the hidden state between layers, under autocast too
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
     fwd_ms: float
-    bwd_ms: float
+    bwd_ms: float  # with recompute, the re-run forward included
     update_ms: float
     num_params: int  # per GPU of the TP group
     act_bytes: float  # kept for backward, per in-flight micro-batch
     output_bytes: float  # sent to the next stage per micro-batch
+    transient_bytes: float = 0.0  # held once, during one layer's backward (recompute)
+    recompute: bool = False
 
 
 class LayerTable:
-    """Prefix sums over one profile entry (plus TP communication if analytic)."""
+    """Prefix sums over one profile entry (plus TP communication if analytic).
 
-    def __init__(self, entry: ProfileEntry, tp_comm_ms: list[float]) -> None:
+    ``input_bytes`` are per layer the bytes of what enters it (one micro-batch),
+    which is what a recompute stage keeps; the largest ``act_bytes`` of a layer
+    range comes from a sparse table, so ``stage()`` stays O(1) for any range
+    (the planner's refinement evaluates thousands of candidate stages; a scan
+    would be cheap for short stages, but a whole-model stage is 100+ layers).
+    """
+
+    def __init__(
+        self, entry: ProfileEntry, tp_comm_ms: list[float], input_bytes: Sequence[float]
+    ) -> None:
         self.source = entry.source
         layers = entry.layers
         self.num_layers = len(layers)
+        if len(input_bytes) != self.num_layers:
+            raise ValueError(f"{len(input_bytes)} input sizes for {self.num_layers} layers")
         self._fwd = [
             0.0,
             *accumulate(lt.fwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
@@ -52,22 +81,53 @@ class LayerTable:
         self._params = [0, *accumulate(lt.num_params for lt in layers)]
         self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
         self._out = [lt.output_bytes for lt in layers]
+        self._in = [0.0, *accumulate(input_bytes)]
+        self._act_max = _sparse_max([lt.act_bytes for lt in layers])
 
-    def stage(self, start: int, end: int) -> StageCost:
+    def stage(self, start: int, end: int, *, recompute: bool = False) -> StageCost:
+        fwd = self._fwd[end] - self._fwd[start]
+        bwd = self._bwd[end] - self._bwd[start]
+        if recompute:
+            return StageCost(
+                fwd_ms=fwd,
+                bwd_ms=bwd + fwd,
+                update_ms=self._upd[end] - self._upd[start],
+                num_params=self._params[end] - self._params[start],
+                act_bytes=self._in[end] - self._in[start],
+                output_bytes=self._out[end - 1],
+                transient_bytes=self.max_act_bytes(start, end),
+                recompute=True,
+            )
         return StageCost(
-            fwd_ms=self._fwd[end] - self._fwd[start],
-            bwd_ms=self._bwd[end] - self._bwd[start],
+            fwd_ms=fwd,
+            bwd_ms=bwd,
             update_ms=self._upd[end] - self._upd[start],
             num_params=self._params[end] - self._params[start],
             act_bytes=self._act[end] - self._act[start],
             output_bytes=self._out[end - 1],
         )
 
-    def compute_ms(self, start: int, end: int) -> float:
-        return self._fwd[end] - self._fwd[start] + self._bwd[end] - self._bwd[start]
+    def max_act_bytes(self, start: int, end: int) -> float:
+        """The largest ``act_bytes`` of one layer in [start, end): O(1)."""
+        level = (end - start).bit_length() - 1
+        row = self._act_max[level]
+        return max(row[start], row[end - (1 << level)])
+
+    def compute_ms(self, start: int, end: int, *, recompute: bool = False) -> float:
+        fwd = self._fwd[end] - self._fwd[start]
+        return fwd * (2.0 if recompute else 1.0) + self._bwd[end] - self._bwd[start]
 
     def params(self, start: int, end: int) -> int:
         return self._params[end] - self._params[start]
+
+
+def _sparse_max(values: Sequence[float]) -> list[list[float]]:
+    """Row k holds the max of each window of 2**k values (a sparse table)."""
+    rows = [list(values)]
+    while 2 << (len(rows) - 1) <= len(values):
+        prev, half = rows[-1], 1 << (len(rows) - 1)
+        rows.append([max(prev[i], prev[i + half]) for i in range(len(prev) - half)])
+    return rows
 
 
 def _ratio(measured: float, estimated: float) -> float:
@@ -229,8 +289,16 @@ class CostTables:
             comm = [0.0] * len(entry.layers)
             if entry.source == "analytic" and tp > 1:
                 comm = [self._tp_comm_ms(i, tp, mbs, intra_gbps) for i in range(len(entry.layers))]
-            cached = self._cache[key] = LayerTable(entry, comm)
+            cached = self._cache[key] = LayerTable(entry, comm, self.input_bytes(mbs))
         return cached
+
+    def input_bytes(self, mbs: int) -> list[float]:
+        """Per layer, the bytes entering it for one micro-batch: token ids for the
+        first layer, else the previous layer's output as an fp32 hidden state."""
+        seq = self.training.seq_len
+        out = [float(seq * mbs * TOKEN_ID_BYTES)]
+        out += [layer.output_bytes(seq, mbs, RESIDUAL_BYTES) for layer in self._layers[:-1]]
+        return out
 
     def _tp_comm_ms(self, index: int, tp: int, mbs: int, intra_gbps: float) -> float:
         layer = self._layers[index]

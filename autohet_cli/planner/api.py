@@ -54,10 +54,13 @@ def make_plan(
     contingency: bool = False,
     progress: Progress | None = None,
     with_baselines: bool = True,
+    recompute: bool = False,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
     short overrun (budget.overrun_s): what the deadline cuts off is left out of
-    the plan and named in its notes, never waited for."""
+    the plan and named in its notes, never waited for. ``recompute`` makes every
+    stage of the plan (and of the baselines and contingency plans) recompute its
+    activations."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
     req = SearchRequest(
@@ -69,6 +72,7 @@ def make_plan(
         time_limit_s=time_limit_s,
         # Only degrees the model's heads, MLP and padded vocabulary split into.
         tp_candidates=tuple(t for t in (1, 2, 4, 8) if not model.tensor_parallel_problems(t)),
+        recompute=recompute,
     )
     skipped: list[str] = []
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):

@@ -6,6 +6,9 @@
 - ``whale``: the same uniform shapes, but each pipeline's share of the batch is
   proportional to the peak compute of its GPUs (Whale, ATC'22).
 - ``only-<TYPE>``: the planner itself restricted to the hosts of one GPU type.
+
+Each baseline recomputes activations exactly when the search does
+(``SearchRequest.recompute``), so that the comparison stays fair.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ def _pipelines(
     bounds: list[int],
     shares: Sequence[int],
     tp: int,
+    recompute: bool = False,
 ) -> list[Pipeline]:
     return [
         Pipeline(
@@ -85,6 +89,7 @@ def _pipelines(
                     gpu_type=gpu,
                     tensor_parallel=tp,
                     devices=devs,
+                    recompute=recompute,
                 )
                 for s, (gpu, devs) in enumerate(row)
             ),
@@ -124,7 +129,7 @@ def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None
             if M % len(layout):
                 continue
             shares = [M // len(layout)] * len(layout)
-        pipelines = _pipelines(layout, bounds, shares, tp)
+        pipelines = _pipelines(layout, bounds, shares, tp, req.recompute)
         ev = evaluate(pipelines, req.cluster, req.tables, mbs)
         if not ev.fits:
             continue

@@ -47,13 +47,15 @@ def place(
     num_layers: int,
     *,
     stage_major: bool = False,
+    recompute: bool = False,
 ) -> list[Pipeline] | None:
     """Concrete pipelines for a solution; None if a stage would hold no layer.
 
     Pipeline-major placement (the default) gives each pipeline consecutive
     groups, keeping its stage-to-stage sends inside a host. Stage-major gives
     the copies of one stage consecutive groups, keeping that stage's gradient
-    all-reduce inside a host instead; the search tries both.
+    all-reduce inside a host instead; the search tries both. Every stage gets
+    ``recompute`` (activation recomputation on or off).
     """
     pools = [iter(class_groups(c, cluster, tp)) for c in classes]
     pipelines = []
@@ -81,6 +83,7 @@ def place(
                         gpu_type=classes[c].gpu_type,
                         tensor_parallel=tp,
                         devices=devices,
+                        recompute=recompute,
                     )
                 )
             pipelines.append(

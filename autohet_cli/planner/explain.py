@@ -106,8 +106,30 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def recompute_count(plan: Plan) -> tuple[int, int]:
+    """(stages that recompute their activations, all stages) over every pipeline."""
+    stages = [s for p in plan.pipelines for s in p.stages]
+    return sum(s.recompute for s in stages), len(stages)
+
+
+def recompute_line(plan: Plan) -> str | None:
+    """What recomputation costs and saves here; None when no stage recomputes."""
+    n, total = recompute_count(plan)
+    if not n:
+        return None
+    if n == total:
+        which = "every stage re-runs its forward before its backward"
+    else:
+        which = f"{n} of {total} stages (marked R) re-run their forward before the backward"
+    return (
+        f"Recompute: {which} (included in bwd ms), keeping only each layer's input "
+        "per micro-batch in flight"
+    )
+
+
 def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool = True) -> str:
     """The plan for people; ``solved_now`` False when the plan is only re-estimated."""
+    marked = recompute_count(plan)[0] > 0  # an R column only where it says something
     lines = [
         f"Plan {plan.name} v{plan.version}: {plan.model_name}, global batch "
         f"{plan.training.global_batch_size} x seq {plan.training.seq_len}, micro-batch "
@@ -132,36 +154,34 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool
         rows = []
         for j, (s, se) in enumerate(zip(p.stages, pe.stages, strict=True)):
             gpus = ",".join(str(d.gpu) for d in s.devices)
-            rows.append(
-                [
-                    j,
-                    f"{s.host}:{gpus}",
-                    s.gpu_type,
-                    f"[{s.layer_start}, {s.layer_end})",
-                    f"{se.cost.fwd_ms:.1f}",
-                    f"{se.cost.bwd_ms:.1f}",
-                    f"{se.send_ms:.2f}",
-                    f"{se.mem_bytes / GIB:.1f}",
-                    f"{se.mem_fraction:.0%}",
-                    "*" if j == pe.bottleneck else "",
-                ]
-            )
+            row: list[object] = [
+                j,
+                f"{s.host}:{gpus}",
+                s.gpu_type,
+                f"[{s.layer_start}, {s.layer_end})",
+                f"{se.cost.fwd_ms:.1f}",
+                f"{se.cost.bwd_ms:.1f}",
+                f"{se.send_ms:.2f}",
+                f"{se.mem_bytes / GIB:.1f}",
+                f"{se.mem_fraction:.0%}",
+                "*" if j == pe.bottleneck else "",
+            ]
+            rows.append([*row, "R" if s.recompute else ""] if marked else row)
+        headers = [
+            "stage",
+            "devices",
+            "gpu",
+            "layers",
+            "fwd ms",
+            "bwd ms",
+            "send ms",
+            "mem GiB",
+            "mem %",
+            "slow",
+        ]
         lines.append(
             tabulate(
-                rows,
-                headers=[
-                    "stage",
-                    "devices",
-                    "gpu",
-                    "layers",
-                    "fwd ms",
-                    "bwd ms",
-                    "send ms",
-                    "mem GiB",
-                    "mem %",
-                    "slow",
-                ],
-                tablefmt="simple",
+                rows, headers=[*headers, "recompute"] if marked else headers, tablefmt="simple"
             )
         )
         lines.append("")
@@ -171,6 +191,8 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool
         f"gradient sync {ev.grad_sync_ms:.1f} ms + optimizer {ev.optimizer_ms:.1f} ms; "
         f"{tok:,.0f} tokens/s; peak memory {ev.memory_peak_fraction:.0%}"
     )
+    if (line := recompute_line(plan)) is not None:
+        lines.append(line)
     price = price_per_hour(plan, cluster)
     per_m = dollars_per_million_tokens(plan, cluster, tok)
     if price > 0 and per_m is not None:
@@ -204,7 +226,7 @@ def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
         return (
             p.num_microbatches,
             round(ev.pipelines[i].time_ms, 6),
-            tuple((s.layer_start, s.layer_end, s.gpu_type) for s in p.stages),
+            tuple((s.layer_start, s.layer_end, s.gpu_type, s.recompute) for s in p.stages),
         )
 
     runs: list[tuple[int, int]] = []
@@ -236,6 +258,7 @@ def summary_json(
         "tensor_parallel": plan.tensor_parallel,
         "micro_batch_size": plan.training.micro_batch_size,
         "num_pipelines": len(plan.pipelines),
+        "recompute_stages": recompute_count(plan)[0],
         "solver": dict(solver),
         "baselines": dict(plan.baselines),
         "price_per_hour": price_per_hour(plan, cluster),

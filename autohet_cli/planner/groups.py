@@ -67,7 +67,13 @@ def device_classes(cluster: Cluster, tp: int) -> list[DeviceClass]:
 class BlockStats:
     """A class's per-micro-batch costs split into the layers before the first
     block (head part), the blocks (as a mean, and the max for memory), and the
-    layers after the last block (tail part)."""
+    layers after the last block (tail part).
+
+    Built for recompute stages or plain ones (``block_stats(..., recompute=)``):
+    with recompute, times carry the re-run forward, ``*_act`` are the layers'
+    inputs kept per micro-batch in flight, and ``*_work_bytes`` the largest one
+    layer's activations of the part, held once during that layer's backward
+    (0 without recompute)."""
 
     head_ms: float
     block_ms: float
@@ -87,6 +93,19 @@ class BlockStats:
     out_bytes: float
     total_ms: float
     total_upd_ms: float
+    head_work_bytes: float = 0.0
+    block_work_bytes: float = 0.0
+    tail_work_bytes: float = 0.0
+    recompute: bool = False
+
+    def work_bytes(self, *, head: bool, tail: bool) -> float:
+        """Transient bytes of a stage holding the head part, blocks, the tail part:
+        the largest of the parts it may hold (safe whatever its block count)."""
+        return max(
+            self.block_work_bytes,
+            self.head_work_bytes if head else 0.0,
+            self.tail_work_bytes if tail else 0.0,
+        )
 
 
 def block_range(model: ModelSpec) -> tuple[int, int]:
@@ -96,15 +115,17 @@ def block_range(model: ModelSpec) -> tuple[int, int]:
     return first, last + 1
 
 
-def block_stats(table: LayerTable, model: ModelSpec) -> BlockStats:
+def block_stats(table: LayerTable, model: ModelSpec, *, recompute: bool = False) -> BlockStats:
     a, b = block_range(model)
     n = b - a
     L = table.num_layers
-    head, blocks, tail = table.stage(0, a) if a else None, table.stage(a, b), None
-    tail = table.stage(b, L) if b < L else None
+    r = recompute
+    head = table.stage(0, a, recompute=r) if a else None
+    blocks = table.stage(a, b, recompute=r)
+    tail = table.stage(b, L, recompute=r) if b < L else None
     max_params = max(table.params(i, i + 1) for i in range(a, b))
-    max_act = max(table.stage(i, i + 1).act_bytes for i in range(a, b))
-    whole = table.stage(0, L)
+    max_act = max(table.stage(i, i + 1, recompute=r).act_bytes for i in range(a, b))
+    whole = table.stage(0, L, recompute=r)
     return BlockStats(
         head_ms=(head.fwd_ms + head.bwd_ms) if head else 0.0,
         block_ms=(blocks.fwd_ms + blocks.bwd_ms) / n,
@@ -124,6 +145,10 @@ def block_stats(table: LayerTable, model: ModelSpec) -> BlockStats:
         out_bytes=blocks.output_bytes,
         total_ms=whole.fwd_ms + whole.bwd_ms,
         total_upd_ms=whole.update_ms,
+        head_work_bytes=head.transient_bytes if head else 0.0,
+        block_work_bytes=blocks.transient_bytes,
+        tail_work_bytes=tail.transient_bytes if tail else 0.0,
+        recompute=recompute,
     )
 
 
@@ -169,7 +194,7 @@ def _fits(stats: BlockStats, cap: float, state: int, n: int, depth: int) -> bool
     left = n
     for s in range(depth):
         in_flight = depth - s
-        fixed = 2 * stats.out_bytes
+        fixed = 2 * stats.out_bytes + stats.work_bytes(head=s == 0, tail=s == depth - 1)
         if s == 0:
             fixed += stats.head_params * state + stats.head_act * in_flight
         if s == depth - 1:

@@ -14,7 +14,7 @@ Split (one template at a time, pure MILP):
     F   = sum_s y_s + 2 sum_s send_s                       one micro-batch end to end
     Z  >= g * params_s        gradient sync of a stage (ring over the slowest link)
     O  >= upd_s               optimizer step of a stage
-    params_s * state + act_s * (S - s) + buffers <= mem_c - reserve     memory
+    params_s * state + act_s * (S - s) + buffers + w_s <= mem_c - reserve     memory
     minimise (m̂ - 1) C + F + Z + O
 
 Shares (all templates, pure MILP with the splits' C_j, F_j fixed):
@@ -23,6 +23,11 @@ Shares (all templates, pure MILP with the splits' C_j, F_j fixed):
     sum_j k_j m_j + r_j = M
     T >= (m_j - 1) C_j + F_j;   T >= m_j C_j + F_j - U (1 - rho_j)
     minimise T
+
+With activation recomputation (the stats are then built for it, groups.py),
+y_s carries the re-run forward, act_s counts the layers' inputs, and w_s is the
+largest single layer's activations the stage may hold during its backward (0
+without recompute).
 
 Taking the forward and backward maxima separately, with half of each adjacent
 send, keeps ``(m-1) C + F`` an upper bound of the simulated 1F1B makespan even
@@ -131,8 +136,9 @@ def solve_split(
             (st.head_params if head else 0) + n * st.block_params + (st.tail_params if tail else 0)
         )
         act = (st.head_act if head else 0.0) + n * st.block_act + (st.tail_act if tail else 0.0)
+        work = st.work_bytes(head=head, tail=tail)
         model.addCons(
-            params * inp.state_bytes_per_param + act * (S - s) + 2 * st.out_bytes
+            params * inp.state_bytes_per_param + act * (S - s) + 2 * st.out_bytes + work
             <= inp.mem_cap_bytes[c]
         )
         model.addCons(

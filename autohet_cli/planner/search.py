@@ -60,6 +60,10 @@ class SearchRequest:
     time_limit_s: float = 60.0
     tp_candidates: Sequence[int] = (1, 2, 4, 8)
     mbs_candidates: Sequence[int] = (1, 2, 4, 8)
+    # Every stage of every plan searched recomputes its activations (Stage.recompute):
+    # times and memory throughout (MILP, estimates, bounds, evaluation) are those of
+    # recompute stages, and the plans carry the flag.
+    recompute: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,7 +271,11 @@ def _contexts(req: SearchRequest) -> list[_Context]:
             if req.global_batch_size % mbs:
                 continue
             stats = [
-                block_stats(req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps), req.model)
+                block_stats(
+                    req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps),
+                    req.model,
+                    recompute=req.recompute,
+                )
                 for c in classes
             ]
             caps = [
@@ -465,6 +473,7 @@ def _solve_grouping(
             a,
             req.model.num_layers,
             stage_major=stage_major,
+            recompute=req.recompute,
         )
         if pipelines is None:
             return None, None
@@ -555,10 +564,11 @@ def _shortfall(req: SearchRequest) -> str:
             f"{t.optimizer} state need {_bytes(need)}, the cluster has {_bytes(have)} of GPU "
             "memory after runtime reserves; add GPUs or use a smaller model"
         )
+    remedy = "" if req.recompute else "--recompute (about 1/3 more compute), "
     return (
         f"no plan fits {req.model.name} with global batch {req.global_batch_size} on "
         f"{req.cluster.name}: weights and optimizer state need {_bytes(need)} of "
         f"{_bytes(have)}, but the activations of in-flight micro-batches do not fit at any "
-        "TP degree and micro-batch size tried; use a shorter --seq-len, more GPUs, or a "
-        "global batch that allows more micro-batches"
+        f"TP degree and micro-batch size tried; use {remedy}a shorter --seq-len, more GPUs, "
+        "or a global batch that allows more micro-batches"
     )

@@ -212,12 +212,13 @@ def test_two_pipelines_with_different_boundaries_by_hand() -> None:
     ev = evaluate([a, b], cluster, toy_tables(), 1)
 
     # Cuts {0, 1, 3, 4}: segments [0,1) [1,3) [3,4) hold 1e5, 5e5, 4e5 params, i.e.
-    # 2e5, 1e6, 8e5 bf16 gradient bytes. Ring of 2 over the 1e8 B/s link: 2(D-1)/D = 1,
-    # so 2, 10 and 8 ms. Each stage syncs its segments one after the other.
-    per_stage = [[2.0, 18.0], [12.0, 8.0]]
+    # 4e5, 2e6, 1.6e6 gradient bytes (fp32 all-reduce, settings.GRAD_REDUCE_BYTES). Ring
+    # of 2 over the 1e8 B/s link: 2(D-1)/D = 1, so 4, 20 and 16 ms. Each stage syncs its
+    # segments one after the other.
+    per_stage = [[4.0, 36.0], [24.0, 16.0]]
     for pe, expect in zip(ev.pipelines, per_stage, strict=True):
         assert [s.grad_sync_ms for s in pe.stages] == pytest.approx(expect)
-    assert ev.grad_sync_ms == pytest.approx(18.0)
+    assert ev.grad_sync_ms == pytest.approx(36.0)
 
     sim_a = simulate_1f1b([1, 3], [2, 6], 3, [1.0]).makespan_ms
     # b by hand: F 0-3, send, F 4-5, B 5-7, send, B 8-14
@@ -225,7 +226,7 @@ def test_two_pipelines_with_different_boundaries_by_hand() -> None:
     assert ev.pipelines[0].time_ms == pytest.approx(sim_a)
     assert ev.pipeline_ms == pytest.approx(max(sim_a, 14.0))
     assert ev.optimizer_ms == pytest.approx(2.5)  # a's stage 1: 0.5 + 1 + 1
-    assert ev.iteration_ms == pytest.approx(max(sim_a, 14.0) + 18.0 + 2.5)
+    assert ev.iteration_ms == pytest.approx(max(sim_a, 14.0) + 36.0 + 2.5)
     assert ev.tokens_per_s == pytest.approx((3 + 1) * 128 / (ev.iteration_ms / 1e3))
     # stage 0 of a holds min(2, 3) = 2 micro-batches, stage 0 of b only its m = 1
     b0 = ev.pipelines[1].stages[0]
@@ -236,8 +237,8 @@ def test_grad_sync_inside_one_host_uses_the_intra_node_link() -> None:
     cluster = make_cluster([("h0", 2)])
     plan = [pipe(2, stage(0, 4, "h0", 0)), pipe(2, stage(0, 4, "h0", 1))]
     ev = evaluate(plan, cluster, toy_tables(), 1)
-    # 1e6 params * 2 bytes, ring of 2, at 1e9 B/s
-    assert ev.grad_sync_ms == pytest.approx(2.0)
+    # 1e6 params * 4 bytes (fp32 gradients), ring of 2, at 1e9 B/s
+    assert ev.grad_sync_ms == pytest.approx(4.0)
 
 
 def test_grad_sync_waits_for_the_slowest_link_of_the_ring() -> None:
@@ -245,12 +246,12 @@ def test_grad_sync_waits_for_the_slowest_link_of_the_ring() -> None:
     plan = [pipe(1, stage(0, 4, h, 0)) for h in ("h0", "h1", "h2")]
     tables = toy_tables()
     ev = evaluate(plan, cluster, tables, 1)
-    # 2 * (3-1)/3 * 2e6 B / 5e7 B/s
-    assert ev.grad_sync_ms == pytest.approx(2 * 2 / 3 * 2e6 / 5e7 * 1e3)
-    assert ev.grad_sync_ms == pytest.approx(ring_allreduce_ms(2e6, 3, 0.4))
+    # 2 * (3-1)/3 * 4e6 B (1e6 fp32 gradients) / 5e7 B/s
+    assert ev.grad_sync_ms == pytest.approx(2 * 2 / 3 * 4e6 / 5e7 * 1e3)
+    assert ev.grad_sync_ms == pytest.approx(ring_allreduce_ms(4e6, 3, 0.4))
     faster = make_cluster([("h0", 1), ("h1", 1), ("h2", 1)])
     assert evaluate(plan, faster, tables, 1).grad_sync_ms == pytest.approx(
-        ring_allreduce_ms(2e6, 3, INTER_GBPS)
+        ring_allreduce_ms(4e6, 3, INTER_GBPS)
     )
 
 
@@ -258,8 +259,9 @@ def test_tp_groups_across_hosts_share_the_nic() -> None:
     cluster = make_cluster([("h0", 2), ("h1", 2)])
     plan = [pipe(2, stage(0, 4, "h0", 0, 1)), pipe(2, stage(0, 4, "h1", 0, 1))]
     ev = evaluate(plan, cluster, toy_tables(), 1)
-    # each GPU holds 1e6 params (the tp=2 entry is per GPU); both ranks' rings cross one NIC
-    assert ev.grad_sync_ms == pytest.approx(1e6 * 2 * 2 / 1e8 * 1e3)
+    # each GPU holds 1e6 params (the tp=2 entry is per GPU) of 4-byte fp32 gradients;
+    # both ranks' rings cross one NIC
+    assert ev.grad_sync_ms == pytest.approx(1e6 * 4 * 2 / 1e8 * 1e3)
     # the measured tp=2 entry already contains TP communication: nothing is added
     assert ev.pipelines[0].stages[0].cost.fwd_ms == pytest.approx(4.0)
 

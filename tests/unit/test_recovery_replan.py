@@ -200,7 +200,7 @@ def test_contingency_is_used_without_solving() -> None:
     assert all(s.predicted is not None for p in new.pipelines for s in p.stages)
     assert new.notes[0] == "recovered from the loss of v100-0"
     assert re.search(
-        r"contingency plan: kept \d+% of layer state in place at 1\.\d{3} "
+        r"contingency plan: kept \d+% of layer state in place at \d+\.\d{3} "
         r"s/iteration; the kept plan would keep 100% in place but is \+\d+\.\d% "
         r"slower",
         new.notes[1],
@@ -548,3 +548,18 @@ def test_negative_tolerance_is_rejected() -> None:
 
 
 _: Callable[..., PlanOutcome] = make_plan  # the planner protocol accepts make_plan itself
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_recomputing_plan_is_replanned_with_recomputation(recompute: bool) -> None:
+    old = make_old(OLD_PIPES, None)
+    old = replace(
+        old,
+        pipelines=tuple(
+            replace(p, stages=tuple(replace(s, recompute=recompute) for s in p.stages))
+            for p in old.pipelines
+        ),
+    )
+    rec = Recording(raises=InfeasibleError("stub"))
+    replan(old, inputs().cluster, ["v100-0"], old_path=OLD_PATH, tables=tables(), planner=rec)
+    assert rec.calls[0]["recompute"] is recompute

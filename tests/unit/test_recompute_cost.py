@@ -1,0 +1,320 @@
+"""Activation recomputation: the plan field, its time and memory, the planner's --recompute."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.costmodel.pipeline import simulate_1f1b
+from autohet_cli.costmodel.tables import (
+    RESIDUAL_BYTES,
+    TOKEN_ID_BYTES,
+    CostTables,
+    LayerTable,
+)
+from autohet_cli.errors import ConfigError, InfeasibleError
+from autohet_cli.models import get_model
+from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
+from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.explain import explain_text, summary_json
+from autohet_cli.planner.groups import block_range, block_stats
+from autohet_cli.profiling.schema import EntryKey, LayerTiming, ProfileEntry
+from autohet_cli.yamlio import dump_yaml
+from tests.bruteforce import tiny_cluster
+from tests.cli import autohet
+from tests.unit.test_costmodel import (
+    ACT_BYTES,
+    OUT_BYTES,
+    PARAMS,
+    RESERVE,
+    TOY,
+    TRAINING,
+    make_cluster,
+    pipe,
+    stage,
+    state_bytes,
+    toy_tables,
+)
+
+SEQ = TRAINING.seq_len  # 128 tokens, micro-batch 1
+# What a recompute stage keeps per layer: token ids into the embedding, then fp32
+# hidden states of TOY's width 64.
+IDS = SEQ * TOKEN_ID_BYTES
+HIDDEN = SEQ * TOY.hidden_size * RESIDUAL_BYTES
+INPUTS = (IDS, HIDDEN, HIDDEN, HIDDEN)
+
+
+def rc(s: Any) -> Any:
+    return replace(s, recompute=True)
+
+
+# --- cost numbers ----------------------------------------------------------------------------
+
+
+def test_layer_inputs_are_token_ids_then_fp32_hidden_states() -> None:
+    assert toy_tables().input_bytes(1) == [float(x) for x in INPUTS]
+    assert (IDS, HIDDEN) == (1024, 32768)
+    assert toy_tables().input_bytes(4)[1] == 4 * HIDDEN
+
+
+def test_backward_of_a_recompute_stage_includes_its_forward() -> None:
+    table = toy_tables().table("A100-40", 1, 1, 8.0)
+    plain, again = table.stage(1, 4), table.stage(1, 4, recompute=True)
+    assert (again.fwd_ms, again.bwd_ms) == (3.0, 6.0 + 3.0)
+    assert again.update_ms == plain.update_ms and again.num_params == plain.num_params
+    assert again.output_bytes == plain.output_bytes
+    assert table.compute_ms(1, 4, recompute=True) == 12.0
+    assert table.compute_ms(1, 4) == 9.0
+
+
+def test_tp_communication_of_the_forward_repeats_in_the_backward() -> None:
+    model = get_model("gpt-small")
+    tables = CostTables(model, None, training_for(8, 256, "bf16", "adam"))
+    table = tables.table("A100-40", 2, 1, 2400.0)
+    a, b = block_range(model)
+    plain, again = table.stage(a, b), table.stage(a, b, recompute=True)
+    comm = sum(tables._tp_comm_ms(i, 2, 1, 2400.0) for i in range(a, b))
+    compute = sum(lt.fwd_ms for lt in tables.entry("A100-40", 2, 1).layers[a:b])
+    assert comm > 0 and plain.fwd_ms == pytest.approx(compute + comm)
+    assert again.bwd_ms == pytest.approx(plain.bwd_ms + compute + comm)
+
+
+def test_memory_keeps_inputs_per_microbatch_plus_one_layer_at_work() -> None:
+    cluster = make_cluster([("h0", 2)])
+    plain = [pipe(4, stage(0, 2, "h0", 0), stage(2, 4, "h0", 1))]
+    mixed = [pipe(4, rc(stage(0, 2, "h0", 0)), stage(2, 4, "h0", 1))]
+    ev_plain = evaluate(plain, cluster, toy_tables(), 1)
+    ev = evaluate(mixed, cluster, toy_tables(), 1)
+    s0, s1 = ev.pipelines[0].stages
+    # Stage 0 of 2 holds 2 micro-batches: their inputs to layers 0 and 1, plus layer 1's
+    # 2e6 activation bytes (the larger of 1e6, 2e6) during one backward.
+    expect0 = state_bytes(300_000) + (IDS + HIDDEN) * 2 + max(ACT_BYTES[:2]) + 2 * 1e6 + RESERVE
+    assert s0.mem_bytes == int(expect0)
+    assert s0.cost.act_bytes == IDS + HIDDEN and s0.cost.transient_bytes == 2e6
+    assert s0.mem_bytes < ev_plain.pipelines[0].stages[0].mem_bytes
+    # The plain stage beside it is costed exactly as before.
+    assert s1 == ev_plain.pipelines[0].stages[1]
+    assert s1.mem_bytes == int(state_bytes(700_000) + 7e6 + 2 * OUT_BYTES[3] + RESERVE)
+    # Time: stage 0's backward grew by its forward (4 + 2), and the simulator sees it.
+    assert (s0.cost.fwd_ms, s0.cost.bwd_ms) == (2.0, 6.0)
+    sim = simulate_1f1b([2, 2], [6, 4], 4, [1.0]).makespan_ms
+    assert ev.pipeline_ms == pytest.approx(sim)
+    assert ev.pipeline_ms > ev_plain.pipeline_ms
+
+
+def test_last_stage_works_on_the_head_and_each_pipeline_follows_its_flags() -> None:
+    cluster = make_cluster([("h0", 1), ("h1", 1)])
+    plan = [pipe(2, stage(0, 4, "h0", 0)), pipe(2, rc(stage(0, 4, "h1", 0)))]
+    ev = evaluate(plan, cluster, toy_tables(), 1)
+    a, b = ev.pipelines[0].stages[0], ev.pipelines[1].stages[0]
+    assert b.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(INPUTS) + 4e6 + 5e5 * 2 + RESERVE)
+    assert a.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(ACT_BYTES) + 5e5 * 2 + RESERVE)
+    assert (a.cost.bwd_ms, b.cost.bwd_ms) == (8.0, 12.0)
+    assert ev.pipelines[1].time_ms > ev.pipelines[0].time_ms
+
+
+def test_largest_layer_of_any_range_matches_a_scan() -> None:
+    rng = random.Random(7)
+    acts = [rng.uniform(0, 1e9) for _ in range(13)]
+    layers = tuple(
+        LayerTiming(
+            fwd_ms=1.0, bwd_ms=2.0, update_ms=0.0, num_params=1, act_bytes=a, output_bytes=1.0
+        )
+        for a in acts
+    )
+    key = EntryKey(model="m", gpu_type="A100-40", tensor_parallel=1, micro_batch_size=1, seq_len=1)
+    table = LayerTable(
+        ProfileEntry(key=key, source="measured", dtype="bf16", layers=layers),
+        [0.0] * 13,
+        [1.0] * 13,
+    )
+    for start in range(13):
+        for end in range(start + 1, 14):
+            assert table.max_act_bytes(start, end) == max(acts[start:end]), (start, end)
+            assert table.stage(start, end, recompute=True).transient_bytes == max(acts[start:end])
+
+
+def test_block_stats_for_recompute_carry_inputs_and_the_working_layer() -> None:
+    model = get_model("gpt-small")
+    table = CostTables(model, None, training_for(8, 256, "bf16", "adam")).table(
+        "A100-40", 1, 1, 2400.0
+    )
+    plain, again = block_stats(table, model), block_stats(table, model, recompute=True)
+    assert again.block_act == 256 * model.hidden_size * RESIDUAL_BYTES < plain.block_act
+    assert again.block_work_bytes == plain.block_act
+    assert again.tail_work_bytes == plain.tail_act  # the head's logits
+    assert again.block_ms == pytest.approx(plain.block_ms + plain.block_fwd_ms)
+    assert plain.work_bytes(head=True, tail=True) == 0.0
+
+
+# --- the plan schema -------------------------------------------------------------------------
+
+
+def _plan_dict(recompute: tuple[bool, ...]) -> dict[str, Any]:
+    stages = []
+    bounds = [0, 2, 4]
+    for j, flag in enumerate(recompute):
+        s: dict[str, Any] = {
+            "layers": [bounds[j], bounds[j + 1]],
+            "gpu_type": "A100-40",
+            "devices": [{"host": "h0", "gpu": j}],
+        }
+        if flag:
+            s["recompute"] = True
+        stages.append(s)
+    return {
+        "schema": "autohet.plan/v1",
+        "name": "rc",
+        "version": 1,
+        "model": {"name": "toy-4", "num_layers": 4},
+        "training": {"global_batch_size": 4, "micro_batch_size": 1, "seq_len": 128},
+        "tensor_parallel": 1,
+        "pipelines": [{"num_microbatches": 4, "stages": stages}],
+    }
+
+
+def test_recompute_is_written_only_when_true_and_round_trips() -> None:
+    plan = plan_from_dict(_plan_dict((True, False)), "rc.yaml")
+    assert [s.recompute for s in plan.pipelines[0].stages] == [True, False]
+    out = plan_to_dict(plan)
+    stages = out["pipelines"][0]["stages"]
+    assert stages[0]["recompute"] is True and "recompute" not in stages[1]
+    again = plan_from_dict(yaml.safe_load(dump_yaml(out)), "again")
+    assert again == plan
+    none = plan_from_dict(_plan_dict((False, False)), "plain.yaml")
+    assert "recompute" not in dump_yaml(plan_to_dict(none))
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None, [True]])
+def test_a_non_bool_recompute_is_rejected_with_the_field_named(value: Any) -> None:
+    d = _plan_dict((False, False))
+    d["pipelines"][0]["stages"][1]["recompute"] = value
+    with pytest.raises(ConfigError, match=r"rc\.yaml: pipelines\[0\]\.stages\[1\]\.recompute"):
+        plan_from_dict(d, "rc.yaml")
+
+
+def test_a_misspelt_recompute_key_is_still_rejected() -> None:
+    d = _plan_dict((False, False))
+    d["pipelines"][0]["stages"][0]["recomputed"] = True
+    with pytest.raises(ConfigError, match=r"stages\[0\]: unknown key 'recomputed'.*'recompute'"):
+        plan_from_dict(d, "rc.yaml")
+
+
+# --- explain and estimate --------------------------------------------------------------------
+
+
+def _toy_plan(flags: tuple[bool, bool]) -> Plan:
+    return plan_from_dict(_plan_dict(flags), "toy")
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        ((True, False), "Recompute: 1 of 2 stages (marked R)"),
+        ((True, True), "Recompute: every stage"),
+        ((False, False), None),
+    ],
+)
+def test_explain_marks_recompute_stages(flags: tuple[bool, bool], line: str | None) -> None:
+    plan = _toy_plan(flags)
+    cluster = make_cluster([("h0", 2)])
+    ev = evaluate(plan.pipelines, cluster, toy_tables(), 1)
+    text = explain_text(plan, ev, cluster, solved_now=False)
+    assert summary_json(plan, ev, cluster, None)["recompute_stages"] == sum(flags)
+    if line is None:
+        assert "recompute" not in text.lower()
+        return
+    assert line in text
+    rows = [r for r in text.splitlines() if r.strip().startswith(("0 ", "1 "))]
+    assert [r.rstrip().endswith(" R") for r in rows] == list(flags)
+
+
+# --- the planner -----------------------------------------------------------------------------
+
+# Two V100-16 on one host, GPT-1.3B at 4096 tokens: weights and Adam state (21 GB) fit
+# the pair, but no TP degree, micro-batch size or depth leaves room for the activations
+# of a single micro-batch; kept as layer inputs only, they fit.
+V100_PAIR = (("v0", "V100-16", 2, None),)
+
+
+def _plan_tight(recompute: bool) -> Any:
+    model = get_model("GPT-1.3B")
+    training = training_for(4, 4096, "bf16", "adam")
+    cluster = tiny_cluster(V100_PAIR, name="v100-pair")
+    return make_plan(
+        name="tight",
+        cluster=cluster,
+        model=model,
+        tables=CostTables(model, None, training),
+        global_batch_size=training.global_batch_size,
+        time_limit_s=10.0,
+        recompute=recompute,
+    ), cluster
+
+
+def test_plain_planning_runs_out_of_memory_and_suggests_recompute() -> None:
+    with pytest.raises(InfeasibleError, match="activations.*--recompute"):
+        _plan_tight(False)
+
+
+def test_recompute_plan_fits_where_plain_planning_does_not() -> None:
+    out, cluster = _plan_tight(True)
+    stages = [s for p in out.plan.pipelines for s in p.stages]
+    assert stages and all(s.recompute for s in stages)
+    assert out.eval.fits
+    # Scored as recompute stages: without the flag the same layout does not fit.
+    tables = CostTables(get_model("GPT-1.3B"), None, out.plan.training)
+    mbs = out.plan.training.micro_batch_size
+    plain = [
+        replace(p, stages=tuple(replace(s, recompute=False) for s in p.stages))
+        for p in out.plan.pipelines
+    ]
+    assert not evaluate(plain, cluster, tables, mbs).fits
+    again = evaluate(list(out.plan.pipelines), cluster, tables, mbs)
+    assert again.iteration_ms == pytest.approx(out.eval.iteration_ms)
+    # The baselines recompute too, so the comparison stays fair.
+    for name, cand in out.baselines.items():
+        assert cand is not None, name
+        assert all(s.recompute for p in cand.pipelines for s in p.stages), name
+    written = plan_to_dict(replace(out.plan, version=1))
+    assert all(s["recompute"] is True for p in written["pipelines"] for s in p["stages"])
+
+
+def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> None:
+    cluster = {
+        "schema": "autohet.cluster/v1",
+        "name": "v100-pair",
+        "network": {"inter_node_gbps": 100},
+        "hosts": [{"name": "v0", "address": "127.0.0.1", "gpus": {"type": "V100-16", "count": 2}}],
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
+    common = ("--cluster", "c.yaml", "--model", "GPT-1.3B", "--global-batch-size", "4")
+    args = ("plan", *common, "--seq-len", "4096", "--time-limit", "10", "--out-dir", "out")
+    res = autohet(*args, "--json", cwd=tmp_path)
+    assert res.returncode == 1 and "--recompute" in res.stderr
+    res = autohet(*args, "--recompute", "--explain", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "Recompute: every stage" in res.stdout
+    path = tmp_path / "out" / "v100-pair-GPT-1.3B.v1.yaml"
+    res = autohet("estimate", str(path), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    est = json.loads(res.stdout)
+    assert est["recompute_stages"] >= 1 and est["memory_peak_fraction"] <= 1.0
+    # Hand-edit: recomputation off on every stage; estimate says it no longer fits.
+    raw = yaml.safe_load(path.read_text())
+    edited = copy.deepcopy(raw)
+    for p in edited["pipelines"]:
+        for s in p["stages"]:
+            del s["recompute"]
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    res = autohet("estimate", "edited.yaml", "--cluster", "c.yaml", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "runs out of memory" in res.stderr and "Recompute" not in res.stdout
