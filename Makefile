@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PLANS ?= plans
+DATA ?= build
 
 .PHONY: install demo test unit lint bench clean
 
@@ -23,11 +24,15 @@ demo: install
 	$(VENV)/bin/autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M \
 	  --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --name demo-paper-mix \
 	  --out-dir $(PLANS) --time-limit 20 --explain
-	@echo "== 2. plan and launch a tiny GPT on the embedded localhost cluster (2 CPU devices)"
-	$(VENV)/bin/autohet plan --model gpt-tiny --global-batch-size 8 --precision fp32 \
+	@echo "== 2. tokenize the shipped sample corpus (KJV, public domain) with the shipped tokenizer"
+	test -f $(DATA)/sample-tokens/meta.json || $(VENV)/bin/autohet data prepare \
+	  autohet_cli/data/sample/corpus.txt --tokenizer sample --doc-separator blank-line \
+	  --out $(DATA)/sample-tokens
+	@echo "== 3. plan and launch a small LLaMA on it, on the embedded localhost cluster (2 CPU devices)"
+	$(VENV)/bin/autohet plan --model llama-tiny --global-batch-size 8 --precision fp32 \
 	  --name demo-local --out-dir $(PLANS) --time-limit 10 --explain
-	$(VENV)/bin/autohet launch $$(ls -t $(PLANS)/demo-local.v*.yaml | head -1) --steps 30 \
-	  --train-arg=--lr=0.003
+	$(VENV)/bin/autohet launch $$(ls -t $(PLANS)/demo-local.v*.yaml | head -1) \
+	  --config examples/demo-run.yaml --data $(abspath $(DATA))/sample-tokens
 
 test: install lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q

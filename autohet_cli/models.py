@@ -349,6 +349,9 @@ ZOO: dict[str, ModelSpec] = {
             num_positions=256,
             default_seq_len=256,
         ),
+        # A small LLaMA (RMSNorm, RoPE, SwiGLU, grouped KV) whose 2048-token vocabulary is
+        # the shipped sample tokenizer's (autohet_cli/data/sample): the demo's model.
+        _llama("llama-tiny", 4, 128, 4, 2, 352, 2048, 128),
     )
 }
 

@@ -10,8 +10,7 @@ from typing import Annotated
 
 import typer
 
-from autohet_cli.ckpt.policy import parse_every
-from autohet_cli.errors import ConfigError
+from autohet_cli.cli import trainopts
 from autohet_cli.launch import session
 from autohet_cli.launch.executor import JobOutcome
 from autohet_cli.transport.pool import ConnectOptions
@@ -19,6 +18,7 @@ from autohet_cli.transport.pool import ConnectOptions
 EPILOG = (
     "Examples:\n\n"
     "  autohet launch plans/lab.v1.yaml --steps 200\n\n"
+    "  autohet launch plans/lab.v1.yaml --config run.yaml --data /data/tokens\n\n"
     "  autohet launch plans/lab.v1.yaml --dry-run\n\n"
     "  autohet launch plans/lab.v1.yaml --resume --steps 400\n\n"
     "  autohet launch plans/llama.v1.yaml --init-from /data/Meta-Llama-3-8B\n\n"
@@ -42,15 +42,20 @@ def launch(
     cluster: Annotated[
         str | None, typer.Option(help="Cluster file or 'localhost'. [default: the plan's]")
     ] = None,
-    steps: Annotated[int, typer.Option(help="Train until this step.", min=0)] = 100,
+    steps: Annotated[
+        int | None, typer.Option(help="Train until this step. [default: 100]", min=0)
+    ] = None,
+    config: trainopts.ConfigOpt = None,
+    data: trainopts.DataOpt = None,
+    data_fn: trainopts.DataFnOpt = None,
     checkpoint_every: Annotated[
-        str,
+        str | None,
         typer.Option(
             metavar="K|auto|0",
             help="Save every K steps and after the last; auto: under 2% overhead, at "
-            "least every 30 min; 0: off.",
+            "least every 30 min; 0: off. [default: auto]",
         ),
-    ] = "auto",
+    ] = None,
     train_arg: Annotated[
         list[str] | None,
         typer.Option(help="Extra worker argument (repeatable), for example: --train-arg=--lr=3e-4"),
@@ -104,16 +109,20 @@ def launch(
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Start torchrun on every host of PLAN, stream the output, stop cleanly on Ctrl-C."""
-    try:
-        parse_every(checkpoint_every)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    training = trainopts.resolve(
+        config=config,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        data=data,
+        data_fn=data_fn,
+        train_arg=train_arg,
+    )
     req = session.LaunchRequest(
         plan_file=plan_file,
         cluster=cluster,
-        steps=steps,
-        checkpoint_every=checkpoint_every,
-        train_args=tuple(train_arg or ()),
+        steps=training.steps,
+        checkpoint_every=training.checkpoint_every,
+        train_args=training.train_args,
         script=tuple(script or ()),
         master_port=master_port,
         run_id=run_id,

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from autohet_cli.ckpt.policy import parse_every
-from autohet_cli.errors import ConfigError
+from autohet_cli.cli import trainopts
 from autohet_cli.recovery import session
 from autohet_cli.transport.pool import ConnectOptions
 
@@ -43,11 +42,18 @@ def recover(
         str | None,
         typer.Option(help="Checkpoint namespace (launch prints it). [default: the newest]"),
     ] = None,
-    steps: Annotated[int, typer.Option(help="Train until this step.", min=1)] = 100,
+    steps: Annotated[
+        int | None, typer.Option(help="Train until this step. [default: 100]", min=1)
+    ] = None,
+    config: trainopts.ConfigOpt = None,
+    data: trainopts.DataOpt = None,
+    data_fn: trainopts.DataFnOpt = None,
     checkpoint_every: Annotated[
-        str,
-        typer.Option(metavar="K|auto|0", help="As for launch: K steps, auto, or 0 (off)."),
-    ] = "auto",
+        str | None,
+        typer.Option(
+            metavar="K|auto|0", help="As for launch: K steps, auto, or 0 (off). [default: auto]"
+        ),
+    ] = None,
     train_arg: Annotated[
         list[str] | None, typer.Option(help="Extra worker argument (repeatable).")
     ] = None,
@@ -76,10 +82,14 @@ def recover(
     version, copies each missing shard from a surviving peer (remote storage only
     for what every peer lost), verifies it by sha256, then relaunches training.
     """
-    try:
-        parse_every(checkpoint_every)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    training = trainopts.resolve(
+        config=config,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        data=data,
+        data_fn=data_fn,
+        train_arg=train_arg,
+    )
 
     def say(message: str) -> None:
         if not as_json:
@@ -91,9 +101,9 @@ def recover(
         cluster=cluster,
         step=step,
         job=job,
-        steps=steps,
-        checkpoint_every=checkpoint_every,
-        train_args=tuple(train_arg or ()),
+        steps=training.steps,
+        checkpoint_every=training.checkpoint_every,
+        train_args=training.train_args,
         time_limit_s=time_limit,
         dry_run=dry_run,
         resume=resume,

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autohet_cli.ckpt.format import new_key
 from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
@@ -237,6 +238,7 @@ def run_job(
     printer(f"rendezvous: {specs[0].address}:{port}; run {rid}; logs in {local_dir}")
     if not script:
         _announce_checkpoints(specs, train_args, p, printer)
+        _announce_metrics(specs[0], printer)
     job = Job(
         specs,
         pool,
@@ -274,7 +276,7 @@ def _prepare_job(
             "(it copies them peer to peer first)"
         )
     if is_new:
-        key = jobs.new_key()
+        key = new_key()
     else:
         holders = found[job].key_hosts if job in found else ()
         if not holders:
@@ -307,6 +309,15 @@ def _announce_checkpoints(
         "lost cannot be recovered without one)"
     )
     printer(f"checkpoints: {describe_every(every)}; in {where}; remote copy: {remote}")
+
+
+def _announce_metrics(first: LaunchSpec, printer: Printer) -> None:
+    """Rank 0 runs on the first plan host and writes the metrics in its run directory."""
+    where = first.run_dir.replace("$HOME", "~")
+    printer(
+        f"metrics: {first.host}:{where}/metrics.jsonl; TensorBoard (if installed there): "
+        f"tensorboard --logdir {where}/tensorboard (on {first.host})"
+    )
 
 
 def free_local_port() -> int:

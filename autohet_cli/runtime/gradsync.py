@@ -7,6 +7,8 @@ the global batch, whatever the batch shares: a plain SUM all-reduce per segment,
 no re-weighting. A rank joins the groups of the segments it holds; a parameter
 tied across layers joins the group of every rank holding any copy of it instead.
 Buckets run in the order ``Topology.sync_groups`` gives, the same on every rank.
+They reduce in fp32 (``settings.GRAD_REDUCE_DTYPE``, what the cost model charges):
+the gradients of fp32 master weights, never rounded to 16 bits before summing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from torch.distributed import ProcessGroup
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
+from autohet_cli.settings import GRAD_REDUCE_DTYPE
+
+REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -54,7 +59,7 @@ class GradSync:
         for bucket in self.buckets:
             grads = [local_tensor(p.grad) for p in bucket.params if p.grad is not None]
             assert len(grads) == len(bucket.params), f"{bucket.key}: missing gradients"
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1).to(REDUCE_DTYPE) for g in grads])
             work = dist.all_reduce(flat, group=bucket.group, async_op=True)
             pending.append((work, flat, grads))
         for work, flat, grads in pending:

@@ -15,10 +15,12 @@ that follows it in one ``batch_isend_irecv``, so two neighbours never both sit i
 a send waiting for the other's receive (which NCCL would deadlock on). Any
 micro-batch count works.
 
-Stage boundaries carry tensors of ``ModelParts.activation_shape`` in float32 (the
-residual stream stays fp32 under autocast); each TP rank of a stage talks to the
-same TP rank of its neighbours, the boundary activations being replicated across
-a stage's TP ranks.
+Stage boundaries carry tensors of ``ModelParts.activation_shape`` in the compute
+dtype (``comm_dtype``: bf16 under a bf16 plan on a GPU, as the cost model charges;
+``autohet_cli.settings`` states the decision); the receiver widens them to fp32,
+where the residual stream lives under autocast, and sends their gradients back in
+the compute dtype too. Each TP rank of a stage talks to the same TP rank of its
+neighbours, the boundary activations being replicated across a stage's TP ranks.
 """
 
 from __future__ import annotations
@@ -34,8 +36,17 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from autohet_cli.runtime.topology import BACKWARD, FORWARD, RankInfo
+from autohet_cli.settings import COMPUTE_DTYPES
 
-COMM_DTYPE = torch.float32
+RESIDUAL_DTYPE = torch.float32  # what a stage computes on between its layers
+
+
+def comm_dtype(compute: torch.dtype) -> torch.dtype:
+    """Stage-to-stage dtype for a run computing in ``compute`` (settings.COMPUTE_DTYPES)."""
+    known = {getattr(torch, name) for name in COMPUTE_DTYPES.values()}
+    if compute not in known:
+        raise ValueError(f"no communication dtype for compute dtype {compute}")
+    return compute
 
 
 class P2P:
@@ -48,9 +59,10 @@ class P2P:
         next_rank: int | None,
         shape: tuple[int, ...],
         device: torch.device,
+        dtype: torch.dtype = RESIDUAL_DTYPE,
     ) -> None:
         self.prev, self.next = prev_rank, next_rank  # global ranks; None at the ends
-        self.shape, self.device = shape, device
+        self.shape, self.device, self.dtype = shape, device, dtype
 
     def _exchange(
         self,
@@ -62,19 +74,22 @@ class P2P:
     ) -> tuple[Tensor | None, Tensor | None]:
         ops, from_prev, from_next = [], None, None
         if send_prev is not None and self.prev is not None:
-            ops.append(dist.P2POp(dist.isend, send_prev.contiguous(), self.prev))
+            ops.append(dist.P2POp(dist.isend, self._wire(send_prev), self.prev))
         if recv_prev and self.prev is not None:
-            from_prev = torch.empty(self.shape, dtype=COMM_DTYPE, device=self.device)
+            from_prev = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, from_prev, self.prev))
         if send_next is not None and self.next is not None:
-            ops.append(dist.P2POp(dist.isend, send_next.contiguous(), self.next))
+            ops.append(dist.P2POp(dist.isend, self._wire(send_next), self.next))
         if recv_next and self.next is not None:
-            from_next = torch.empty(self.shape, dtype=COMM_DTYPE, device=self.device)
+            from_next = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, from_next, self.next))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
-        return from_prev, from_next
+        return _widen(from_prev), _widen(from_next)
+
+    def _wire(self, t: Tensor) -> Tensor:
+        return t.detach().to(self.dtype).contiguous()
 
     def recv_forward(self) -> Tensor | None:
         return self._exchange(recv_prev=True)[0]
@@ -160,6 +175,27 @@ class PipelineSchedule:
         assert not in_flight
         return self._loss_sum
 
+    @torch.no_grad()
+    def evaluate(self, microbatches: list[Microbatch]) -> Tensor:
+        """Forward only: this stage's summed loss share (zero off the last stage).
+
+        Each stage receives, computes and sends one micro-batch at a time; the
+        chain of sends is acyclic, so no batching is needed to avoid deadlock.
+        """
+        loss_sum = torch.zeros((), device=self.device)
+        for inputs, targets in microbatches:
+            received = self.p2p.recv_forward()
+            stage_input = inputs.to(self.device) if self.info.is_first_stage else received
+            with self.autocast():
+                out = self.stage(stage_input)
+            if not self.info.is_last_stage:
+                self.p2p.send_forward(out)
+                continue
+            with self.loss_context():
+                loss = self.loss_fn(out, targets.to(self.device)) / self.global_batch_size
+            loss_sum += _plain(loss.detach()).float()
+        return loss_sum
+
     def _record(self, kind: str) -> None:
         self.trace.append((kind, self._counts[kind]))
         self._counts[kind] += 1
@@ -180,7 +216,7 @@ class PipelineSchedule:
         with self.autocast():
             out = self.stage(stage_input)
         if not self.info.is_last_stage:
-            return x, out, out.detach().to(COMM_DTYPE)
+            return x, out, out.detach()
         with self.loss_context():
             loss = self.loss_fn(out, targets.to(self.device)) / self.global_batch_size
         self._loss_sum += _plain(loss.detach())
@@ -198,6 +234,10 @@ class PipelineSchedule:
             return None
         assert x.grad is not None
         return x.grad
+
+
+def _widen(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.to(RESIDUAL_DTYPE)
 
 
 def _plain(t: Tensor) -> Tensor:

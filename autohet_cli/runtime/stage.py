@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils.checkpoint import checkpoint
 
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.model_api import (
@@ -27,13 +28,21 @@ from autohet_cli.runtime.model_api import (
 
 
 class StageModule(nn.Module):
-    def __init__(self, layers: dict[int, nn.Module]) -> None:
+    """``recompute``: keep only each layer's input for backward and run the layer's
+    forward again there (``torch.utils.checkpoint``, non-reentrant, so autocast and
+    DTensor work as in the first forward); the plan stage's ``recompute`` decides."""
+
+    def __init__(self, layers: dict[int, nn.Module], *, recompute: bool = False) -> None:
         super().__init__()
         self.layers = nn.ModuleDict({str(i): layers[i] for i in sorted(layers)})
+        self.recompute = recompute
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers.values():
-            x = layer(x)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return x
 
     def full_state_dict(self) -> dict[str, Tensor]:
@@ -83,7 +92,9 @@ def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> tuple[StageMo
             parallelize_module(layer, runtime.tp_mesh, tp_plan(), src_data_rank=None)
             for name in frozen:  # distributing a parameter makes it trainable again
                 layer.get_parameter(name).requires_grad_(False)
-    stage = StageModule(layers)
+    info = runtime.info
+    spec = runtime.plan.pipelines[info.pipeline].stages[info.stage]
+    stage = StageModule(layers, recompute=spec.recompute)
     tie_parameters(stage, parts.tied)
     return stage, parts
 

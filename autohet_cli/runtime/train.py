@@ -49,11 +49,77 @@ from autohet_cli.runtime.health import (
     default_timeout_s,
     init_process_group,
 )
+from autohet_cli.runtime.metrics import TENSORBOARD_DIR
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
-from autohet_cli.runtime.records import error_detail, first_line, write_boot, write_error
+from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
+
+
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """Data, optimizer and schedule (the keys of a run config file, ``runconfig``)."""
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="run config file (YAML or TOML, autohet_cli/runconfig.py): its settings are "
+        "the defaults, flags override them",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--min-lr", type=float, help="learning rate after decay (default lr/10)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup (default 0)")
+    p.add_argument("--decay-steps", type=int, help="step decay ends at (default --steps)")
+    p.add_argument("--lr-schedule", default="cosine", choices=["cosine", "linear", "constant"])
+    p.add_argument("--weight-decay", type=float, default=0.1, help="on matrices (default 0.1)")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument(
+        "--grad-clip",
+        type=float,
+        default=1.0,
+        help="clip gradients to this global norm over every stage and shard (default 1.0; 0: off)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="training tokens: a directory from `autohet data prepare`, a flat uint16/uint32 "
+        "token file (nanoGPT's train.bin), an .npy, or a Megatron .bin/.idx prefix; on "
+        "every host (default: synthetic tokens)",
+    )
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="of a headerless file")
+    p.add_argument(
+        "--data-fn",
+        metavar="MODULE:FN",
+        help="package.module:function returning the batches (autohet_cli/runtime/data_api.py)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.005,
+        help="share of the samples held out for validation (default 0.005)",
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="steps between validation losses (0: never)"
+    )
+    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation loss")
+
+
+def _config_defaults(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
+    """Make a ``--config`` file's settings the parser's defaults (flags then override)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    if known.config is None:
+        return
+    from autohet_cli.runconfig import load_run_config
+
+    try:
+        settings = load_run_config(known.config)
+    except AutohetError as exc:
+        p.error(str(exc))
+    p.set_defaults(**settings)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,12 +127,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plan", required=True, type=Path, help="plan file (autohet.plan/v1)")
     p.add_argument(
         "--steps",
-        required=True,
         type=int,
-        help="train up to this step (a resumed run continues from its checkpoint's step)",
+        help="train up to this step (a resumed run continues from its checkpoint's step); "
+        "required, here or in --config",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    _training_options(p)
     p.add_argument(
         "--metrics",
         type=Path,
@@ -144,9 +209,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="S",
         help=f"seconds between background heartbeats (default {DEFAULT_INTERVAL_S:g})",
     )
+    _config_defaults(p, argv)
     args = p.parse_args(argv)
+    if args.steps is None:
+        p.error("--steps is required (or steps: in --config)")
     if args.steps < 0:
         p.error("--steps must be >= 0")
+    for name in ("warmup_steps", "eval_every"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.eval_batches < 1:
+        p.error("--eval-batches must be >= 1")
+    if not 0 <= args.val_fraction < 1:
+        p.error("--val-fraction must be in [0, 1)")
+    if args.lr <= 0 or (args.min_lr is not None and not 0 <= args.min_lr <= args.lr):
+        p.error("learning rates need --lr > 0 and 0 <= --min-lr <= --lr")
     try:
         args.checkpoint_every = parse_every(args.checkpoint_every)
     except ValueError as exc:
@@ -181,23 +258,21 @@ def _info(trainer: Trainer) -> dict[str, int]:
     return {"pipeline": i.pipeline, "stage": i.stage, "tp_rank": i.tp_rank, "rank": i.rank}
 
 
+def _run_dir(args: argparse.Namespace) -> Path | None:
+    """``--run-dir``, else ``$AUTOHET_RUN_DIR`` (set by the launcher), else none."""
+    return args.run_dir or (Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None)
+
+
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
-    config = TrainConfig(
-        seed=args.seed,
-        lr=args.lr,
-        device=args.device,
-        model_fn=args.model_fn,
-        init_from=args.init_from,
-    )
-    run_dir = args.run_dir or (
-        Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None
-    )
+    config = train_config(args)
+    run_dir = _run_dir(args)
     metrics = args.metrics
     if metrics is None and args.run_dir is not None:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = args.run_dir / "metrics.jsonl"
-    hooks: list[Hook] = [MetricsHook(metrics)]
+    tb_dir = (metrics.parent / TENSORBOARD_DIR) if metrics is not None else None
+    hooks: list[Hook] = [MetricsHook(metrics, tensorboard_dir=tb_dir)]
     if args.dump_state is not None:
         hooks.append(DumpStateHook(args.dump_state))
     device = pick_device(args.device, WorkerEnv.from_environ())
@@ -216,12 +291,12 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         trainer.hooks.append(health)
         if checkpointer is not None and args.checkpoint_every != 0:
             if trainer.runtime.global_rank == 0:
-                _say(
+                say(
                     f"checkpoints: {describe_every(args.checkpoint_every)}, in "
                     f"{checkpointer.plan_dir}"
                     + (f" (remote copy: {checkpointer.remote.url})" if checkpointer.remote else "")
                 )
-            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every, say=_say))
+            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every, say=say))
         results = trainer.fit(max(0, args.steps - trainer.step))
     except BaseException as exc:
         health.fail(exc)  # a lost peer is reported here and the process ends
@@ -233,6 +308,29 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     return results
 
 
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        seed=args.seed,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup_steps=args.warmup_steps,
+        decay_steps=args.decay_steps,
+        lr_schedule=args.lr_schedule,
+        weight_decay=args.weight_decay,
+        betas=(args.beta1, args.beta2),
+        grad_clip=args.grad_clip,
+        device=args.device,
+        model_fn=args.model_fn,
+        init_from=args.init_from,
+        data=args.data,
+        data_dtype=args.data_dtype,
+        data_fn=args.data_fn,
+        val_fraction=args.val_fraction,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+    )
+
+
 def _checkpointer(
     args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
 ) -> Checkpointer | None:
@@ -241,7 +339,7 @@ def _checkpointer(
     root = checkpoint_root(args.checkpoint_dir, run_dir)
     if root is None and args.checkpoint_every is None and args.resume is None:
         if trainer.runtime.global_rank == 0:
-            _say("note: no checkpoint directory (--checkpoint-dir, --run-dir): not saving")
+            say("note: no checkpoint directory (--checkpoint-dir, --run-dir): not saving")
         return None
     if root is None:
         raise CheckpointError(
@@ -260,20 +358,14 @@ def _checkpointer(
     )
 
 
-def _say(message: str) -> None:
-    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    run_dir = args.run_dir or (
-        Path(os.environ[RUN_DIR_ENV]) if os.environ.get(RUN_DIR_ENV) else None
-    )
+    run_dir = _run_dir(args)
     write_boot(run_dir)
     try:
         run(args)
     except (AutohetError, ValueError) as exc:
-        print(f"autohet runtime: error: {exc}", file=sys.stderr, flush=True)
+        say(f"error: {exc}")
         write_error(run_dir, kind="error", message=str(exc))
         return 1
     except Exception as exc:  # user code (--model-fn) or a bug: record, then the traceback

@@ -1,4 +1,4 @@
-"""The step loop: schedule, gradient sync, optimizer step, metrics, hooks.
+"""The step loop: schedule, gradient sync, clipping, optimizer step, metrics, hooks.
 
 One iteration on every rank:
 
@@ -6,15 +6,17 @@ One iteration on every rank:
    its ranks the gradients of its share of the mean loss over the global batch;
 2. the segment groups sum those gradients across pipelines (``gradsync``);
 3. fp16 only: gradients are unscaled and a step with an inf/nan anywhere is skipped;
-4. the optimizer steps (AdamW or SGD, as the plan says);
-5. the loss shares are summed over the world for rank 0's metrics.
+4. gradients are clipped by their global norm over every stage and TP shard
+   (``optim.clip_grad_norm``), the learning rate is set from the step
+   (``optim.LRSchedule``) and the optimizer steps (AdamW or SGD, as the plan says);
+5. the loss shares and every rank's peak memory are summed over the world for
+   rank 0's metrics; every ``eval_every`` steps the validation loss is measured.
 
-Seams for what comes later (checkpointing, health): ``Trainer.step`` is the next
-step to run and the data depend only on (seed, step), so ``load_state_dict`` of a
-``state_dict()`` (model and optimizer keyed by full parameter names, ready for
-torch.distributed.checkpoint) resumes exactly; ``Hook`` objects see the start and
-end of training and of every step (a checkpoint hook saves every N steps, a
-health hook beats a heart, or raises to stop the run).
+The data depend only on (seed, step) (``data_api``), and so does the learning
+rate, so ``load_state_dict`` of a ``state_dict()`` (model and optimizer keyed by
+full parameter names, ready for torch.distributed.checkpoint) resumes exactly
+under any plan. ``Hook`` objects see the start and end of training and of every
+step (a checkpoint hook saves every N steps, a health hook beats a heart).
 """
 
 from __future__ import annotations
@@ -24,121 +26,75 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.context import Runtime, init_runtime
-from autohet_cli.runtime.data import SyntheticCorpus
-from autohet_cli.runtime.gradsync import GradSync
-from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN, ModelFn, layer_of, load_model_fn
-from autohet_cli.runtime.pipeline import P2P, PipelineSchedule
-from autohet_cli.runtime.stage import (
-    StageModule,
-    build_stage,
-    local_tensor,
-    normalize_grads,
-    trainable_parameters,
+from autohet_cli.runtime.data_api import (
+    Batches,
+    DataRequest,
+    build_batches,
+    can_evaluate,
+    describe_batches,
 )
+from autohet_cli.runtime.gradsync import GradSync
+from autohet_cli.runtime.hooks import Hook, MetricsHook
+from autohet_cli.runtime.metrics import (
+    StepResult,
+    flops_per_token,
+    peak_flops,
+    peak_memory_bytes,
+)
+from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN, ModelFn, layer_of, load_model_fn
+from autohet_cli.runtime.optim import (
+    LossScaler,
+    LRSchedule,
+    build_optimizer,
+    clip_grad_norm,
+    counted_parameters,
+    set_lr,
+)
+from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, comm_dtype
+from autohet_cli.runtime.stage import build_stage, normalize_grads, trainable_parameters
+
+__all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
     seed: int = 0
     lr: float = 1e-3
+    min_lr: float | None = None  # default lr / 10
+    warmup_steps: int = 0
+    decay_steps: int | None = None  # default: the run's last step (--steps); resumed: the saved
+    lr_schedule: str = "cosine"  # cosine | linear | constant
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     momentum: float = 0.9  # SGD
+    grad_clip: float = 1.0  # max global gradient norm; 0: off
     device: str = "auto"  # auto | cpu | cuda
     model_fn: str = DEFAULT_MODEL_FN
     init_from: str | None = None  # HF model directory: initial weights (runtime.hf_weights)
+    data: str | None = None  # token file or directory (dataset.formats); None: synthetic
+    data_dtype: str | None = None  # flat token files without a header: uint16 | uint32
+    data_fn: str | None = None  # package.module:function (runtime.data_api)
+    val_fraction: float = 0.005
+    eval_every: int = 0  # steps between validation losses; 0: never
+    eval_batches: int = 4  # global batches per validation loss
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepResult:
-    step: int
-    loss: float  # mean over the global batch
-    tokens: int
-    time_s: float
-    skipped: bool = False  # fp16 overflow: no optimizer step
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.time_s if self.time_s > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "loss": self.loss,
-            "tokens": self.tokens,
-            "time_s": round(self.time_s, 6),
-            "tokens_per_s": round(self.tokens_per_s, 3),
-            "skipped": self.skipped,
-        }
-
-
-class Hook:
-    """Override what you need; every rank calls every hook."""
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        pass
-
-    def on_step_start(self, trainer: Trainer, step: int) -> None:
-        pass
-
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
-        pass
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        pass
-
-
-class MetricsHook(Hook):
-    """Rank 0 appends one JSON line per step to ``path`` and prints a short line."""
-
-    def __init__(self, path: str | Path | None, *, echo: bool = True) -> None:
-        self.path = Path(path) if path else None
-        self.echo = echo
-
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
-        if trainer.runtime.global_rank != 0:
-            return
-        if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(result.to_json()) + "\n")
-        if self.echo:
-            print(
-                f"step {result.step} loss {result.loss:.6f} tokens/s {result.tokens_per_s:.0f}",
-                flush=True,
-            )
-
-
-class LossScaler:
-    """Dynamic loss scaling for fp16, agreed over the world so every rank skips together."""
-
-    def __init__(self, scale: float = 2.0**16, growth_interval: int = 1000) -> None:
-        self.scale, self.growth_interval, self._good = scale, growth_interval, 0
-
-    @torch.no_grad()
-    def unscale_and_check(self, params: Sequence[torch.nn.Parameter], device: torch.device) -> bool:
-        found = torch.zeros((), device=device)
-        for p in params:
-            if p.grad is not None:
-                g = local_tensor(p.grad)
-                g.mul_(1.0 / self.scale)
-                found = torch.maximum(found, (~torch.isfinite(g)).any().float())
-        dist.all_reduce(found, op=dist.ReduceOp.MAX)
-        overflow = bool(found.item())
-        self._good = 0 if overflow else self._good + 1
-        if overflow:
-            self.scale /= 2
-        elif self._good % self.growth_interval == 0:
-            self.scale *= 2
-        return overflow
+    def schedule(self, last_step: int) -> LRSchedule:
+        return LRSchedule(
+            lr=self.lr,
+            min_lr=self.lr / 10 if self.min_lr is None else self.min_lr,
+            warmup_steps=self.warmup_steps,
+            decay_steps=last_step if self.decay_steps is None else self.decay_steps,
+            style=self.lr_schedule,
+        )
 
 
 class Trainer:
@@ -160,18 +116,45 @@ class Trainer:
 
             spec = plan.architecture or get_model(plan.model_name)
             load_hf_weights(self.stage, spec, config.init_from)
-        tied = [tuple(names) for names in self.parts.tied]
-        self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in tied])
-        self.grad_sync = GradSync(self.stage, self.runtime, tied)
-        self.optimizer = build_optimizer(self.stage, plan, config)
+        self.tied = [tuple(names) for names in self.parts.tied]
+        self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
+        self.grad_sync = GradSync(self.stage, self.runtime, self.tied)
+        self.optimizer = build_optimizer(
+            self.stage,
+            kind=plan.training.optimizer,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+            betas=config.betas,
+            momentum=config.momentum,
+        )
+        info = self.runtime.info
+        self.counted = counted_parameters(
+            self.stage, pipeline=info.pipeline, tp_rank=info.tp_rank, tied=self.tied
+        )
         self.scaler = LossScaler() if self._precision() == torch.float16 else None
         t = plan.training
-        self.corpus = SyntheticCorpus(
-            vocab_size=self.parts.vocab_size, seq_len=t.seq_len, seed=config.seed
+        self.data: Batches = build_batches(
+            DataRequest(
+                seq_len=t.seq_len,
+                seed=config.seed,
+                vocab_size=self.parts.vocab_size,
+                global_batch_size=t.global_batch_size,
+                micro_batch_size=t.micro_batch_size,
+                data=config.data,
+                data_dtype=config.data_dtype,
+                val_fraction=config.val_fraction,
+            ),
+            data_fn=config.data_fn,
         )
+        if config.eval_every > 0 and not can_evaluate(self.data):
+            raise ConfigError(
+                "--eval-every needs validation samples, but the data has none (--val-fraction "
+                "0, too little data, or a --data-fn without eval_microbatches); pass "
+                "--eval-every 0 or hold some samples out"
+            )
         self.schedule = PipelineSchedule(
             stage=self.stage,
-            info=self.runtime.info,
+            info=info,
             p2p=self._p2p(),
             loss_fn=self.parts.loss_fn,
             global_batch_size=t.global_batch_size,
@@ -181,7 +164,12 @@ class Trainer:
             if self.runtime.tp_mesh is not None
             else contextlib.nullcontext,
         )
+        self.lr_schedule = config.schedule(0)
+        self._flops_per_token = flops_per_token(plan)
+        self._peak_flops = peak_flops(plan, self.runtime.device)
         self.step = 0  # the next step to run
+        self.last_step = 0  # the step fit() ends at
+        self.decay_end: int | None = None  # where the default decay ends, once known
 
     # ----------------------------------------------------------------- set-up helpers
 
@@ -201,6 +189,7 @@ class Trainer:
             next_rank=self.runtime.peer(topo.next_rank(info.rank)),
             shape=shape,
             device=self.runtime.device,
+            dtype=comm_dtype(self._precision()),
         )
 
     def _precision(self) -> torch.dtype:
@@ -221,6 +210,11 @@ class Trainer:
 
     def fit(self, num_steps: int) -> list[StepResult]:
         """Run steps ``self.step`` .. ``self.step + num_steps - 1``."""
+        self.last_step = self.step + num_steps
+        # The schedule is fixed by the first fit (its end: --steps) or by the checkpoint
+        # resumed; later fits continue it, as a resumed run does.
+        self.decay_end = self.decay_end or self.last_step
+        self.lr_schedule = self.config.schedule(self.decay_end)
         for hook in self.hooks:
             hook.on_train_start(self)
         results = []
@@ -235,16 +229,22 @@ class Trainer:
             hook.on_train_end(self)
         return results
 
-    def train_step(self) -> StepResult:
+    def _microbatches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         t, info = self.plan.training, self.runtime.info
+        return list(
+            self.data.microbatches(
+                step,
+                batch_size=t.global_batch_size,
+                sample_range=self.runtime.topology.sample_range(info.pipeline),
+                micro_batch_size=t.micro_batch_size,
+            )
+        )
+
+    def train_step(self) -> StepResult:
+        t = self.plan.training
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        microbatches = self.corpus.microbatches(
-            self.step,
-            batch_size=t.global_batch_size,
-            sample_range=self.runtime.topology.sample_range(info.pipeline),
-            micro_batch_size=t.micro_batch_size,
-        )
+        microbatches = self._microbatches(self.step)
         if self.scaler is not None:
             self.schedule.loss_scale = self.scaler.scale
         loss_share = self.schedule.run(microbatches)
@@ -254,26 +254,85 @@ class Trainer:
         if self.scaler is not None:
             params = [p for _, p in trainable_parameters(self.stage)]
             skipped = self.scaler.unscale_and_check(params, self.runtime.device)
+        grad_norm = None
+        lr = self.lr_schedule.at(self.step)
         if not skipped:
+            grad_norm = clip_grad_norm(
+                self.stage, self.counted, self.config.grad_clip, self.runtime.device
+            )
+            set_lr(self.optimizer, lr)
             self.optimizer.step()
-        # One loss per pipeline: its last stage's TP rank 0 reports it.
-        reporter = info.is_last_stage and info.tp_rank == 0
-        loss = (
-            loss_share.detach().float() if reporter else torch.zeros((), device=self.runtime.device)
-        )
-        dist.all_reduce(loss)
+        loss, peaks = self._world_report(loss_share)
         elapsed = time.perf_counter() - start
+        eval_loss = None
+        every = self.config.eval_every
+        if every > 0 and (self.step % every == 0 or self.step == self.last_step - 1):
+            eval_loss = self.evaluate()
+        tokens = t.global_batch_size * t.seq_len
+        mfu = None
+        if self._flops_per_token and self._peak_flops and elapsed > 0:
+            mfu = self._flops_per_token * tokens / elapsed / self._peak_flops
+        epoch_of = getattr(self.data, "epoch_of", None)
         result = StepResult(
             step=self.step,
-            loss=float(loss.item()),
-            tokens=t.global_batch_size * t.seq_len,
+            loss=loss,
+            tokens=tokens,
             time_s=elapsed,
             skipped=skipped,
+            lr=lr,
+            grad_norm=grad_norm,
+            epoch=epoch_of(self.step + 1, t.global_batch_size) if callable(epoch_of) else None,
+            eval_loss=eval_loss,
+            peak_mem_bytes=peaks,
+            mfu=mfu,
         )
         self.step += 1
         return result
 
+    def _world_report(self, loss_share: torch.Tensor) -> tuple[float, tuple[int, ...]]:
+        """One all-reduce: the pipelines' loss shares and every rank's peak memory.
+
+        Each pipeline's last stage, TP rank 0, reports its share; every rank writes
+        its peak into its own slot. float64 holds byte counts exactly up to 2**53.
+        """
+        info, world = self.runtime.info, dist.get_world_size()
+        report = torch.zeros(1 + world, dtype=torch.float64, device=self.runtime.device)
+        if info.is_last_stage and info.tp_rank == 0:
+            report[0] = loss_share.detach().double()
+        report[1 + self.runtime.global_rank] = peak_memory_bytes(self.runtime.device)
+        dist.all_reduce(report)
+        values = report.tolist()
+        return float(values[0]), tuple(int(v) for v in values[1:])
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over ``eval_batches`` fixed validation batches (forward only)."""
+        t, info = self.plan.training, self.runtime.info
+        total = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
+        for index in range(self.config.eval_batches):
+            batches = self.data.eval_microbatches(  # type: ignore[attr-defined]
+                index,
+                batch_size=t.global_batch_size,
+                sample_range=self.runtime.topology.sample_range(info.pipeline),
+                micro_batch_size=t.micro_batch_size,
+            )
+            share = self.schedule.evaluate(list(batches))
+            if info.is_last_stage and info.tp_rank == 0:
+                total += share.double()
+        dist.all_reduce(total)
+        return float(total.item()) / self.config.eval_batches
+
     # ----------------------------------------------------------------- state (seams)
+
+    def run_state(self) -> dict[str, Any]:
+        """What a checkpoint records beside model and optimizer: the learning-rate
+        schedule and where the data stand (a resumed run checks the data is the same)."""
+        t = self.plan.training
+        return {
+            "lr_schedule": self.lr_schedule.to_json(),
+            "data": describe_batches(self.data),
+            "samples_seen": self.step * t.global_batch_size,
+        }
 
     def state_dict(self, *, flat_optimizer: bool = False) -> dict[str, Any]:
         """This rank's training state, model and optimizer keyed by full parameter names.
@@ -283,7 +342,8 @@ class Trainer:
         ``torch.distributed.checkpoint`` from every rank, it loads under any plan.
         ``flat_optimizer``: one entry per name and key (``state.<name>.exp_avg``,
         ``param_groups.<name>.lr``) instead of ``param_groups`` lists, which differ
-        between plans; what checkpoints use (``runtime.checkpoint``).
+        between plans; what checkpoints use (``runtime.checkpoint``). ``run`` is
+        ``run_state()`` as one JSON string (one checkpoint entry whatever it holds).
         """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -294,12 +354,24 @@ class Trainer:
             "optimizer": optimizer,
             "step": self.step,
             "loss_scale": self.scaler.scale if self.scaler else None,
+            "run": json.dumps(self.run_state(), sort_keys=True),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``."""
+        """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``.
+
+        Refuses a checkpoint whose data differ from this run's: the same step would
+        then see other samples than the interrupted run.
+        """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+        saved = json.loads(state["run"]) if state.get("run") else None
+        if saved is not None:
+            self._check_same_data(saved.get("data") or {})
+            # The decay goes on to where the interrupted run's went (its --steps), not
+            # to this run's --steps, unless --decay-steps says otherwise.
+            if self.config.decay_steps is None:
+                self.decay_end = int(saved["lr_schedule"]["decay_steps"]) or None
         flat = "state" not in state["optimizer"]
         set_state_dict(
             self.stage,
@@ -312,21 +384,19 @@ class Trainer:
         if self.scaler is not None and state.get("loss_scale"):
             self.scaler.scale = float(state["loss_scale"])
 
+    def _check_same_data(self, saved: dict[str, Any]) -> None:
+        mine = json.loads(json.dumps(self.run_state()["data"]))
+        keys = sorted((set(saved) & set(mine)) - {"path"})
+        differ = [k for k in keys if saved[k] != mine[k]]
+        if set(saved) != set(mine) or differ:
+            what = ", ".join(f"{k}: {saved.get(k)!r} then, {mine.get(k)!r} now" for k in differ)
+            raise ConfigError(
+                "the checkpoint was trained on other data than this run's ("
+                + (what or f"{saved.get('kind')!r} then, {mine.get('kind')!r} now")
+                + "); resume with the same --data, --data-fn, --seed and sequence length, "
+                "or start a new job"
+            )
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def build_optimizer(stage: StageModule, plan: Plan, config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW (plan optimizer ``adam``) or SGD; weight decay on matrices only (nanoGPT)."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for _, p in trainable_parameters(stage):
-        (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    if plan.training.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
-    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas)

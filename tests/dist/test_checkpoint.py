@@ -8,7 +8,9 @@ docs/checkpoint-format.md promises and resume under other plans: one pipeline
 with TP 2 and another cut (4 workers), and the one-device plan (no torchrun).
 Every loss must match the uninterrupted single-process run within 1e-5
 (relative), AdamW included: the per-step losses of a resumed run continue the
-curve, across TP degrees and stage cuts.
+curve, across TP degrees and stage cuts. Every run trains on real text with
+clipping, warmup and cosine decay (``realdata``), so the optimizer state, the
+learning rate and the data position all have to survive the change of plan.
 
 Resuming needs each loading host's step directory to hold the files its ranks
 read; ``autohet recover`` arranges that by copying, which the tests do by hand.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from realdata import data_flags
 from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
 
 from autohet_cli.plan import Device, Plan, write_plan
@@ -61,7 +64,9 @@ def _two_host_plan() -> Plan:
 def _args(plan_path: Path, steps: int, *extra: str) -> list[str]:
     return [
         *("-m", "autohet_cli.runtime.train", "--plan", str(plan_path), "--steps", str(steps)),
-        *("--seed", SEED, "--lr", LR, "--device", "cpu", *extra),
+        *("--seed", SEED, "--lr", LR, "--device", "cpu", *data_flags(), *extra),
+        # Every run, the saving one too, is the STEPS-step run: one schedule for all.
+        *("--decay-steps", str(STEPS)),
     ]
 
 

@@ -1,10 +1,14 @@
 """Every plan shape trains exactly like one process on the same global batch.
 
 Each test writes a small gpt-tiny plan, runs the real worker entry point under
-torchrun (gloo on CPU), and compares the per-step loss and every parameter on
-every rank after 3 steps with the single-process reference: the one-device plan
-through the same entry point, no torchrun. Plans differ only in how the global
-batch of 8 micro-batches x 2 samples and the 6 layers are spread.
+torchrun (gloo on CPU), and compares the per-step loss, the global gradient norm
+and every parameter on every rank after 3 steps with the single-process
+reference: the one-device plan through the same entry point, no torchrun. Plans
+differ only in how the global batch of 8 micro-batches x 2 samples and the 6
+layers are spread (and, for one shape, which stages recompute activations). They
+train on real text (``realdata``) with clipping by the global norm that acts at
+every step, warmup and cosine decay; ``tests/unit/test_training_reference`` ties
+the single-process run to torch's own clipping and schedulers.
 
 Losses must agree within 1e-5 relative, and copies of one parameter on different
 ranks (pipeline replicas, TP replicas, the tied embedding and head) must be
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from realdata import CLIP, data_flags
 
 from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
 from autohet_cli.settings import TrainingSettings
@@ -47,8 +52,11 @@ TIMEOUT_S = 150
 Layout = list[tuple[int, list[tuple[int, int]]]]  # [(num_microbatches, [(start, end), ...])]
 
 
-def make_plan(name: str, layout: Layout, *, tp: int = 1, optimizer: str = "sgd") -> Plan:
-    """Plan over host ``localhost`` with GPU indices numbered in plan order."""
+def make_plan(
+    name: str, layout: Layout, *, tp: int = 1, optimizer: str = "sgd", recompute_first: bool = False
+) -> Plan:
+    """Plan over host ``localhost`` with GPU indices numbered in plan order
+    (``recompute_first``: every pipeline's first stage recomputes activations)."""
     gpus = iter(range(64))
     pipelines = tuple(
         Pipeline(
@@ -60,8 +68,9 @@ def make_plan(name: str, layout: Layout, *, tp: int = 1, optimizer: str = "sgd")
                     gpu_type="cpu",
                     tensor_parallel=tp,
                     devices=tuple(Device(host="localhost", gpu=next(gpus)) for _ in range(tp)),
+                    recompute=recompute_first and i == 0,
                 )
-                for a, b in stages
+                for i, (a, b) in enumerate(stages)
             ),
         )
         for m, stages in layout
@@ -87,6 +96,7 @@ def make_plan(name: str, layout: Layout, *, tp: int = 1, optimizer: str = "sgd")
 @dataclass(frozen=True, slots=True)
 class RunResult:
     losses: list[float]
+    grad_norms: list[float]
     params: dict[int, dict[str, torch.Tensor]]  # global rank -> full name -> tensor
     layers: dict[int, tuple[int, int]]  # global rank -> its stage's layer range
 
@@ -107,6 +117,7 @@ def _worker_args(plan_path: Path, out: Path, optimizer: str, *, run_dir: bool = 
         *("-m", "autohet_cli.runtime.train", "--plan", str(plan_path)),
         *("--steps", str(STEPS), "--seed", "7", "--lr", str(LR[optimizer])),
         *(*metrics, "--dump-state", str(out / "state"), "--device", "cpu"),
+        *data_flags(),
     ]
 
 
@@ -138,6 +149,7 @@ def collect(out: Path, plan: Plan) -> RunResult:
     metrics = [json.loads(line) for line in lines]
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(m["tokens_per_s"] > 0 for m in metrics)
+    assert metrics[0]["grad_norm"] > CLIP  # clipping acts
     params, layers = {}, {}
     for f in sorted((out / "state").glob("rank*.pt")):
         dump = torch.load(f)
@@ -147,12 +159,18 @@ def collect(out: Path, plan: Plan) -> RunResult:
         stage = plan.pipelines[info["pipeline"]].stages[info["stage"]]
         layers[rank] = (stage.layer_start, stage.layer_end)
     assert sorted(params) == list(range(len(plan.devices())))
-    return RunResult(losses=[m["loss"] for m in metrics], params=params, layers=layers)
+    return RunResult(
+        losses=[m["loss"] for m in metrics],
+        grad_norms=[m["grad_norm"] for m in metrics],
+        params=params,
+        layers=layers,
+    )
 
 
 def assert_matches(run: RunResult, ref: RunResult, *, adam_lr: float | None = None) -> None:
     """Losses within 1e-5; parameters as the module docstring says; copies bitwise equal."""
     assert run.losses == pytest.approx(ref.losses, rel=1e-5)
+    assert run.grad_norms == pytest.approx(ref.grad_norms, rel=1e-5)
     expected = ref.params[0]
     copies: dict[str, torch.Tensor] = {}
     num_elements = num_off = 0
@@ -210,7 +228,10 @@ SHAPES: dict[str, tuple[Layout, int]] = {
     "tp2": ([(8, [(0, 3), (3, 6)])], 2),
     # All at once: TP 2, a 1-stage and a 2-stage pipeline, 3 and 5 micro-batches.
     "combined": (COMBINED, 2),
+    # Recomputation in every pipeline's first stage only (see RECOMPUTE).
+    "recompute": ([(3, [(0, 3), (3, 6)]), (5, [(0, 2), (2, 4), (4, 6)])], 1),
 }
+RECOMPUTE = {"recompute"}
 
 
 @pytest.mark.timeout(200)
@@ -219,7 +240,8 @@ def test_plan_shape_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
     layout, tp = SHAPES[shape]
-    run = run_plan(make_plan(shape, layout, tp=tp), tmp_path)
+    plan = make_plan(shape, layout, tp=tp, recompute_first=shape in RECOMPUTE)
+    run = run_plan(plan, tmp_path)
     assert_matches(run, reference_sgd)
 
 

@@ -1,9 +1,15 @@
-"""`make demo` on a workstation where another torchrun already holds port 29500."""
+"""`make demo` on a workstation where another torchrun already holds port 29500.
+
+The demo tokenizes the shipped sample corpus with the shipped tokenizer (`autohet
+data prepare`), plans a small LLaMA on the embedded localhost cluster and launches
+it with a run config: the validation loss it prints must fall.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -42,7 +48,7 @@ def test_make_demo_passes_while_another_process_listens_on_29500(
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", 29500)) == 0  # really taken
     res = subprocess.run(
-        ["make", "-C", str(ROOT), "demo", f"PLANS={tmp_path}"],
+        ["make", "-C", str(ROOT), "demo", f"PLANS={tmp_path}", f"DATA={tmp_path / 'data'}"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,3 +58,7 @@ def test_make_demo_passes_while_another_process_listens_on_29500(
     assert res.returncode == 0, out[-4000:]
     assert "EADDRINUSE" not in out and "autohet recover" not in out, out[-4000:]
     assert "finished:" in out and "checkpoints: auto" in out, out[-4000:]
+    assert "202,842 tokens (uint16, vocab 2,048)" in out, out[-4000:]
+    evals = [float(v) for v in re.findall(r"eval_loss ([0-9.]+)", out)]
+    assert len(evals) >= 3, out[-4000:]
+    assert evals[0] > 7.0 and evals[-1] < evals[0] - 1.5, evals  # ln(2048) = 7.62 at the start

@@ -104,6 +104,8 @@ def _reference(tmp: Path) -> dict[int, float]:
             str(STEPS),
             "--lr",
             "0.003",
+            "--lr-schedule",
+            "constant",  # the launched run decays towards step 1000: no decay anywhere
             "--run-dir",
             str(tmp / "ref-run"),
         ],
@@ -129,6 +131,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
         "--steps",
         "1000",
         "--train-arg=--lr=0.003",
+        "--train-arg=--lr-schedule=constant",
         f"--train-arg=--checkpoint-every={EVERY}",
     )
     assert proc.stdout is not None
@@ -152,6 +155,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
         "--checkpoint-every",
         str(EVERY),
         "--train-arg=--lr=0.003",
+        "--train-arg=--lr-schedule=constant",
         "--json",
         "--master-port",
         str(free_port()),

@@ -47,6 +47,11 @@ PURE_MODULES = (
     "autohet_cli.recovery.replan",
     "autohet_cli.recovery.transfer",
     "autohet_cli.recovery.report",
+    "autohet_cli.runconfig",
+    "autohet_cli.dataset.formats",
+    "autohet_cli.dataset.megatron",
+    "autohet_cli.dataset.permutation",
+    "autohet_cli.dataset.vocab",
 )
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.ckpt")
 

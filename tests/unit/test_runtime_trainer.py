@@ -39,7 +39,7 @@ PLAN = Plan(
         ),
     ),
 )
-CONFIG = TrainConfig(seed=3, device="cpu")
+CONFIG = TrainConfig(seed=3, device="cpu", decay_steps=3)  # fit(2)+fit(1) == fit(3)
 
 
 @pytest.fixture(autouse=True)

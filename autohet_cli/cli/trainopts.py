@@ -1,0 +1,84 @@
+"""Training options shared by `launch` and `recover`: run config, data, worker flags.
+
+Precedence, lowest first: built-in defaults, the ``--config`` file, the command's
+own flags (``--steps``, ``--data``, ...), then ``--train-arg``s, which reach the
+worker last and so win (argparse keeps the last value of a flag).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autohet_cli.ckpt.policy import parse_every
+from autohet_cli.errors import ConfigError
+from autohet_cli.runconfig import load_run_config, worker_args
+
+DEFAULT_STEPS = 100
+DEFAULT_EVERY = "auto"
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        metavar="FILE",
+        help="Run config (YAML or TOML): steps, data, lr, warmup_steps, lr_schedule, "
+        "grad_clip, eval_every, ... (keys: autohet_cli/runconfig.py); flags override it.",
+    ),
+]
+DataOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--data",
+        metavar="PATH",
+        help="Training tokens on every host: a directory from `autohet data prepare`, a "
+        "flat uint16 token file (nanoGPT), an .npy, or a Megatron .bin/.idx prefix. "
+        "[default: synthetic tokens]",
+    ),
+]
+DataFnOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--data-fn",
+        metavar="MODULE:FN",
+        help="Your batches: package.module:function (contract: autohet_cli/runtime/data_api.py).",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    steps: int
+    checkpoint_every: str
+    train_args: tuple[str, ...]
+
+
+def resolve(
+    *,
+    config: Path | None,
+    steps: int | None,
+    checkpoint_every: str | None,
+    data: str | None,
+    data_fn: str | None,
+    train_arg: list[str] | None,
+) -> Training:
+    settings = load_run_config(config) if config is not None else {}
+    file_every = settings.pop("checkpoint_every", None)
+    every = checkpoint_every or file_every or DEFAULT_EVERY
+    file_steps = settings.pop("steps", None)
+    try:
+        parse_every(every)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    explicit = [f"--data={data}"] if data else []
+    explicit += [f"--data-fn={data_fn}"] if data_fn else []
+    if steps is None:
+        steps = DEFAULT_STEPS if file_steps is None else int(file_steps)
+    return Training(
+        steps=steps,
+        checkpoint_every=every,
+        train_args=(*worker_args(settings), *explicit, *(train_arg or ())),
+    )

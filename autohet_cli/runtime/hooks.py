@@ -1,0 +1,64 @@
+"""Seams of the step loop: ``Hook`` and the metrics hook every worker runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autohet_cli.runtime.metrics import MetricsWriter, StepResult
+
+if TYPE_CHECKING:
+    from autohet_cli.runtime.trainer import Trainer
+
+
+class Hook:
+    """Override what you need; every rank calls every hook."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_step_start(self, trainer: Trainer, step: int) -> None:
+        pass
+
+    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+        pass
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        pass
+
+
+class MetricsHook(Hook):
+    """Rank 0 appends one JSON line per step to ``path``, writes TensorBoard scalars
+    under ``tensorboard_dir`` when tensorboard is installed, and prints a short line."""
+
+    def __init__(
+        self,
+        path: str | Path | None,
+        *,
+        tensorboard_dir: Path | None = None,
+        echo: bool = True,
+    ) -> None:
+        self.path = Path(path) if path else None
+        self.tensorboard_dir, self.echo = tensorboard_dir, echo
+        self.writer: MetricsWriter | None = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.runtime.global_rank == 0 and self.writer is None:
+            self.writer = MetricsWriter(
+                self.path, tensorboard_dir=self.tensorboard_dir, echo=self.echo
+            )
+            if self.writer.tb_missing:
+                print(
+                    "note: tensorboard is not installed, metrics go to JSON lines only "
+                    "(pip install 'autohet-cli[tensorboard]')",
+                    flush=True,
+                )
+
+    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+        if self.writer is not None:
+            self.writer.write(result)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,149 @@
+"""What a step reports and where it goes: JSON lines always, TensorBoard when installed.
+
+Rank 0 writes both. ``metrics.jsonl`` (one object per step) is the record scripts
+and tests read; TensorBoard event files (``tensorboard`` is an optional extra:
+``pip install 'autohet-cli[tensorboard]'``) hold the same scalars for people.
+MFU counts the model's FLOPs (3x the forward: forward, input and weight
+gradients; recomputation not counted, the usual convention) against the sum of
+the plan devices' peak FLOP/s at the plan's precision.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autohet_cli.plan import Plan
+
+TENSORBOARD_DIR = "tensorboard"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    step: int
+    loss: float  # mean over the global batch
+    tokens: int
+    time_s: float
+    skipped: bool = False  # fp16 overflow: no optimizer step
+    lr: float = 0.0
+    grad_norm: float | None = None  # before clipping
+    epoch: float | None = None  # fractional epochs of the training data done after the step
+    eval_loss: float | None = None
+    peak_mem_bytes: tuple[int, ...] = ()  # per global rank
+    mfu: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step,
+            "loss": self.loss,
+            "tokens": self.tokens,
+            "time_s": round(self.time_s, 6),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "skipped": self.skipped,
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+            "peak_mem_bytes": list(self.peak_mem_bytes),
+            "mfu": None if self.mfu is None else round(self.mfu, 6),
+        }
+        if self.epoch is not None:
+            out["epoch"] = round(self.epoch, 6)
+        if self.eval_loss is not None:
+            out["eval_loss"] = self.eval_loss
+        return out
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The CUDA allocator's peak on a GPU; the process's peak RSS on a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def flops_per_token(plan: Plan) -> float | None:
+    """Training FLOPs per token of the plan's model (None: a model we cannot count)."""
+    from autohet_cli.models import get_model
+
+    try:
+        spec = plan.architecture or get_model(plan.model_name)
+    except Exception:  # a --model-fn model outside the zoo
+        return None
+    seq = plan.training.seq_len
+    fwd = sum(layer.fwd_flops(seq, 1) for layer in spec.layers()) / seq
+    return 3.0 * fwd
+
+
+def peak_flops(plan: Plan, device: torch.device) -> float | None:
+    """Sum of the plan devices' peak FLOP/s (catalog types only; None otherwise)."""
+    from autohet_cli import catalog
+
+    precision = plan.training.precision if device.type == "cuda" else "fp32"
+    total = 0.0
+    for stage in (s for p in plan.pipelines for s in p.stages):
+        spec = catalog.CATALOG.get(stage.gpu_type)
+        if spec is None:
+            return None
+        try:
+            total += spec.peak_tflops_at(precision) * 1e12 * len(stage.devices)
+        except Exception:
+            return None
+    return total or None
+
+
+class MetricsWriter:
+    """Rank 0's sinks: JSON lines, TensorBoard (optional), one printed line per step."""
+
+    def __init__(
+        self, path: Path | None, *, tensorboard_dir: Path | None = None, echo: bool = True
+    ) -> None:
+        self.path, self.echo = path, echo
+        self.tb: Any = None
+        self.tb_missing = False
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is an optional extra
+                self.tb_missing = True
+            else:
+                self.tb = SummaryWriter(str(tensorboard_dir))
+
+    def write(self, result: StepResult) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(result.to_json()) + "\n")
+        if self.tb is not None:
+            self._scalars(result)
+        if self.echo:
+            line = f"step {result.step} loss {result.loss:.6f} tokens/s {result.tokens_per_s:.0f}"
+            line += f" lr {result.lr:.3g}"
+            if result.grad_norm is not None:
+                line += f" grad_norm {result.grad_norm:.3f}"
+            if result.eval_loss is not None:
+                line += f" eval_loss {result.eval_loss:.6f}"
+            print(line, flush=True)
+
+    def _scalars(self, r: StepResult) -> None:
+        add = self.tb.add_scalar
+        add("train/loss", r.loss, r.step)
+        add("train/lr", r.lr, r.step)
+        if r.grad_norm is not None:
+            add("train/grad_norm", r.grad_norm, r.step)
+        if r.eval_loss is not None:
+            add("eval/loss", r.eval_loss, r.step)
+        add("perf/tokens_per_s", r.tokens_per_s, r.step)
+        if r.mfu is not None:
+            add("perf/mfu", r.mfu, r.step)
+        for rank, nbytes in enumerate(r.peak_mem_bytes):
+            add(f"memory/peak_bytes/rank{rank}", nbytes, r.step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,166 @@
+"""The optimizer, its learning-rate schedule and gradient clipping by the global norm.
+
+``LRSchedule`` is a pure function of the step: warmup, then cosine or linear decay
+to ``min_lr``. Why not ``torch.optim.lr_scheduler``: LambdaLR would compute the
+same numbers, but its state (``last_epoch``, per-group ``base_lrs``) would have to
+travel in checkpoints and be reconciled across plans whose parameter groups hold
+different parameters. Setting each group's ``lr`` from the step makes a resumed
+run, under any plan, use exactly the rate the uninterrupted run used.
+
+``clip_grad_norm`` is torch's ``clip_grad_norm_`` over the whole model, which no
+rank holds: each parameter's gradient is counted once (pipeline 0 holds every
+layer; a TP-sharded gradient on each of its TP ranks, a replicated one on TP rank
+0; a tied weight under its first name), one world-wide all-reduce sums the squares,
+and every rank scales its gradients by the same factor. torch's own version
+handles one DTensor mesh, not pipeline stages nor replicas that cut layers
+differently, so this is written here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
+
+SCHEDULES = ("cosine", "linear", "constant")
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LRSchedule:
+    """Learning rate of step ``t`` (0-based)."""
+
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    decay_steps: int  # the step decay ends at (min_lr from there on)
+    style: str = "cosine"  # cosine | linear | constant
+
+    def __post_init__(self) -> None:
+        if self.style not in SCHEDULES:
+            raise ValueError(f"lr schedule {self.style!r}: expected one of {', '.join(SCHEDULES)}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"learning rates need 0 <= min_lr <= lr, lr > 0: got {self}")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("warmup and decay steps must be >= 0")
+
+    def at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.style == "constant":
+            return self.lr
+        if step >= self.decay_steps:
+            return self.min_lr
+        ratio = (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps)
+        if self.style == "linear":
+            return self.lr - ratio * (self.lr - self.min_lr)
+        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (self.lr - self.min_lr)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def build_optimizer(
+    stage: StageModule,
+    *,
+    kind: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    momentum: float,
+) -> torch.optim.Optimizer:
+    """AdamW (plan optimizer ``adam``) or SGD; weight decay on matrices only (nanoGPT):
+    biases and norm gains (1-D) are in a group without decay."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for _, p in trainable_parameters(stage):
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+def counted_parameters(
+    stage: StageModule, *, pipeline: int, tp_rank: int, tied: Sequence[Sequence[str]]
+) -> list[nn.Parameter]:
+    """The parameters whose gradients this rank counts in the global norm (see module doc)."""
+    if pipeline != 0:
+        return []
+    not_first = {name for group in tied for name in group[1:]}
+    out = []
+    for name, p in trainable_parameters(stage):
+        if name in not_first:
+            continue
+        sharded = isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)
+        if sharded or tp_rank == 0:
+            out.append(p)
+    return out
+
+
+def sum_of_squares(params: Iterable[nn.Parameter], device: torch.device) -> torch.Tensor:
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for p in params:
+        if p.grad is not None:
+            total += local_tensor(p.grad).detach().float().pow(2).sum()
+    return total
+
+
+@torch.no_grad()
+def clip_grad_norm(
+    stage: StageModule,
+    counted: Sequence[nn.Parameter],
+    max_norm: float,
+    device: torch.device,
+) -> float:
+    """The global gradient norm (before clipping); scales every gradient when above
+    ``max_norm`` (> 0), exactly as ``torch.nn.utils.clip_grad_norm_`` would on one process."""
+    squares = sum_of_squares(counted, device)
+    dist.all_reduce(squares)
+    norm = float(squares.sqrt().item())
+    if max_norm > 0:
+        coef = min(max_norm / (norm + CLIP_EPS), 1.0)
+        for _, p in trainable_parameters(stage):
+            if p.grad is not None:
+                local_tensor(p.grad).mul_(coef)
+    return norm
+
+
+class LossScaler:
+    """Dynamic loss scaling for fp16, agreed over the world so every rank skips together."""
+
+    def __init__(self, scale: float = 2.0**16, growth_interval: int = 1000) -> None:
+        self.scale, self.growth_interval, self._good = scale, growth_interval, 0
+
+    @torch.no_grad()
+    def unscale_and_check(self, params: Sequence[torch.nn.Parameter], device: torch.device) -> bool:
+        found = torch.zeros((), device=device)
+        for p in params:
+            if p.grad is not None:
+                g = local_tensor(p.grad)
+                g.mul_(1.0 / self.scale)
+                found = torch.maximum(found, (~torch.isfinite(g)).any().float())
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        overflow = bool(found.item())
+        self._good = 0 if overflow else self._good + 1
+        if overflow:
+            self.scale /= 2
+        elif self._good % self.growth_interval == 0:
+            self.scale *= 2
+        return overflow

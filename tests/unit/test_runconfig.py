@@ -1,0 +1,166 @@
+"""Run config files: strict schema, flags override the file, the worker reads them too."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from autohet_cli.cli.trainopts import resolve
+from autohet_cli.errors import ConfigError
+from autohet_cli.runconfig import SETTINGS, load_run_config, worker_args
+from autohet_cli.runtime.train import parse_args, train_config
+
+
+def _write(tmp: Path, text: str, name: str = "run.yaml") -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path
+
+
+def test_yaml_and_toml_give_the_same_settings(tmp_path: Path) -> None:
+    y = _write(
+        tmp_path, "steps: 50\nlr: 3e-4\nwarmup_steps: 10\ndata: /d/tok\ncheckpoint_every: 5\n"
+    )
+    t = _write(
+        tmp_path,
+        'steps = 50\nlr = 3e-4\nwarmup_steps = 10\ndata = "/d/tok"\ncheckpoint_every = 5\n',
+        "run.toml",
+    )
+    want = {"steps": 50, "lr": 3e-4, "warmup_steps": 10, "data": "/d/tok", "checkpoint_every": "5"}
+    assert load_run_config(y) == want
+    assert load_run_config(t) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lr_shedule: cosine\n", "unknown setting 'lr_shedule' (did you mean 'lr_schedule'?)"),
+        ("lr: fast\n", "lr: expected float"),
+        ("steps: 1.5\n", "steps: expected int"),
+        ("grad_clip: -1\n", "grad_clip: must be at least 0"),
+        ("lr_schedule: step\n", "lr_schedule: expected one of cosine, linear, constant"),
+        ("eval_every: true\n", "eval_every: expected int"),
+        ("- lr\n", "expected a mapping"),
+        ("schema: autohet.run/v9\n", "schema: expected 'autohet.run/v1'"),
+        ("lr: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_files_name_the_file_and_the_field(tmp_path: Path, text: str, message: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(path)
+    assert message in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such run config file"):
+        load_run_config(tmp_path / "nope.yaml")
+
+
+def test_every_setting_is_a_worker_flag() -> None:
+    """Each key becomes a flag the worker parses to the same value."""
+    values = {
+        "steps": 7,
+        "seed": 3,
+        "lr": 0.002,
+        "min_lr": 0.0002,
+        "warmup_steps": 2,
+        "decay_steps": 6,
+        "lr_schedule": "linear",
+        "weight_decay": 0.05,
+        "beta1": 0.8,
+        "beta2": 0.9,
+        "grad_clip": 0.5,
+        "data": "/d/tok",
+        "data_dtype": "uint32",
+        "data_fn": "m:f",
+        "val_fraction": 0.01,
+        "eval_every": 3,
+        "eval_batches": 2,
+        "model_fn": "m:g",
+        "init_from": "/hf",
+        "checkpoint_every": "4",
+    }
+    assert set(values) == {s.key for s in SETTINGS}
+    args = parse_args(["--plan", "p.yaml", *worker_args(values)])
+    for key, value in values.items():
+        got = getattr(args, key)
+        assert got == (4 if key == "checkpoint_every" else value), key
+
+
+def test_the_worker_reads_the_file_and_its_flags_override(tmp_path: Path) -> None:
+    path = _write(tmp_path, "steps: 9\nlr: 0.01\nwarmup_steps: 3\n")
+    args = parse_args(["--plan", "p.yaml", "--config", str(path), "--lr", "0.02"])
+    assert (args.steps, args.lr, args.warmup_steps) == (9, 0.02, 3)
+    config = train_config(args)
+    assert config.lr == 0.02 and config.warmup_steps == 3 and config.grad_clip == 1.0
+
+
+def test_the_worker_refuses_a_bad_file_like_a_bad_flag(tmp_path: Path) -> None:
+    path = _write(tmp_path, "lr: -1\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "p.yaml", "--steps", "1", "--config", str(path)])
+
+
+def test_launch_options_override_the_file_and_train_args_override_both(tmp_path: Path) -> None:
+    path = _write(tmp_path, "steps: 40\ncheckpoint_every: 10\ndata: /a\nlr: 0.1\n")
+    t = resolve(
+        config=path,
+        steps=None,
+        checkpoint_every=None,
+        data="/b",
+        data_fn=None,
+        train_arg=["--lr=0.3"],
+    )
+    assert (t.steps, t.checkpoint_every) == (40, "10")
+    args = parse_args(["--plan", "p", f"--steps={t.steps}", *t.train_args])
+    assert args.data == "/b" and args.lr == 0.3
+    t2 = resolve(
+        config=path, steps=5, checkpoint_every="0", data=None, data_fn=None, train_arg=None
+    )
+    assert (t2.steps, t2.checkpoint_every) == (5, "0")
+    t3 = resolve(
+        config=None, steps=None, checkpoint_every=None, data=None, data_fn=None, train_arg=None
+    )
+    assert (t3.steps, t3.checkpoint_every, t3.train_args) == (100, "auto", ())
+    with pytest.raises(ConfigError):
+        resolve(config=None, steps=1, checkpoint_every="x", data=None, data_fn=None, train_arg=None)
+
+
+# --------------------------------------------------------------------- data on resume
+
+
+@pytest.fixture
+def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_of_other_data_is_refused(alone: None, tmp_path: Path) -> None:
+    from test_runtime_trainer import PLAN
+
+    from autohet_cli.runtime.trainer import TrainConfig, Trainer
+
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}.npy", rng.integers(0, 250, 20_000).astype(np.uint16))
+    first = Trainer(PLAN, TrainConfig(device="cpu", data=str(tmp_path / "a.npy")))
+    first.fit(1)
+    state = copy.deepcopy(first.state_dict())
+    first.close()
+    same = Trainer(PLAN, TrainConfig(device="cpu", data=str(tmp_path / "a.npy")))
+    same.load_state_dict(state)  # the same data: fine
+    assert same.step == 1
+    same.close()
+    other = Trainer(PLAN, TrainConfig(device="cpu", data=str(tmp_path / "b.npy")))
+    with pytest.raises(ConfigError, match="trained on other data"):
+        other.load_state_dict(state)
+    other.close()

@@ -1,0 +1,191 @@
+"""The training loop against torch's own tools, in one process, on real text.
+
+The trainer's clipping (a hand-written global norm, ``runtime.optim``) and its
+learning-rate schedule (a pure function of the step) must do what
+``torch.nn.utils.clip_grad_norm_`` and ``torch.optim.lr_scheduler`` do. The
+reference below trains the same model on the same batches with plain torch:
+AdamW over the same decay / no-decay groups, ``clip_grad_norm_``, and
+``LinearLR`` warmup chained to ``CosineAnnealingLR`` (or ``LambdaLR`` for the
+linear decay), then the parameters and the reported norms are compared. The
+distributed exactness tests (tests/dist) tie every plan shape to this one process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.runtime.optim import LRSchedule
+from autohet_cli.runtime.trainer import TrainConfig, Trainer
+from autohet_cli.settings import TrainingSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "autohet_cli" / "data" / "sample" / "corpus.txt"
+STEPS, WARMUP, LR, MIN_LR, CLIP = 6, 2, 3e-3, 3e-4, 0.25
+
+
+def _plan() -> Plan:
+    return Plan(
+        name="one",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(
+            global_batch_size=4, micro_batch_size=2, seq_len=32, precision="fp32", optimizer="adam"
+        ),
+        tensor_parallel=1,
+        pipelines=(
+            Pipeline(
+                num_microbatches=2,
+                stages=(
+                    Stage(
+                        layer_start=0,
+                        layer_end=6,
+                        gpu_type="cpu",
+                        tensor_parallel=1,
+                        devices=(Device(host="localhost", gpu=0),),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+@pytest.fixture(autouse=True)
+def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def text_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample corpus, one token per byte (gpt-tiny's vocabulary is 256)."""
+    path = tmp_path_factory.mktemp("data") / "bytes.npy"
+    np.save(path, np.frombuffer(CORPUS.read_bytes(), dtype=np.uint8).astype(np.uint16))
+    return path
+
+
+def _config(data: Path, style: str) -> TrainConfig:
+    return TrainConfig(
+        seed=5,
+        device="cpu",
+        lr=LR,
+        min_lr=MIN_LR,
+        warmup_steps=WARMUP,
+        decay_steps=STEPS,
+        lr_schedule=style,
+        grad_clip=CLIP,
+        data=str(data),
+    )
+
+
+def _torch_scheduler(
+    opt: torch.optim.Optimizer, style: str
+) -> torch.optim.lr_scheduler.LRScheduler:
+    warm = torch.optim.lr_scheduler.LinearLR(
+        opt, start_factor=1 / WARMUP, end_factor=1.0, total_iters=WARMUP - 1
+    )
+    if style == "cosine":
+        decay: torch.optim.lr_scheduler.LRScheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=STEPS - WARMUP, eta_min=MIN_LR
+        )
+    else:
+        decay = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda t: 1 - t / (STEPS - WARMUP) * (1 - MIN_LR / LR)
+        )
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[WARMUP])
+
+
+def _reference(trainer: Trainer, style: str) -> tuple[list[float], list[float]]:
+    """Train ``trainer``'s model and data with plain torch; (grad norms, lrs)."""
+    stage, plan = trainer.stage, trainer.plan
+    t = plan.training
+    decay = [p for p in stage.parameters() if p.ndim >= 2]
+    no_decay = [p for p in stage.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=LR,
+        betas=(0.9, 0.95),
+    )
+    sched = _torch_scheduler(opt, style)
+    norms, lrs = [], []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        inputs, targets = trainer.data.global_batch(step, t.global_batch_size)  # type: ignore[attr-defined]
+        for i in range(0, t.global_batch_size, t.micro_batch_size):
+            out = stage(inputs[i : i + t.micro_batch_size])
+            loss = trainer.parts.loss_fn(out, targets[i : i + t.micro_batch_size])
+            (loss / t.global_batch_size).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(stage.parameters(), CLIP)))
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return norms, lrs
+
+
+@pytest.mark.parametrize("style", ["cosine", "linear"])
+def test_clipping_and_schedule_equal_torch_on_one_process(text_tokens: Path, style: str) -> None:
+    trainer = Trainer(_plan(), _config(text_tokens, style))
+    results = trainer.fit(STEPS)
+    got = {k: v.detach().clone() for k, v in trainer.stage.state_dict().items()}
+    trainer.close()
+
+    ref = Trainer(_plan(), _config(text_tokens, style))  # same initial weights and data
+    norms, lrs = _reference(ref, style)
+    want = ref.stage.state_dict()
+
+    assert [r.lr for r in results] == pytest.approx(lrs, rel=1e-12)
+    assert [r.grad_norm for r in results] == pytest.approx(norms, rel=1e-5)
+    assert all(n > CLIP for n in norms)  # clipping acted at every step
+    for name, value in want.items():
+        err = float((got[name] - value).norm() / value.norm().clamp_min(1e-12))
+        assert err <= 1e-5, f"{name}: relative error {err:.2e}"
+    ref.close()
+
+
+def test_schedule_shape() -> None:
+    s = LRSchedule(lr=1.0, min_lr=0.1, warmup_steps=4, decay_steps=14, style="cosine")
+    assert [s.at(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s.at(4) == 1.0 and s.at(9) == pytest.approx(0.55) and s.at(14) == 0.1
+    assert s.at(10_000) == 0.1
+    lin = LRSchedule(lr=1.0, min_lr=0.0, warmup_steps=0, decay_steps=10, style="linear")
+    assert [lin.at(i) for i in (0, 5, 10)] == [1.0, 0.5, 0.0]
+    const = LRSchedule(lr=2.0, min_lr=0.0, warmup_steps=2, decay_steps=10, style="constant")
+    assert [const.at(i) for i in (0, 1, 2, 50)] == [1.0, 2.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="min_lr"):
+        LRSchedule(lr=1.0, min_lr=2.0, warmup_steps=0, decay_steps=1)
+    assert math.isclose(s.at(13), 0.1 + 0.45 * (1 + math.cos(math.pi * 0.9)))
+
+
+def test_a_resumed_run_keeps_the_decay_of_the_run_it_continues(text_tokens: Path) -> None:
+    import copy
+
+    config = TrainConfig(seed=5, device="cpu", lr=LR, min_lr=MIN_LR, data=str(text_tokens))
+    first = Trainer(_plan(), config)
+    first.fit(2)  # a run to step 2: its cosine ends there
+    state = copy.deepcopy(first.state_dict())
+    first.close()
+    resumed = Trainer(_plan(), config)
+    resumed.load_state_dict(state)
+    results = resumed.fit(2)  # asked for step 4: the schedule still ends at 2
+    resumed.close()
+    assert resumed.lr_schedule.decay_steps == 2
+    assert [r.lr for r in results] == [MIN_LR, MIN_LR]
+    explicit = Trainer(_plan(), TrainConfig(**{**_kw(config), "decay_steps": 4}))
+    explicit.load_state_dict(state)
+    assert explicit.fit(1)[0].lr > MIN_LR  # --decay-steps given: it wins
+    explicit.close()
+
+
+def _kw(config: TrainConfig) -> dict[str, object]:
+    return {f: getattr(config, f) for f in config.__slots__}
