@@ -18,6 +18,7 @@ with the list of known ones, so a typo never silently keeps a default.
 from __future__ import annotations
 
 import difflib
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -118,6 +119,8 @@ def _value(s: Setting, value: Any, where: str) -> Any:
             pass
     if isinstance(value, bool) or not isinstance(value, s.kind):
         raise ConfigError(f"{field}: expected {s.kind.__name__} ({s.help}), got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{field}: must be a finite number, got {value!r}")
     if s.choices and value not in s.choices:
         raise ConfigError(f"{field}: expected one of {', '.join(s.choices)}, got {value!r}")
     if s.minimum is not None and isinstance(value, int | float) and value < s.minimum:

@@ -304,6 +304,10 @@ class _Encoder:
     (unless the tokenizer's own template already ended it with that id)."""
 
     def __init__(self, tokenizer: Tokenizer, eod_id: int, dtype: str) -> None:
+        # "<|endoftext|>" written in a document is text, not a control token (nanoGPT's
+        # encode_ordinary): only our own end-of-document id separates documents.
+        if hasattr(tokenizer, "encode_special_tokens"):
+            tokenizer.encode_special_tokens = True
         self.tokenizer = tokenizer
         self.eod_id = eod_id
         self.dtype = np.dtype("<u2" if dtype == "uint16" else "<u4")

@@ -394,6 +394,8 @@ class Checkpointer:
             local, metadata=metadata, manifest=manifest, rank=self.rank, fetch=fetch
         )
         state, aliases = self._state()
+        if "run" not in getattr(metadata, "state_dict_metadata", {"run": None}):
+            state.pop("run")  # written before checkpoints held the schedule and data
         try:
             dcp_load(state, storage_reader=reader, process_group=self.group)
         except CheckpointException as exc:

@@ -44,6 +44,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from autohet_cli.dataset import DataError
 from autohet_cli.dataset.formats import open_tokens
 from autohet_cli.dataset.sampling import DEFAULT_VAL_FRACTION, TokenDataset
 from autohet_cli.errors import ConfigError
@@ -111,6 +112,12 @@ def build_batches(request: DataRequest, *, data_fn: str | None) -> Batches:
         return batches
     if request.data is not None:
         source = open_tokens(Path(request.data), dtype=request.data_dtype)
+        if source.kind == "flat" and request.data_dtype is None and request.vocab_size > 65536:
+            raise DataError(
+                f"--data {request.data}: a headerless token file and a vocabulary of "
+                f"{request.vocab_size:,} ids, more than uint16 holds: pass --data-dtype uint32 "
+                "(or uint16 if the file really is 16-bit)"
+            )
         return TokenDataset(
             source,
             seq_len=request.seq_len,

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -100,13 +101,23 @@ def build_optimizer(
 def counted_parameters(
     stage: StageModule, *, pipeline: int, tp_rank: int, tied: Sequence[Sequence[str]]
 ) -> list[nn.Parameter]:
-    """The parameters whose gradients this rank counts in the global norm (see module doc)."""
+    """The parameters whose gradients this rank counts in the global norm (see module doc).
+
+    A tied weight is counted by the stage that holds its group's first name, whatever
+    name ``named_parameters`` happens to report it under here.
+    """
     if pipeline != 0:
         return []
-    not_first = {name for group in tied for name in group[1:]}
+    every = dict(stage.named_parameters(remove_duplicate=False))
+    held = {int(i) for i in stage.layers.keys()}
+    skip: set[int] = set()
+    for group in tied:
+        ids = {id(every[n]) for n in group if n in every}
+        if layer_of(group[0]) not in held:
+            skip |= ids
     out = []
-    for name, p in trainable_parameters(stage):
-        if name in not_first:
+    for _, p in trainable_parameters(stage):
+        if id(p) in skip:
             continue
         sharded = isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)
         if sharded or tp_rank == 0:

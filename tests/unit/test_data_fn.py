@@ -158,3 +158,27 @@ def test_synthetic_eval_batches_are_fixed_and_apart_from_training() -> None:
         "num_tokens": len(corpus.tokens),
     }
     assert can_evaluate(corpus)
+
+
+def test_a_headerless_file_for_a_big_vocabulary_needs_its_dtype(tmp_path: Path) -> None:
+    import numpy as np
+
+    from autohet_cli.dataset import DataError
+    from autohet_cli.runtime.data_api import DataRequest, build_batches
+
+    path = tmp_path / "train.bin"
+    np.arange(4096, dtype=np.uint32).tofile(path)
+    request = DataRequest(
+        seq_len=8,
+        seed=0,
+        vocab_size=128_256,
+        global_batch_size=2,
+        micro_batch_size=1,
+        data=str(path),
+    )
+    with pytest.raises(DataError, match="pass --data-dtype uint32"):
+        build_batches(request, data_fn=None)
+    from dataclasses import replace
+
+    ok = build_batches(replace(request, data_dtype="uint32"), data_fn=None)
+    assert ok.microbatches(0, batch_size=2, sample_range=(0, 2), micro_batch_size=1)

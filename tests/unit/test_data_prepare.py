@@ -344,3 +344,28 @@ def test_the_shipped_sample(sample_tokenizer: Tokenizer) -> None:
     assert len(chapters) > 250
     assert chapters == [doc for doc, _ in jsonl]
     assert chapters[0].startswith("In the beginning God created the heaven and the earth.\n")
+
+
+def test_special_token_text_inside_a_document_is_text_not_a_document_end(tmp_path: Path) -> None:
+    import json as _json
+
+    import numpy as np
+
+    from tests.cli import autohet
+
+    src = tmp_path / "a.txt"
+    src.write_text("hello <|endoftext|> world")
+    res = autohet(
+        "data",
+        "prepare",
+        str(src),
+        "--tokenizer",
+        "sample",
+        "--out",
+        str(tmp_path / "o"),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    meta = _json.loads((tmp_path / "o" / "meta.json").read_text())
+    ids = np.fromfile(tmp_path / "o" / "tokens.bin", dtype=np.uint16)
+    assert list(ids).count(meta["eod_id"]) == 1 and ids[-1] == meta["eod_id"]

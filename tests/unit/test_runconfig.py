@@ -164,3 +164,13 @@ def test_a_checkpoint_of_other_data_is_refused(alone: None, tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="trained on other data"):
         other.load_state_dict(state)
     other.close()
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_numbers_are_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="lr: must be a finite number"):
+        load_run_config(_write(tmp_path, f"lr: {value}\n"))
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "p", "--steps", "1", "--lr", "nan"])
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "p", "--steps", "1", "--grad-clip", "-1"])

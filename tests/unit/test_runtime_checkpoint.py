@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -298,3 +299,23 @@ def test_an_upload_that_never_completes_warns_and_leaves_no_marker(
     assert uploader.errors and "__1_0.distcp did not reach" in uploader.errors[0]
     assert "warning: upload of" in capsys.readouterr().err
     assert not (tmp_path / "remote" / "p" / "j" / "step-00000001" / "COMPLETE").exists()
+
+
+def test_a_checkpoint_from_before_the_run_entry_still_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints written before they held the schedule and data fingerprint load."""
+    original = Trainer.state_dict
+
+    def without_run(self: Trainer, **kw: Any) -> dict[str, Any]:
+        state = original(self, **kw)
+        state.pop("run")
+        return state
+
+    trainer, ckpt = _fresh(tmp_path, 2)
+    monkeypatch.setattr(Trainer, "state_dict", without_run)
+    ckpt.save()
+    ckpt.close()
+    monkeypatch.setattr(Trainer, "state_dict", original)
+    resumed, ckpt = _fresh(tmp_path, 0)
+    assert ckpt.resume() == 2 and resumed.step == 2

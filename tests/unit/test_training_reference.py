@@ -189,3 +189,46 @@ def test_a_resumed_run_keeps_the_decay_of_the_run_it_continues(text_tokens: Path
 
 def _kw(config: TrainConfig) -> dict[str, object]:
     return {f: getattr(config, f) for f in config.__slots__}
+
+
+def test_eval_runs_between_steps_on_fixed_batches_in_eval_mode(
+    text_tokens: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from autohet_cli.runtime.hooks import MetricsHook
+
+    config = TrainConfig(seed=5, device="cpu", data=str(text_tokens), eval_every=2, eval_batches=2)
+    metrics = tmp_path / "m.jsonl"
+    trainer = Trainer(_plan(), config, hooks=[MetricsHook(metrics, echo=False)])
+    trainer.fit(4)
+    assert trainer.stage.training  # back in train mode
+    first, again = trainer.evaluate(), trainer.evaluate()
+    trainer.close()
+    assert first == again  # the same validation batches every time
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    evals = [x for x in lines if "eval_loss" in x]
+    assert [x["step"] for x in evals] == [0, 2, 3]  # every 2 steps and after the last
+    assert all("loss" not in x for x in evals)
+    assert [x["step"] for x in lines if "loss" in x] == [0, 1, 2, 3]
+    assert evals[-1]["eval_loss"] == first
+
+
+def test_a_tied_weight_counts_once_whatever_order_its_group_names() -> None:
+    from torch import nn
+
+    from autohet_cli.runtime.optim import counted_parameters
+    from autohet_cli.runtime.stage import StageModule, tie_parameters
+
+    layers = {0: nn.Linear(3, 3, bias=False), 1: nn.Linear(3, 3, bias=False)}
+    for order in (
+        [("layers.0.weight", "layers.1.weight")],
+        [("layers.1.weight", "layers.0.weight")],  # a --model-fn listing the head first
+    ):
+        stage = StageModule(dict(layers))
+        tie_parameters(stage, order)
+        got = counted_parameters(stage, pipeline=0, tp_rank=0, tied=order)
+        assert len(got) == 1 and got[0] is stage.layers["0"].weight
+        # A stage holding only the non-first name of the group counts nothing for it.
+        only = StageModule({1 if order[0][0].startswith("layers.0") else 0: nn.Linear(3, 3)})
+        assert all(p.ndim < 2 for p in counted_parameters(only, pipeline=0, tp_rank=0, tied=order))
