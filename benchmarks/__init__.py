@@ -14,6 +14,8 @@
 - ``comm_dtype``: predicted iteration time with the gradient all-reduce charged in
   bf16 (2 bytes/parameter, the old charge) versus fp32 (4, settings.py), on fast and
   slow (5 Gbit/s) links, for fixed plans and for the planner's own picks.
+- ``predictions``: predicted against measured step time and memory for six plan
+  shapes of gpt-small and llama-tiny on localhost, before and after calibration.
 """
 
 BENCHMARKS = (
@@ -25,4 +27,5 @@ BENCHMARKS = (
     "llama_runtime",
     "recovery_time",
     "comm_dtype",
+    "predictions",
 )

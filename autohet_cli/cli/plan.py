@@ -12,7 +12,7 @@ from autohet_cli.cli.progress import progress_bar
 from autohet_cli.inputs import load_inputs, tables_for
 from autohet_cli.plan import default_plan_name, validate_name, write_plan
 from autohet_cli.planner.api import make_plan, training_for
-from autohet_cli.planner.explain import explain_text, summary_json
+from autohet_cli.planner.explain import explain_text, provenance, summary_json
 from autohet_cli.runtime.models import unsupported_reason
 
 
@@ -67,8 +67,22 @@ def plan(
             "plans fit with fewer stages or bigger micro-batches",
         ),
     ] = False,
+    measured_only: Annotated[
+        bool,
+        typer.Option(
+            "--measured-only",
+            help="Use only the (GPU type, TP degree, micro-batch size) combinations the "
+            "profile measured (source measured or sailor), never analytic or calibrated "
+            "estimates; fails, naming what was measured, when nothing else fits",
+        ),
+    ] = False,
     explain: Annotated[
-        bool, typer.Option("--explain", help="Print stages, memory, bottlenecks, baselines")
+        bool,
+        typer.Option(
+            "--explain",
+            help="Print stages, memory, bottlenecks, baselines, and which stage times "
+            "rest on unmeasured profile entries",
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
@@ -99,12 +113,13 @@ def plan(
         precision,
         optimizer,
     )
+    tables = tables_for(inputs, training)
     with progress_bar("planning", enabled=not as_json) as report:
         outcome = make_plan(
             name=plan_name,
             cluster=inputs.cluster,
             model=inputs.model,
-            tables=tables_for(inputs, training),
+            tables=tables,
             global_batch_size=global_batch_size,
             objective=objective,
             time_limit_s=time_limit,
@@ -112,6 +127,7 @@ def plan(
             contingency=contingency,
             progress=report,
             recompute=recompute,
+            measured_only=measured_only,
         )
     planned = outcome.plan
     # Say now, not at launch, when the built-in runtime cannot train this model.
@@ -119,11 +135,13 @@ def plan(
         typer.secho(f"note: {reason}", fg=typer.colors.YELLOW, err=True)
         planned = replace(planned, notes=(*planned.notes, reason))
     written, path = write_plan(planned, out_dir)
+    sources = provenance(written, tables)
     if as_json:
-        typer.echo(json.dumps(summary_json(written, outcome.eval, inputs.cluster, str(path))))
+        summary = summary_json(written, outcome.eval, inputs.cluster, str(path), sources=sources)
+        typer.echo(json.dumps(summary))
         return
     if explain:
-        typer.echo(explain_text(written, outcome.eval, inputs.cluster))
+        typer.echo(explain_text(written, outcome.eval, inputs.cluster, sources=sources))
     ev = outcome.eval
     typer.echo(
         f"wrote {path}: {ev.iteration_ms / 1e3:.3f} s/iteration, {ev.tokens_per_s:,.0f} tokens/s"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autohet_cli.catalog import canonical_gpu_name
-from autohet_cli.cli import profile_run
+from autohet_cli.cli import profile_calibrate, profile_run
 from autohet_cli.errors import ConfigError, ProfileError
 from autohet_cli.models import canonical_model_name
 from autohet_cli.profiling.sailor import import_sailor
@@ -57,6 +57,7 @@ def register(app: typer.Typer) -> None:
     sub.command("import")(import_profiles)
     sub.command("show")(show)
     sub.command("run")(profile_run.run)
+    sub.command("calibrate")(profile_calibrate.calibrate_command)
     app.add_typer(sub, name="profile")
 
 

@@ -90,7 +90,7 @@ def stage_memory_bytes(
     in_flight = min(num_stages - stage_index, num_microbatches)
     state = cost.num_params * tables.training.state_bytes_per_param
     buffers = 2.0 * cost.output_bytes
-    reserve = tables.spec(gpu_type).runtime_reserve_bytes
+    reserve = tables.reserve_bytes(gpu_type)
     return int(state + cost.act_bytes * in_flight + cost.transient_bytes + buffers + reserve)
 
 
@@ -141,6 +141,9 @@ def evaluate(
     pipeline_ms = max(e.time_ms for e in evals)
     sync_ms = max(st.grad_sync_ms for e in evals for st in e.stages)
     opt_ms = max(st.cost.update_ms for e in evals for st in e.stages)
+    # The fixed per-step cost every rank pays (calibrated per GPU type; 0 uncalibrated).
+    overhead_ms = max(tables.step_overhead_ms(s.gpu_type) for p in pipelines for s in p.stages)
+    opt_ms += overhead_ms
     iteration = pipeline_ms + sync_ms + opt_ms
     tokens = micro_batch_size * sum(p.num_microbatches for p in pipelines) * tables.training.seq_len
     return PlanEval(
@@ -201,6 +204,7 @@ def _grad_sync_ms(
             gbps = min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
             nbytes *= tp  # the TP group's rings share the host NIC
         t = ring_allreduce_ms(nbytes, len(pipelines), gbps)
+        t *= max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
         for pi, si in holders:
             out[pi][si] += t
     return out

@@ -196,14 +196,17 @@ class CostTables:
             description=f"measured by autohet profile run ({gpu_type})",
         )
 
-    def entry(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
-        key = EntryKey(
+    def _key(self, gpu_type: str, tp: int, mbs: int) -> EntryKey:
+        return EntryKey(
             model=self.model.name,
             gpu_type=gpu_type,
             tensor_parallel=tp,
             micro_batch_size=mbs,
             seq_len=self.training.seq_len,
         )
+
+    def entry(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry:
+        key = self._key(gpu_type, tp, mbs)
         found = self.profile.entry(key)
         # A measurement at another precision (fp32 on a CPU, say) does not time
         # a bf16 run; it can still anchor a calibrated estimate below.
@@ -223,6 +226,10 @@ class CostTables:
             anchor,
             self._with_tp_comm(base, anchor.key.tensor_parallel, anchor.key.micro_batch_size),
         )
+
+    def with_tp_comm(self, entry: ProfileEntry, tp: int, mbs: int) -> ProfileEntry:
+        """``entry`` as a measurement would be: TP all-reduces folded in when analytic."""
+        return self._with_tp_comm(entry, tp, mbs) if entry.source == "analytic" else entry
 
     def _with_tp_comm(self, entry: ProfileEntry, tp: int, mbs: int) -> ProfileEntry:
         """An analytic entry with TP all-reduces folded in, at the type's
@@ -278,8 +285,41 @@ class CostTables:
 
         return min(same, key=distance)
 
+    def reserve_bytes(self, gpu_type: str) -> int:
+        """Memory a GPU of this type holds beyond the plan's tensors: the type's runtime
+        reserve plus what calibration measured beyond the model (``Overhead``)."""
+        extra = self.profile.overheads.get(gpu_type)
+        return self.spec(gpu_type).runtime_reserve_bytes + (extra.mem_bytes if extra else 0)
+
+    def sync_factor(self, gpu_type: str) -> float:
+        """Measured / predicted gradient all-reduce time for this GPU type's ranks
+        (calibrated; 1 uncalibrated): the collective library's real rate."""
+        extra = self.profile.overheads.get(gpu_type)
+        return extra.sync_x if extra else 1.0
+
+    def step_overhead_ms(self, gpu_type: str) -> float:
+        extra = self.profile.overheads.get(gpu_type)
+        return extra.step_ms if extra else 0.0
+
     def is_measured(self, gpu_type: str, tp: int, mbs: int) -> bool:
-        return self.entry(gpu_type, tp, mbs).source in ("measured", "sailor")
+        """Measured, imported, or refitted to a run (``autohet profile calibrate`` stores
+        ``calibrated`` entries; the planner's own calibrated estimates are never stored)."""
+        found = self.entry(gpu_type, tp, mbs)
+        if found.source in ("measured", "sailor"):
+            return True
+        return (
+            found.source == "calibrated"
+            and self.profile.entry(self._key(gpu_type, tp, mbs)) is found
+        )
+
+    def calibration_anchor(self, gpu_type: str, tp: int, mbs: int) -> ProfileEntry | None:
+        """The measurement ``entry()`` scaled an estimate of this combination to; None
+        when it did not (a profile entry was used as is, or no anchor exists)."""
+        key = self._key(gpu_type, tp, mbs)
+        found = self.profile.entry(key)
+        if found is not None and found.dtype == self.training.precision:
+            return None
+        return self._nearest_measured(key)
 
     def table(self, gpu_type: str, tp: int, mbs: int, intra_gbps: float) -> LayerTable:
         key = (gpu_type, tp, mbs, intra_gbps)

@@ -34,6 +34,17 @@ from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 __all__ = ["ConnectOptions", "Job", "JobOutcome", "LaunchError"]
 
+REPORT_PREFIX = "autohet-report: "  # runtime.report's line (not imported: no torch here)
+
+
+def _parse_report(text: str) -> dict[str, object] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 STEP_LINE = re.compile(r"step (\d+) loss ([-+0-9.eE]+|nan|inf) tokens/s ([0-9.]+)")
 Printer = Callable[[str], None]
 OUTPUT_TAIL_LINES = 200
@@ -153,6 +164,7 @@ class Job:
         self.local_run_dir = local_run_dir
         self.printer = printer
         self.status = Status(shares=shares)
+        self.run_report: dict[str, object] | None = None  # rank 0's, at the end of training
         self.status_every_s = 10.0
         # None: no start-up deadline (user scripts write no boot marks).
         self.start_timeout_s = start_timeout_s
@@ -220,6 +232,9 @@ class Job:
                 log = self._logs[host]
                 log.write(f"{stream}: {line}\n")
                 log.flush()
+                if line.startswith(REPORT_PREFIX):
+                    self.run_report = _parse_report(line[len(REPORT_PREFIX) :])
+                    return  # logged, not echoed: one long JSON line
                 self._tails[host].append(line)
                 m = STEP_LINE.search(line)
                 if m:

@@ -14,6 +14,7 @@ use exactly the same path:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -25,13 +26,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autohet_cli.ckpt.format import new_key
 from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, PlanError
-from autohet_cli.launch import jobs
+from autohet_cli.launch import compare, jobs
 from autohet_cli.launch.executor import Job, JobOutcome, LaunchError
 from autohet_cli.launch.preflight import PREFLIGHT_TIMEOUT_S, preflight, version_warnings
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
@@ -175,7 +177,9 @@ def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
         )
     hint = None
     if outcome.recoverable:
-        hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts)])
+        # With the training options: a recover without --data/--config would resume
+        # on other data (refused) or another learning-rate schedule.
+        hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts, full=True)])
     return LaunchResult(outcome=outcome, recover_command=hint)
 
 
@@ -251,10 +255,34 @@ def run_job(
     with _stop_on_signals(job.stop_requested):
         try:
             job.start()
-            return job.watch()
+            outcome = job.watch()
         finally:
             job.stop_all()
             job.close()
+    if job.run_report is not None:
+        _check_against_plan(p, job.run_report, local_dir, printer)
+    return outcome
+
+
+def _check_against_plan(
+    p: Prepared, report: dict[str, Any], local_dir: Path, printer: Printer
+) -> None:
+    """Print and keep (``prediction-check.json``) the run against its plan."""
+    try:
+        ranks = report.get("ranks") or [{}]
+        sends = compare.link_send_ms(p.plan, p.cluster, ranks[0].get("device"))
+        check = compare.compare(p.plan, report, sends)
+        check["plan_file"] = str(p.plan_file.resolve())
+    except (KeyError, TypeError, ValueError) as exc:  # a report from another version
+        printer(f"note: the run report could not be compared with the plan: {exc}")
+        return
+    (local_dir / "run-report.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    (local_dir / "prediction-check.json").write_text(json.dumps(check, indent=1), encoding="utf-8")
+    printer(compare.render(check))
+    printer(
+        f"(kept in {local_dir}/prediction-check.json; `autohet profile calibrate {local_dir} "
+        "--profile P --out P2` refits a profile from it)"
+    )
 
 
 def _prepare_job(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
 from autohet_cli.cluster import Cluster
@@ -55,12 +55,14 @@ def make_plan(
     progress: Progress | None = None,
     with_baselines: bool = True,
     recompute: bool = False,
+    measured_only: bool = False,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
     short overrun (budget.overrun_s): what the deadline cuts off is left out of
     the plan and named in its notes, never waited for. ``recompute`` makes every
     stage of the plan (and of the baselines and contingency plans) recompute its
-    activations."""
+    activations; ``measured_only`` lets all of them use only the (GPU type, TP,
+    micro-batch size) combinations the profile measured."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
     req = SearchRequest(
@@ -73,14 +75,31 @@ def make_plan(
         # Only degrees the model's heads, MLP and padded vocabulary split into.
         tp_candidates=tuple(t for t in (1, 2, 4, 8) if not model.tensor_parallel_problems(t)),
         recompute=recompute,
+        measured_only=measured_only,
     )
+    model_ref = (inputs or {}).get("model", {}).get("path") or model.name  # for --model
+    if measured_only and not any(tables.is_measured(*c) for c in usable_combinations(req)):
+        raise InfeasibleError(measured_only_message(req, None, model_ref))
     skipped: list[str] = []
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):
-        result = search(req, progress)
+        try:
+            result = search(req, progress)
+        except TimeLimitReached:
+            raise
+        except InfeasibleError as exc:
+            if not measured_only:
+                raise
+            raise InfeasibleError(measured_only_message(req, str(exc), model_ref)) from None
         base = compute_baselines(req, skipped) if with_baselines else {}
         if_lost = contingency_plans(req, skipped) if contingency else {}
     best = result.best
     notes = []
+    if measured_only:
+        notes.append(
+            "planned with --measured-only: only (GPU type, TP, micro-batch size) "
+            "combinations the profile measured were searched, baselines and contingency "
+            "plans included"
+        )
     if skipped:
         notes.append(
             f"not computed within the time limit: {', '.join(skipped)} (raise --time-limit)"
@@ -100,6 +119,7 @@ def make_plan(
         cluster=cluster,
         global_batch_size=global_batch_size,
         objective=objective,
+        measured_only=measured_only,
     )
     plan = replace(
         plan,
@@ -122,6 +142,7 @@ def to_plan(
     cluster: Cluster,
     global_batch_size: int,
     objective: str,
+    measured_only: bool = False,
 ) -> Plan:
     ev = best.eval
     pipelines = tuple(
@@ -153,7 +174,17 @@ def to_plan(
             groupings_explored=result.explored,
             groupings_pruned=result.pruned + result.hopeless,
         ),
-        idle=tuple(idle_devices(cluster, best)),
+        idle=tuple(
+            idle_devices(
+                cluster,
+                best,
+                unmeasured={
+                    t
+                    for t in cluster.gpu_types()
+                    if measured_only and not tables.is_measured(t, best.tp, best.mbs)
+                },
+            )
+        ),
         created=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     )
 
@@ -186,8 +217,11 @@ def _with_prediction(s: Stage, se: object) -> Stage:
     )
 
 
-def idle_devices(cluster: Cluster, best: Candidate) -> list[dict[str, object]]:
-    """GPUs the plan leaves unused, per host, with the reason."""
+def idle_devices(
+    cluster: Cluster, best: Candidate, unmeasured: Set[str] = frozenset()
+) -> list[dict[str, object]]:
+    """GPUs the plan leaves unused, per host, with the reason; ``unmeasured`` are the
+    GPU types --measured-only kept out (no measurement at the plan's TP and mbs)."""
     used: dict[str, set[int]] = {}
     for p in best.pipelines:
         for s in p.stages:
@@ -201,6 +235,11 @@ def idle_devices(cluster: Cluster, best: Candidate) -> list[dict[str, object]]:
             continue
         if h.num_gpus < best.tp or (h.name in used and len(free) < best.tp):
             why = f"tensor_parallel {best.tp} needs {best.tp} GPUs of one host; these are left over"
+        elif h.gpu_type not in types_used and h.gpu_type in unmeasured:
+            why = (
+                f"--measured-only: the profile has no measurement of {h.gpu_type} at "
+                f"tensor_parallel {best.tp}, micro-batch size {best.mbs}"
+            )
         elif h.gpu_type not in types_used:
             why = (
                 f"no {h.gpu_type} GPU is used: every grouping that used them was predicted "
@@ -247,6 +286,49 @@ def contingency_plans(
             "pipelines": [pipelines_entry(p) for p in b.pipelines],
         }
     return out
+
+
+def usable_combinations(req: SearchRequest) -> list[tuple[str, int, int]]:
+    """The (GPU type, TP, micro-batch size) combinations the search may use: TP
+    degrees a host of the type holds, micro-batch sizes dividing the batch."""
+    out = []
+    for gpu in req.cluster.gpu_types():
+        most = max(h.num_gpus for h in req.cluster.hosts if h.gpu_type == gpu)
+        for tp in req.tp_candidates:
+            for mbs in req.mbs_candidates:
+                if tp <= most and req.global_batch_size % mbs == 0:
+                    out.append((gpu, tp, mbs))
+    return out
+
+
+def measured_only_message(req: SearchRequest, reason: str | None, model_ref: str) -> str:
+    """Why --measured-only found no plan: what was measured, and how to measure more."""
+    usable = usable_combinations(req)
+    measured = [c for c in usable if req.tables.is_measured(*c)]
+    t = req.tables.training
+    per_type = []
+    for gpu in req.cluster.gpu_types():
+        pairs = ", ".join(f"tp{tp} mbs{mbs}" for g, tp, mbs in measured if g == gpu)
+        per_type.append(f"{gpu}: {pairs or 'none'}")
+    tps = ",".join(str(tp) for tp in sorted({tp for _, tp, _ in usable}))
+    mbss = ",".join(str(m) for m in sorted({m for _, _, m in usable}))
+    seq = "" if t.seq_len == req.model.default_seq_len else f" --seq-len {t.seq_len}"
+    if measured:
+        head = f"no plan for {req.model.name} on {req.cluster.name} fits using only measured "
+        head += "profile entries"
+    elif not req.tables.profile.entries:
+        head = "no profile was given (--profile), so nothing is measured"
+    else:
+        head = f"the profile measures none of the combinations {req.model.name} could use "
+        head += f"on {req.cluster.name}"
+    said = f" (the search said: {reason})" if reason else ""
+    return (
+        f"--measured-only: {head}{said}. Measured at seq_len {t.seq_len}, {t.precision}: "
+        f"{'; '.join(per_type)}. Measure more with `autohet profile run CLUSTER --model "
+        f"{model_ref} --tp {tps} --micro-batch-sizes {mbss}{seq}` and pass the "
+        "profile it writes with --profile, or plan without --measured-only to let "
+        "estimates fill the gaps"
+    )
 
 
 def training_for(

@@ -8,7 +8,8 @@
 - ``only-<TYPE>``: the planner itself restricted to the hosts of one GPU type.
 
 Each baseline recomputes activations exactly when the search does
-(``SearchRequest.recompute``), so that the comparison stays fair.
+(``SearchRequest.recompute``), and with ``measured_only`` uses only GPU types
+measured at its (TP, micro-batch size), so that the comparison stays fair.
 """
 
 from __future__ import annotations
@@ -120,7 +121,12 @@ def _peak(req: SearchRequest, gpu_type: str) -> float:
 def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None:
     score = scorer(req.cluster, req.objective)
     best: Candidate | None = None
+    measured: dict[tuple[str, int, int], bool] = {}
     for tp, mbs, layout, bounds in _uniform_shapes(req):
+        if req.measured_only and not all(
+            _measured(req, measured, gpu, tp, mbs) for row in layout for gpu, _ in row
+        ):
+            continue
         M = req.global_batch_size // mbs
         if proportional:
             weights = [sum(_peak(req, g) for g, _ in row) for row in layout]
@@ -137,6 +143,15 @@ def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None
         if best is None or s < best.score:
             best = Candidate(pipelines=pipelines, tp=tp, mbs=mbs, eval=ev, score=s)
     return best
+
+
+def _measured(
+    req: SearchRequest, seen: dict[tuple[str, int, int], bool], gpu: str, tp: int, mbs: int
+) -> bool:
+    key = (gpu, tp, mbs)
+    if key not in seen:
+        seen[key] = req.tables.is_measured(gpu, tp, mbs)
+    return seen[key]
 
 
 def single_type_baselines(

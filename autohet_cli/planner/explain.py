@@ -7,15 +7,160 @@ it never re-solves.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tabulate import tabulate
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
+from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.plan import Plan, SolverInfo
 
 GIB = float(1 << 30)
+MEASURED_SOURCES = ("measured", "sailor")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EntrySource:
+    """Where the cost model's numbers for one (GPU type, TP, micro-batch size) come
+    from: ``measured``, ``sailor``, ``calibrated`` (an estimate scaled to the
+    measurement at ``anchor``, its (TP, micro-batch size)) or ``analytic``."""
+
+    gpu_type: str
+    tensor_parallel: int
+    micro_batch_size: int
+    source: str
+    anchor: tuple[int, int] | None = None
+
+    @property
+    def from_runs(self) -> bool:
+        """A stored calibrated entry: refitted to measured runs (profile calibrate)."""
+        return self.source == "calibrated" and self.anchor is None
+
+    @property
+    def measured(self) -> bool:
+        return self.source in MEASURED_SOURCES or self.from_runs
+
+    @property
+    def label(self) -> str:
+        if self.from_runs:
+            return "calibrated from runs"
+        if self.anchor is None:
+            return self.source
+        return f"calibrated from tp={self.anchor[0]} mbs={self.anchor[1]}"
+
+    @property
+    def combination(self) -> str:
+        return f"{self.gpu_type} tp{self.tensor_parallel} mbs{self.micro_batch_size}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_type": self.gpu_type,
+            "tensor_parallel": self.tensor_parallel,
+            "micro_batch_size": self.micro_batch_size,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provenance:
+    """The source of every stage's times (per pipeline, per stage), as the cost
+    tables the plan was judged with say; ``profiled`` is False when no profile
+    entry was given at all (every time is then analytic)."""
+
+    stages: tuple[tuple[EntrySource, ...], ...]
+    profiled: bool
+    model_ref: str  # what `autohet profile run --model` takes for this model
+    seq_len: int | None  # for --seq-len, when not the model's default
+
+    def unmeasured(self) -> list[EntrySource]:
+        """Distinct unmeasured combinations, in stage order."""
+        return list(dict.fromkeys(e for p in self.stages for e in p if not e.measured))
+
+    def num_unmeasured_stages(self) -> int:
+        return sum(not e.measured for p in self.stages for e in p)
+
+
+def provenance(plan: Plan, tables: CostTables) -> Provenance:
+    """Look up the entry behind each stage of ``plan`` (its micro-batch size, each
+    stage's GPU type and TP degree) in ``tables``."""
+    mbs = plan.training.micro_batch_size
+    seen: dict[tuple[str, int], EntrySource] = {}
+    for s in (s for p in plan.pipelines for s in p.stages):
+        key = (s.gpu_type, s.tensor_parallel)
+        if key not in seen:
+            anchor = tables.calibration_anchor(s.gpu_type, s.tensor_parallel, mbs)
+            seen[key] = EntrySource(
+                gpu_type=s.gpu_type,
+                tensor_parallel=s.tensor_parallel,
+                micro_batch_size=mbs,
+                source=tables.entry(s.gpu_type, s.tensor_parallel, mbs).source,
+                anchor=None
+                if anchor is None
+                else (anchor.key.tensor_parallel, anchor.key.micro_batch_size),
+            )
+    seq_len = tables.training.seq_len
+    return Provenance(
+        stages=tuple(
+            tuple(seen[(s.gpu_type, s.tensor_parallel)] for s in p.stages) for p in plan.pipelines
+        ),
+        profiled=bool(tables.profile.entries),
+        model_ref=plan.inputs.get("model", {}).get("path") or plan.model_name,
+        seq_len=None if seq_len == tables.model.default_seq_len else seq_len,
+    )
+
+
+def profile_command(prov: Provenance, entries: list[EntrySource]) -> str:
+    """The `autohet profile run` that measures ``entries``."""
+    tps = ",".join(str(t) for t in sorted({e.tensor_parallel for e in entries}))
+    mbss = ",".join(str(m) for m in sorted({e.micro_batch_size for e in entries}))
+    seq = "" if prov.seq_len is None else f" --seq-len {prov.seq_len}"
+    return (
+        f"autohet profile run CLUSTER --model {prov.model_ref} --tp {tps} "
+        f"--micro-batch-sizes {mbss}{seq}"
+    )
+
+
+def source_lines(prov: Provenance) -> list[str]:
+    """What rests on unmeasured entries; nothing when every stage is measured."""
+    unmeasured = prov.unmeasured()
+    if not unmeasured:
+        return []
+    command = profile_command(prov, unmeasured)
+    if not prov.profiled:
+        return [
+            "Source: no profile was given, so every stage time is an analytic estimate "
+            f"from the GPU catalog; measure them with `{command}` and plan with --profile."
+        ]
+    total = sum(len(p) for p in prov.stages)
+    listed = "; ".join(f"{e.combination}: {e.label}" for e in unmeasured)
+    return [
+        f"Stages {prov.num_unmeasured_stages()} of {total} rest on unmeasured entries "
+        f"({listed}): their times are estimates; profile them with `{command}` or plan "
+        "with --measured-only."
+    ]
+
+
+def sources_json(plan: Plan, prov: Provenance) -> dict[str, Any]:
+    """The per-stage ``stages`` (with ``source``) and top-level ``unmeasured`` of --json."""
+    return {
+        "stages": [
+            {
+                "pipeline": i,
+                "stage": j,
+                "layer_start": s.layer_start,
+                "layer_end": s.layer_end,
+                **e.to_dict(),
+                "calibrated_from": None
+                if e.anchor is None
+                else {"tensor_parallel": e.anchor[0], "micro_batch_size": e.anchor[1]},
+            }
+            for i, (p, pe) in enumerate(zip(plan.pipelines, prov.stages, strict=True))
+            for j, (s, e) in enumerate(zip(p.stages, pe, strict=True))
+        ],
+        "unmeasured": [e.to_dict() for e in prov.unmeasured()],
+    }
 
 
 def price_per_hour(plan: Plan, cluster: Cluster) -> float:
@@ -127,9 +272,21 @@ def recompute_line(plan: Plan) -> str | None:
     )
 
 
-def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool = True) -> str:
-    """The plan for people; ``solved_now`` False when the plan is only re-estimated."""
+def explain_text(
+    plan: Plan,
+    ev: PlanEval,
+    cluster: Cluster,
+    *,
+    solved_now: bool = True,
+    sources: Provenance | None = None,
+) -> str:
+    """The plan for people; ``solved_now`` False when the plan is only re-estimated.
+    With ``sources``, stages on unmeasured profile entries are marked (a source
+    column, where a profile was given) and summed up in one line."""
     marked = recompute_count(plan)[0] > 0  # an R column only where it says something
+    # A source column only where some stage is unmeasured and a profile was given
+    # (without one, a single line says that everything is analytic).
+    by_stage = sources.stages if sources and sources.profiled and sources.unmeasured() else None
     lines = [
         f"Plan {plan.name} v{plan.version}: {plan.model_name}, global batch "
         f"{plan.training.global_batch_size} x seq {plan.training.seq_len}, micro-batch "
@@ -166,7 +323,11 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool
                 f"{se.mem_fraction:.0%}",
                 "*" if j == pe.bottleneck else "",
             ]
-            rows.append([*row, "R" if s.recompute else ""] if marked else row)
+            if marked:
+                row.append("R" if s.recompute else "")
+            if by_stage is not None:
+                row.append(by_stage[first][j].label)
+            rows.append(row)
         headers = [
             "stage",
             "devices",
@@ -179,11 +340,11 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool
             "mem %",
             "slow",
         ]
-        lines.append(
-            tabulate(
-                rows, headers=[*headers, "recompute"] if marked else headers, tablefmt="simple"
-            )
-        )
+        if marked:
+            headers.append("recompute")
+        if by_stage is not None:
+            headers.append("source")
+        lines.append(tabulate(rows, headers=headers, tablefmt="simple"))
         lines.append("")
     tok = ev.tokens_per_s
     lines.append(
@@ -193,6 +354,8 @@ def explain_text(plan: Plan, ev: PlanEval, cluster: Cluster, *, solved_now: bool
     )
     if (line := recompute_line(plan)) is not None:
         lines.append(line)
+    if sources is not None:
+        lines += source_lines(sources)
     price = price_per_hour(plan, cluster)
     per_m = dollars_per_million_tokens(plan, cluster, tok)
     if price > 0 and per_m is not None:
@@ -239,7 +402,12 @@ def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
 
 
 def summary_json(
-    plan: Plan, ev: PlanEval, cluster: Cluster, plan_path: str | None
+    plan: Plan,
+    ev: PlanEval,
+    cluster: Cluster,
+    plan_path: str | None,
+    *,
+    sources: Provenance | None = None,
 ) -> dict[str, Any]:
     solver: Mapping[str, Any] = {}
     if plan.solver:
@@ -265,4 +433,5 @@ def summary_json(
         "dollars_per_million_tokens": dollars_per_million_tokens(plan, cluster, ev.tokens_per_s),
         "binding": binding_constraints(plan, ev),
         "idle": [dict(x) for x in plan.idle],
+        **(sources_json(plan, sources) if sources is not None else {}),
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 
 from autohet_cli.cluster import Cluster
@@ -64,6 +64,10 @@ class SearchRequest:
     # times and memory throughout (MILP, estimates, bounds, evaluation) are those of
     # recompute stages, and the plans carry the flag.
     recompute: bool = False
+    # Only (GPU type, TP, micro-batch size) combinations the profile measured
+    # (CostTables.is_measured): a class without a measurement at a context's
+    # (TP, mbs) is left out of that context, as if the cluster lacked it.
+    measured_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,9 +270,12 @@ def _contexts(req: SearchRequest) -> list[_Context]:
     for tp in req.tp_candidates:
         if tp > max_gpus:
             continue
-        classes = device_classes(req.cluster, tp)
+        every_class = device_classes(req.cluster, tp)
         for mbs in req.mbs_candidates:
             if req.global_batch_size % mbs:
+                continue
+            classes = _allowed_classes(req, every_class, tp, mbs)
+            if not classes:
                 continue
             stats = [
                 block_stats(
@@ -278,19 +285,12 @@ def _contexts(req: SearchRequest) -> list[_Context]:
                 )
                 for c in classes
             ]
-            caps = [
-                float(c.mem_bytes - req.tables.spec(c.gpu_type).runtime_reserve_bytes)
-                for c in classes
-            ]
-            params = (
-                min(
-                    req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps).params(
-                        0, req.model.num_layers
-                    )
-                    for c in classes
+            caps = [float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type)) for c in classes]
+            params = min(
+                req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps).params(
+                    0, req.model.num_layers
                 )
-                if classes
-                else 0
+                for c in classes
             )
             out.append(
                 _Context(
@@ -298,6 +298,17 @@ def _contexts(req: SearchRequest) -> list[_Context]:
                 )
             )
     return out
+
+
+def _allowed_classes(
+    req: SearchRequest, classes: list[DeviceClass], tp: int, mbs: int
+) -> list[DeviceClass]:
+    """All classes, or with ``measured_only`` those measured at (tp, mbs), renumbered
+    so that a class's index stays its position (templates index by it)."""
+    if not req.measured_only:
+        return classes
+    kept = [c for c in classes if req.tables.is_measured(c.gpu_type, tp, mbs)]
+    return [replace(c, index=i) for i, c in enumerate(kept)]
 
 
 def _min_depths(req: SearchRequest, ctx: _Context) -> list[int | None]:
@@ -555,7 +566,7 @@ def _shortfall(req: SearchRequest) -> str:
     t = req.tables.training
     need = req.model.num_params * t.state_bytes_per_param
     have = sum(
-        h.num_gpus * (h.gpu_mem_bytes - req.tables.spec(h.gpu_type).runtime_reserve_bytes)
+        h.num_gpus * (h.gpu_mem_bytes - req.tables.reserve_bytes(h.gpu_type))
         for h in req.cluster.hosts
     )
     if need > have:

@@ -82,10 +82,25 @@ class DeviceFacts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Overhead:
+    """What a GPU type costs beyond its layers, measured from runs
+    (``autohet profile calibrate``): a fixed time per step (optimizer launch,
+    framework, the step's small collectives) and memory the process holds beyond
+    weights, optimizer state and activations (allocator, libraries, buffers)."""
+
+    step_ms: float = 0.0
+    mem_bytes: int = 0
+    sync_x: float = 1.0  # measured / predicted gradient all-reduce time
+    source: str = "calibrated"
+    runs: int = 1  # runs it was measured from
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     devices: Mapping[str, DeviceFacts] = field(default_factory=dict)
     entries: Mapping[EntryKey, ProfileEntry] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    overheads: Mapping[str, Overhead] = field(default_factory=dict)  # per GPU type
 
     def entry(self, key: EntryKey) -> ProfileEntry | None:
         return self.entries.get(key)
@@ -111,7 +126,8 @@ class Profile:
         meta.update({k: v for k, v in newer.meta.items() if k != "history"})
         if history:
             meta["history"] = history
-        return Profile(devices=devices, entries=entries, meta=meta)
+        overheads = {**self.overheads, **newer.overheads}
+        return Profile(devices=devices, entries=entries, meta=meta, overheads=overheads)
 
     def with_entries(self, entries: Iterable[ProfileEntry]) -> Profile:
         merged = dict(self.entries)
@@ -133,6 +149,22 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             for name, d in sorted(p.devices.items())
         },
         "entries": [_entry_to_dict(e) for _, e in sorted(p.entries.items(), key=_sort_key)],
+        **(
+            {
+                "overheads": {
+                    name: {
+                        "step_ms": o.step_ms,
+                        "mem_bytes": o.mem_bytes,
+                        "sync_x": o.sync_x,
+                        "source": o.source,
+                        "runs": o.runs,
+                    }
+                    for name, o in sorted(p.overheads.items())
+                }
+            }
+            if p.overheads
+            else {}
+        ),
     }
 
 
@@ -157,7 +189,7 @@ def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
 
 def profile_from_dict(raw: Any, where: str) -> Profile:
     d = as_mapping(raw, where)
-    check_keys(d, where, ["schema"], ["meta", "devices", "entries"])
+    check_keys(d, where, ["schema"], ["meta", "devices", "entries", "overheads"])
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
     devices = {}
@@ -179,7 +211,22 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
             raise ConfigError(f"{where}: entries[{i}]: duplicate entry for {entry.key}")
         entries[entry.key] = entry
     meta = as_mapping(d.get("meta") or {}, f"{where}: meta")
-    return Profile(devices=devices, entries=entries, meta=dict(meta))
+    overheads = {}
+    for name, ov in as_mapping(d.get("overheads") or {}, f"{where}: overheads").items():
+        at = f"{where}: overheads.{name}"
+        om = as_mapping(ov, at)
+        check_keys(om, at, [], ["step_ms", "mem_bytes", "sync_x", "source", "runs"])
+        o = Overhead(
+            step_ms=get(om, "step_ms", float, at, 0.0),
+            mem_bytes=get(om, "mem_bytes", int, at, 0),
+            sync_x=get(om, "sync_x", float, at, 1.0),
+            source=get(om, "source", str, at, "calibrated"),
+            runs=get(om, "runs", int, at, 1),
+        )
+        if o.step_ms < 0 or o.mem_bytes < 0 or o.runs < 1 or not o.sync_x > 0:
+            raise ConfigError(f"{at}: step_ms and mem_bytes must be >= 0, sync_x > 0, runs >= 1")
+        overheads[str(name)] = o
+    return Profile(devices=devices, entries=entries, meta=dict(meta), overheads=overheads)
 
 
 def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:

@@ -23,6 +23,9 @@ class Hook:
     def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
         pass
 
+    def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
+        """After step ``step`` (and its ``on_step_end``): the validation loss."""
+
     def on_train_end(self, trainer: Trainer) -> None:
         pass
 
@@ -57,6 +60,10 @@ class MetricsHook(Hook):
     def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
         if self.writer is not None:
             self.writer.write(result)
+
+    def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
+        if self.writer is not None:
+            self.writer.write_eval(step, loss)
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.writer is not None:

@@ -1,6 +1,7 @@
 """What a step reports and where it goes: JSON lines always, TensorBoard when installed.
 
-Rank 0 writes both. ``metrics.jsonl`` (one object per step) is the record scripts
+Rank 0 writes both. ``metrics.jsonl`` (one object per step; a validation loss is
+its own object ``{"step": N, "eval_loss": X}`` after step N's) is the record scripts
 and tests read; TensorBoard event files (``tensorboard`` is an optional extra:
 ``pip install 'autohet-cli[tensorboard]'``) hold the same scalars for people.
 MFU counts the model's FLOPs (3x the forward: forward, input and weight
@@ -33,7 +34,6 @@ class StepResult:
     lr: float = 0.0
     grad_norm: float | None = None  # before clipping
     epoch: float | None = None  # fractional epochs of the training data done after the step
-    eval_loss: float | None = None
     peak_mem_bytes: tuple[int, ...] = ()  # per global rank
     mfu: float | None = None
 
@@ -56,8 +56,6 @@ class StepResult:
         }
         if self.epoch is not None:
             out["epoch"] = round(self.epoch, 6)
-        if self.eval_loss is not None:
-            out["eval_loss"] = self.eval_loss
         return out
 
 
@@ -126,9 +124,16 @@ class MetricsWriter:
             line += f" lr {result.lr:.3g}"
             if result.grad_norm is not None:
                 line += f" grad_norm {result.grad_norm:.3f}"
-            if result.eval_loss is not None:
-                line += f" eval_loss {result.eval_loss:.6f}"
             print(line, flush=True)
+
+    def write_eval(self, step: int, loss: float) -> None:
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "eval_loss": loss}) + "\n")
+        if self.tb is not None:
+            self.tb.add_scalar("eval/loss", loss, step)
+        if self.echo:
+            print(f"step {step} eval_loss {loss:.6f}", flush=True)
 
     def _scalars(self, r: StepResult) -> None:
         add = self.tb.add_scalar
@@ -136,8 +141,6 @@ class MetricsWriter:
         add("train/lr", r.lr, r.step)
         if r.grad_norm is not None:
             add("train/grad_norm", r.grad_norm, r.step)
-        if r.eval_loss is not None:
-            add("eval/loss", r.eval_loss, r.step)
         add("perf/tokens_per_s", r.tokens_per_s, r.step)
         if r.mfu is not None:
             add("perf/mfu", r.mfu, r.step)

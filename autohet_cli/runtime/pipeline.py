@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from autohet_cli.runtime.timing import StepMarks
 from autohet_cli.runtime.topology import BACKWARD, FORWARD, RankInfo
 from autohet_cli.settings import COMPUTE_DTYPES
 
@@ -63,6 +64,7 @@ class P2P:
     ) -> None:
         self.prev, self.next = prev_rank, next_rank  # global ranks; None at the ends
         self.shape, self.device, self.dtype = shape, device, dtype
+        self.marks: StepMarks | None = None  # set by the trainer for each step it times
 
     def _exchange(
         self,
@@ -84,8 +86,12 @@ class P2P:
             from_next = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, from_next, self.next))
         if ops:
+            marks = self.marks
+            start = marks.clock.mark() if marks else None
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
+            if marks:
+                marks.span("p2p", start, marks.clock.mark())
         return _widen(from_prev), _widen(from_next)
 
     def _wire(self, t: Tensor) -> Tensor:
@@ -196,15 +202,27 @@ class PipelineSchedule:
             loss_sum += _plain(loss.detach()).float()
         return loss_sum
 
-    def _record(self, kind: str) -> None:
-        self.trace.append((kind, self._counts[kind]))
+    def _record(self, kind: str) -> int:
+        index = self._counts[kind]
+        self.trace.append((kind, index))
         self._counts[kind] += 1
+        return index
 
     def _forward(
         self, batch: Microbatch, received: Tensor | None
     ) -> tuple[Tensor | None, Tensor, Tensor | None]:
         """(stage input needing a grad, output to backward from, tensor to send on)."""
-        self._record(FORWARD)
+        index = self._record(FORWARD)
+        marks = self.p2p.marks
+        start = marks.clock.mark() if marks else None
+        result = self._forward_op(batch, received)
+        if marks:
+            marks.span(f"F{index}", start, marks.clock.mark())
+        return result
+
+    def _forward_op(
+        self, batch: Microbatch, received: Tensor | None
+    ) -> tuple[Tensor | None, Tensor, Tensor | None]:
         inputs, targets = batch
         x: Tensor | None = None
         if self.info.is_first_stage:
@@ -223,7 +241,15 @@ class PipelineSchedule:
         return x, loss, None
 
     def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
-        self._record(BACKWARD)
+        index = self._record(BACKWARD)
+        marks = self.p2p.marks
+        start = marks.clock.mark() if marks else None
+        result = self._backward_op(x, out, grad)
+        if marks:
+            marks.span(f"B{index}", start, marks.clock.mark())
+        return result
+
+    def _backward_op(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
         if self.info.is_last_stage:
             with self.loss_context():
                 torch.autograd.backward(out * self.loss_scale)

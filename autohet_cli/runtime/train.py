@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ from autohet_cli.runtime.health import (
 from autohet_cli.runtime.metrics import TENSORBOARD_DIR
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
 from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
+from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
@@ -161,6 +163,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "by full names, to DIR/rank<R>.pt (for tests and debugging)",
     )
     p.add_argument(
+        "--trace",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace of 3 steps (after 2 warm-up steps) to FILE "
+        "(default RUN_DIR/trace.json), in the form `autohet estimate --trace` writes",
+    )
+    p.add_argument(
         "--checkpoint-every",
         default=AUTO,
         metavar="K",
@@ -222,8 +232,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--eval-batches must be >= 1")
     if not 0 <= args.val_fraction < 1:
         p.error("--val-fraction must be in [0, 1)")
+    for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction"):
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            p.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     if args.lr <= 0 or (args.min_lr is not None and not 0 <= args.min_lr <= args.lr):
         p.error("learning rates need --lr > 0 and 0 <= --min-lr <= --lr")
+    if args.grad_clip < 0:
+        p.error("--grad-clip must be >= 0 (0: no clipping)")
     try:
         args.checkpoint_every = parse_every(args.checkpoint_every)
     except ValueError as exc:
@@ -273,6 +289,10 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         metrics = args.run_dir / "metrics.jsonl"
     tb_dir = (metrics.parent / TENSORBOARD_DIR) if metrics is not None else None
     hooks: list[Hook] = [MetricsHook(metrics, tensorboard_dir=tb_dir)]
+    trace = None
+    if args.trace is not None:
+        trace = Path(args.trace) if args.trace else (run_dir or Path(".")) / "trace.json"
+    hooks.append(RunReportHook(run_dir, trace_path=trace))
     if args.dump_state is not None:
         hooks.append(DumpStateHook(args.dump_state))
     device = pick_device(args.device, WorkerEnv.from_environ())

@@ -34,13 +34,13 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
+from autohet_cli.runtime import run_state
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
     DataRequest,
     build_batches,
     can_evaluate,
-    describe_batches,
 )
 from autohet_cli.runtime.gradsync import GradSync
 from autohet_cli.runtime.hooks import Hook, MetricsHook
@@ -61,6 +61,7 @@ from autohet_cli.runtime.optim import (
 )
 from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, comm_dtype
 from autohet_cli.runtime.stage import build_stage, normalize_grads, trainable_parameters
+from autohet_cli.runtime.timing import Clock, StepMarks, Timings
 
 __all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
 
@@ -86,6 +87,7 @@ class TrainConfig:
     val_fraction: float = 0.005
     eval_every: int = 0  # steps between validation losses; 0: never
     eval_batches: int = 4  # global batches per validation loss
+    trace_steps: tuple[int, ...] = ()  # steps whose every op is kept for a trace
 
     def schedule(self, last_step: int) -> LRSchedule:
         return LRSchedule(
@@ -164,12 +166,16 @@ class Trainer:
             if self.runtime.tp_mesh is not None
             else contextlib.nullcontext,
         )
+        run_state.check_describable(self.data)
         self.lr_schedule = config.schedule(0)
         self._flops_per_token = flops_per_token(plan)
         self._peak_flops = peak_flops(plan, self.runtime.device)
         self.step = 0  # the next step to run
         self.last_step = 0  # the step fit() ends at
         self.decay_end: int | None = None  # where the default decay ends, once known
+        self.clock = Clock(self.runtime.device)
+        self.timings = Timings()
+        self.trace_steps = set(config.trace_steps)
 
     # ----------------------------------------------------------------- set-up helpers
 
@@ -225,6 +231,11 @@ class Trainer:
             results.append(result)
             for hook in self.hooks:
                 hook.on_step_end(self, result)
+            # Outside the step the health watchdog times: a long evaluation is no stall.
+            if self.eval_due(result.step):
+                loss = self.evaluate()
+                for hook in self.hooks:
+                    hook.on_eval(self, result.step, loss)
         for hook in self.hooks:
             hook.on_train_end(self)
         return results
@@ -243,13 +254,19 @@ class Trainer:
     def train_step(self) -> StepResult:
         t = self.plan.training
         start = time.perf_counter()
+        marks = StepMarks(self.clock, self.step, keep_ops=self.step in self.trace_steps)
+        self.schedule.p2p.marks = marks
         self.optimizer.zero_grad(set_to_none=True)
         microbatches = self._microbatches(self.step)
         if self.scaler is not None:
             self.schedule.loss_scale = self.scaler.scale
         loss_share = self.schedule.run(microbatches)
+        self.schedule.p2p.marks = None
+        sync_start = self.clock.mark()
         normalize_grads(self.stage)
         self.grad_sync.all_reduce()
+        opt_start = self.clock.mark()
+        marks.span("sync", sync_start, opt_start)
         skipped = False
         if self.scaler is not None:
             params = [p for _, p in trainable_parameters(self.stage)]
@@ -262,12 +279,10 @@ class Trainer:
             )
             set_lr(self.optimizer, lr)
             self.optimizer.step()
+        marks.span("optimizer", opt_start, self.clock.mark())
         loss, peaks = self._world_report(loss_share)
+        self.timings.add(marks.finish())
         elapsed = time.perf_counter() - start
-        eval_loss = None
-        every = self.config.eval_every
-        if every > 0 and (self.step % every == 0 or self.step == self.last_step - 1):
-            eval_loss = self.evaluate()
         tokens = t.global_batch_size * t.seq_len
         mfu = None
         if self._flops_per_token and self._peak_flops and elapsed > 0:
@@ -282,7 +297,6 @@ class Trainer:
             lr=lr,
             grad_norm=grad_norm,
             epoch=epoch_of(self.step + 1, t.global_batch_size) if callable(epoch_of) else None,
-            eval_loss=eval_loss,
             peak_mem_bytes=peaks,
             mfu=mfu,
         )
@@ -304,9 +318,21 @@ class Trainer:
         values = report.tolist()
         return float(values[0]), tuple(int(v) for v in values[1:])
 
+    def eval_due(self, step: int) -> bool:
+        every = self.config.eval_every
+        return every > 0 and (step % every == 0 or step == self.last_step - 1)
+
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over ``eval_batches`` fixed validation batches (forward only)."""
+        """Mean loss over ``eval_batches`` fixed validation batches (forward only, the
+        stage in eval mode: a model's dropout off, and no random numbers drawn)."""
+        self.stage.eval()
+        try:
+            return self._evaluate()
+        finally:
+            self.stage.train()
+
+    def _evaluate(self) -> float:
         t, info = self.plan.training, self.runtime.info
         total = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
         for index in range(self.config.eval_batches):
@@ -325,14 +351,8 @@ class Trainer:
     # ----------------------------------------------------------------- state (seams)
 
     def run_state(self) -> dict[str, Any]:
-        """What a checkpoint records beside model and optimizer: the learning-rate
-        schedule and where the data stand (a resumed run checks the data is the same)."""
-        t = self.plan.training
-        return {
-            "lr_schedule": self.lr_schedule.to_json(),
-            "data": describe_batches(self.data),
-            "samples_seen": self.step * t.global_batch_size,
-        }
+        """What a checkpoint records beside model and optimizer (``run_state``)."""
+        return run_state.describe(self)
 
     def state_dict(self, *, flat_optimizer: bool = False) -> dict[str, Any]:
         """This rank's training state, model and optimizer keyed by full parameter names.
@@ -367,11 +387,8 @@ class Trainer:
 
         saved = json.loads(state["run"]) if state.get("run") else None
         if saved is not None:
-            self._check_same_data(saved.get("data") or {})
-            # The decay goes on to where the interrupted run's went (its --steps), not
-            # to this run's --steps, unless --decay-steps says otherwise.
-            if self.config.decay_steps is None:
-                self.decay_end = int(saved["lr_schedule"]["decay_steps"]) or None
+            run_state.check_same_data(saved.get("data") or {}, self.run_state()["data"])
+            self.decay_end = run_state.resumed_decay_end(self, saved)
         flat = "state" not in state["optimizer"]
         set_state_dict(
             self.stage,
@@ -383,19 +400,6 @@ class Trainer:
         self.step = int(state["step"])
         if self.scaler is not None and state.get("loss_scale"):
             self.scaler.scale = float(state["loss_scale"])
-
-    def _check_same_data(self, saved: dict[str, Any]) -> None:
-        mine = json.loads(json.dumps(self.run_state()["data"]))
-        keys = sorted((set(saved) & set(mine)) - {"path"})
-        differ = [k for k in keys if saved[k] != mine[k]]
-        if set(saved) != set(mine) or differ:
-            what = ", ".join(f"{k}: {saved.get(k)!r} then, {mine.get(k)!r} now" for k in differ)
-            raise ConfigError(
-                "the checkpoint was trained on other data than this run's ("
-                + (what or f"{saved.get('kind')!r} then, {mine.get('kind')!r} now")
-                + "); resume with the same --data, --data-fn, --seed and sequence length, "
-                "or start a new job"
-            )
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -59,6 +59,8 @@ def test_make_demo_passes_while_another_process_listens_on_29500(
     assert "EADDRINUSE" not in out and "autohet recover" not in out, out[-4000:]
     assert "finished:" in out and "checkpoints: auto" in out, out[-4000:]
     assert "202,842 tokens (uint16, vocab 2,048)" in out, out[-4000:]
+    assert "predicted vs measured" in out and "prediction-check.json" in out, out[-4000:]
+    assert "memory under-predicted" not in out, out[-4000:]
     evals = [float(v) for v in re.findall(r"eval_loss ([0-9.]+)", out)]
     assert len(evals) >= 3, out[-4000:]
     assert evals[0] > 7.0 and evals[-1] < evals[0] - 1.5, evals  # ln(2048) = 7.62 at the start

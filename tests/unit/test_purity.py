@@ -52,6 +52,9 @@ PURE_MODULES = (
     "autohet_cli.dataset.megatron",
     "autohet_cli.dataset.permutation",
     "autohet_cli.dataset.vocab",
+    "autohet_cli.trace",
+    "autohet_cli.launch.compare",
+    "autohet_cli.profiling.calibrate",
 )
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.ckpt")
 

@@ -1,0 +1,121 @@
+"""`autohet profile calibrate`: refit a profile from a launched run (``profiling.calibrate``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from tabulate import tabulate
+
+from autohet_cli.errors import ConfigError
+from autohet_cli.models import get_model
+from autohet_cli.plan import load_plan
+from autohet_cli.profiling.calibrate import calibrate
+from autohet_cli.profiling.schema import Profile, load_profile, save_profile
+
+CHECK_FILE = "prediction-check.json"
+
+
+def calibrate_command(
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_DIR",
+            help="A finished launch's local run directory (runs/PLAN.vN/RUN_ID), holding "
+            f"{CHECK_FILE}.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile file to write (new).")],
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Profile the plan was made with. [default: none, analytic]"),
+    ] = None,
+    plan_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plan",
+            help="The plan that ran. [default: the newest plans/PLAN.vN.yaml named by the run]",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the refit as JSON.")] = False,
+) -> None:
+    """Refit a profile to what a run measured, so the next plan predicts it.
+
+    Per GPU type, TP degree and micro-batch size the run used, forward, backward
+    and optimizer times are scaled to the measured ones (entries marked
+    calibrated); the fixed per-step cost and the memory beyond the model's
+    prediction become the GPU type's overheads. Plan again with --profile OUT.
+
+    \b
+      autohet launch plans/lab.v1.yaml --steps 20
+      autohet profile calibrate runs/lab.v1/20261124T101500Z \\
+          --profile profiles/lab.yaml --out profiles/lab-cal.yaml
+      autohet plan --cluster lab.yaml --model OPT-350M \\
+          --global-batch-size 64 --profile profiles/lab-cal.yaml
+    """
+    check_path = run_dir / CHECK_FILE
+    try:
+        check = json.loads(check_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{check_path}: not found; calibrate from the run directory of a launch that "
+            "finished (launch prints it)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{check_path}: unreadable: {exc}") from None
+    if out.exists():
+        raise ConfigError(f"{out}: already exists; choose another --out")
+    plan = load_plan(plan_file or _plan_of(run_dir, check))
+    base = load_profile(profile) if profile else Profile()
+    model = plan.architecture or get_model(plan.model_name)
+    refit, rows = calibrate(
+        base,
+        check,
+        model,
+        run_id=str(run_dir.resolve()),
+        global_batch_size=plan.training.global_batch_size,
+    )
+    save_profile(refit, out)
+    if as_json:
+        typer.echo(json.dumps({"ok": True, "out": str(out), "refit": rows, **_overheads(refit)}))
+        return
+    typer.echo(
+        tabulate(
+            [
+                [r["gpu_type"], r["tensor_parallel"], r["micro_batch_size"], r["was"]]
+                + [f"{r[k]:.3f}" for k in ("fwd_x", "bwd_x", "update_x")]
+                for r in rows
+            ],
+            headers=["gpu", "tp", "mbs", "was", "fwd x", "bwd x", "update x"],
+        )
+    )
+    for gpu, o in _overheads(refit)["overheads"].items():
+        typer.echo(
+            f"{gpu}: fixed cost {o['step_ms']:.2f} ms per step, {o['mem_bytes'] / 2**20:.0f} "
+            f"MiB beyond the model (mean of {o['runs']} run(s))"
+        )
+    typer.echo(f"wrote {out}: plan with --profile {out}")
+
+
+def _overheads(p: Profile) -> dict[str, Any]:
+    return {
+        "overheads": {
+            g: {"step_ms": o.step_ms, "mem_bytes": o.mem_bytes, "runs": o.runs}
+            for g, o in sorted(p.overheads.items())
+        }
+    }
+
+
+def _plan_of(run_dir: Path, check: dict[str, Any]) -> Path:
+    """``plans/NAME.vN.yaml`` for a run of NAME.vN, looked up beside ``runs/``."""
+    ref = str(check.get("plan") or "")
+    recorded = Path(str(check.get("plan_file") or ""))
+    if recorded.name and recorded.is_file():
+        return recorded
+    for root in (run_dir.resolve().parents[2] / "plans", Path("plans")):
+        candidate = root / f"{ref}.yaml"
+        if ref and candidate.is_file():
+            return candidate
+    raise ConfigError(f"cannot find the plan file of run {ref or run_dir}: pass --plan FILE")

@@ -1,0 +1,205 @@
+"""A run against its plan: predicted and measured step, stage times and memory (pure).
+
+Input: the plan (each stage's ``predicted`` forward and backward milliseconds per
+micro-batch and memory; the plan's iteration prediction) and the run report the
+runtime's rank 0 printed (``runtime.report``: per rank, medians over the steps
+after the first two). A stage's measured forward per micro-batch is its slowest
+TP rank's forward time per step over its micro-batch count; its memory is its
+largest peak. Ratios are predicted / measured: above 1 the plan was slow to
+expect this, below 1 it promised more than the hardware gave. Memory
+predicted below measured is flagged: a plan must never under-predict it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.errors import AutohetError
+from autohet_cli.plan import Plan, StagePrediction
+
+CHECK_SCHEMA = "autohet.prediction-check/v1"
+
+
+def _ratio(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or not measured:
+        return None
+    return predicted / measured
+
+
+def compare(
+    plan: Plan, report: Mapping[str, Any], send_ms: Sequence[Sequence[float]] | None = None
+) -> dict[str, Any]:
+    """``send_ms``: per pipeline, the predicted transfer time of each stage link (from
+    the cluster's link speeds), used to explain the measured step by the measured stage
+    times; what is left is the fixed per-step cost (``step_overhead_ms``)."""
+    ranks: Sequence[Mapping[str, Any]] = report.get("ranks") or []
+    stages: list[dict[str, Any]] = []
+    for p, pipeline in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipeline.stages):
+            mine = [r for r in ranks if r["pipeline"] == p and r["stage"] == s and r["medians"]]
+            if not mine:
+                continue
+            m = pipeline.num_microbatches
+            fwd = max(r["medians"]["fwd_ms"] for r in mine) / m
+            bwd = max(r["medians"]["bwd_ms"] for r in mine) / m
+            mem = max(int(r["peak_mem_bytes"]) for r in mine)
+            pred = stage.predicted
+            stages.append(
+                {
+                    "pipeline": p,
+                    "stage": s,
+                    "gpu_type": stage.gpu_type,
+                    "tensor_parallel": stage.tensor_parallel,
+                    "layers": [stage.layer_start, stage.layer_end],
+                    "num_microbatches": m,
+                    "predicted": None if pred is None else _predicted(pred),
+                    "measured": {
+                        "fwd_ms": fwd,
+                        "bwd_ms": bwd,
+                        "optimizer_ms": max(r["medians"]["optimizer_ms"] for r in mine),
+                        "sync_ms": max(r["medians"]["sync_ms"] for r in mine),
+                        "p2p_ms": max(r["medians"]["p2p_ms"] for r in mine),
+                        "mem_bytes": mem,
+                    },
+                    "ratio": {
+                        "fwd": _ratio(pred.fwd_ms if pred else None, fwd),
+                        "bwd": _ratio(pred.bwd_ms if pred else None, bwd),
+                        "mem": _ratio(pred.mem_bytes if pred else None, mem),
+                    },
+                }
+            )
+    measured_step = max((r["medians"]["step_ms"] for r in ranks if r["medians"]), default=None)
+    whole = plan.prediction
+    predicted_step = whole.iteration_time_s * 1e3 if whole else None
+    under = [
+        {"pipeline": st["pipeline"], "stage": st["stage"], **st["measured"]}
+        for st in stages
+        if st["predicted"] and st["predicted"]["mem_bytes"] < st["measured"]["mem_bytes"]
+    ]
+    steps = [r["medians"]["steps"] for r in ranks if r["medians"]]
+    explained = _explained_ms(plan, stages, send_ms)
+    t = plan.training
+    return {
+        "schema": CHECK_SCHEMA,
+        "plan": report.get("plan"),
+        "model": plan.model_name,
+        "micro_batch_size": t.micro_batch_size,
+        "seq_len": t.seq_len,
+        "precision": t.precision,
+        "device": ranks[0].get("device") if ranks else None,
+        "steps_measured": int(min(steps)) if steps else 0,
+        "explained_ms": explained,
+        "step_overhead_ms": None
+        if explained is None or measured_step is None
+        else max(0.0, measured_step - explained),
+        "step": {
+            "predicted_ms": predicted_step,
+            "measured_ms": measured_step,
+            "ratio": _ratio(predicted_step, measured_step),
+            "predicted_sync_ms": whole.grad_sync_time_s * 1e3 if whole else None,
+            "predicted_optimizer_ms": whole.optimizer_time_s * 1e3 if whole else None,
+        },
+        "stages": stages,
+        "memory_under_predicted": under,
+    }
+
+
+def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[float]] | None:
+    """Per pipeline, each stage link's transfer time as the cost model charges it, in
+    the dtype the run sent (fp32 on a CPU); None for a model outside the zoo."""
+    from autohet_cli.models import get_model
+
+    try:
+        spec = plan.architecture or get_model(plan.model_name)
+    except AutohetError:
+        return None
+    layers = spec.layers()
+    t = plan.training
+    dtype_bytes = 4 if device == "cpu" else t.dtype_bytes
+    out = []
+    for pipeline in plan.pipelines:
+        links = []
+        for a, b in zip(pipeline.stages, pipeline.stages[1:], strict=False):
+            last = layers[a.layer_end - 1]
+            nbytes = last.output_bytes(t.seq_len, t.micro_batch_size, dtype_bytes)
+            links.append(nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3)
+        out.append(links)
+    return out
+
+
+def _explained_ms(
+    plan: Plan, stages: Sequence[Mapping[str, Any]], send_ms: Sequence[Sequence[float]] | None
+) -> float | None:
+    """The 1F1B makespan of the measured stage times (the cost model's own simulator)
+    plus the slowest measured gradient sync and optimizer step."""
+    from autohet_cli.costmodel.pipeline import simulate_1f1b
+
+    by = {(st["pipeline"], st["stage"]): st["measured"] for st in stages}
+    worst = 0.0
+    for p, pipeline in enumerate(plan.pipelines):
+        ms = [by.get((p, s)) for s in range(len(pipeline.stages))]
+        if any(m is None for m in ms):
+            return None
+        links = list(send_ms[p]) if send_ms else []
+        sim = simulate_1f1b(
+            [m["fwd_ms"] for m in ms if m],
+            [m["bwd_ms"] for m in ms if m],
+            pipeline.num_microbatches,
+            links,
+        )
+        worst = max(worst, sim.makespan_ms)
+    sync = max((m["sync_ms"] for m in by.values()), default=0.0)
+    opt = max((m["optimizer_ms"] for m in by.values()), default=0.0)
+    return worst + sync + opt
+
+
+def _predicted(pred: StagePrediction) -> dict[str, float]:
+    return {"fwd_ms": pred.fwd_ms, "bwd_ms": pred.bwd_ms, "mem_bytes": pred.mem_bytes}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def render(check: Mapping[str, Any]) -> str:
+    """A few lines for the terminal."""
+    step = check["step"]
+    lines = [
+        f"predicted vs measured ({check['steps_measured']} steps, medians; ratio = "
+        "predicted / measured):",
+        f"  step: {_ms(step['predicted_ms'])} ms predicted, {_ms(step['measured_ms'])} ms "
+        f"measured ({_x(step['ratio'])}); the measured stage times explain "
+        f"{_ms(check['explained_ms'])} ms, the rest is fixed per-step cost",
+    ]
+    rows = []
+    for st in check["stages"]:
+        pred, meas, ratio = st["predicted"] or {}, st["measured"], st["ratio"]
+        rows.append(
+            [
+                f"p{st['pipeline']} s{st['stage']}",
+                f"{st['gpu_type']} tp{st['tensor_parallel']}",
+                f"{_ms(pred.get('fwd_ms'))}/{_ms(meas['fwd_ms'])} ({_x(ratio['fwd'])})",
+                f"{_ms(pred.get('bwd_ms'))}/{_ms(meas['bwd_ms'])} ({_x(ratio['bwd'])})",
+                f"{_gib(pred.get('mem_bytes'))}/{_gib(meas['mem_bytes'])} ({_x(ratio['mem'])})",
+            ]
+        )
+    headers = ["stage", "gpu", "fwd ms/mb", "bwd ms/mb", "memory GiB"]
+    lines += ["  " + line for line in tabulate(rows, headers=headers).splitlines()]
+    if check["memory_under_predicted"]:
+        lines.append(
+            "  warning: memory under-predicted on stage(s) "
+            + ", ".join(f"{u['pipeline']}.{u['stage']}" for u in check["memory_under_predicted"])
+        )
+    return "\n".join(lines)
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f}"

@@ -1,0 +1,144 @@
+"""Refit a profile from a run against its plan (pure): ``autohet profile calibrate``.
+
+Input: a run's ``prediction-check.json`` (``launch.compare``: per stage the
+measured forward and backward milliseconds per micro-batch, optimizer
+milliseconds and peak memory; the step time the measured stage times do not
+explain) and the profile to refit. Per (GPU type, TP degree, micro-batch size)
+of the run, each term is scaled by measured / predicted, summed over the stages
+of that key: forward, backward and optimizer update separately, so a card that
+is slow on backward only is fitted as such. The entry is written with source
+``calibrated`` (in the run's compute dtype: fp32 on a CPU) and the next plan uses
+it. The per-step cost the stage times leave unexplained, and the memory a stage
+held beyond the model's prediction (plus a margin, so memory is never
+under-predicted), become the GPU type's ``Overhead``. A run directory calibrates
+a profile once: the profile's meta lists the runs it has absorbed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from autohet_cli.costmodel.evaluate import stage_memory_bytes
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import ConfigError
+from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.schema import LayerTiming, Overhead, Profile, ProfileEntry
+from autohet_cli.settings import TrainingSettings
+
+MEM_MARGIN = 0.05  # of the measured peak: run-to-run spread of allocator and RSS peaks
+
+
+def calibrate(
+    profile: Profile,
+    check: Mapping[str, Any],
+    model: ModelSpec,
+    *,
+    run_id: str,
+    global_batch_size: int,
+) -> tuple[Profile, list[dict[str, Any]]]:
+    """The refitted profile and one row per refitted key (for the user)."""
+    runs = list(profile.meta.get("calibrated_from", []))
+    if run_id in runs:
+        raise ConfigError(f"the profile is already calibrated from {run_id}: nothing to add")
+    stages: Sequence[Mapping[str, Any]] = check.get("stages") or []
+    if not stages:
+        raise ConfigError("the run report has no measured stages (did the run finish?)")
+    precision = "fp32" if check.get("device") == "cpu" else str(check["precision"])
+    training = TrainingSettings(
+        global_batch_size=global_batch_size,
+        micro_batch_size=int(check["micro_batch_size"]),
+        seq_len=int(check["seq_len"]),
+        precision=precision,
+    )
+    tables = CostTables(model, profile, training)
+    mbs = training.micro_batch_size
+    sums: dict[tuple[str, int], list[float]] = {}
+    mem_extra: dict[str, int] = {}
+    depth: dict[int, int] = {}
+    for st in stages:
+        depth[st["pipeline"]] = max(depth.get(st["pipeline"], 0), st["stage"] + 1)
+    for st in stages:
+        gpu, tp = str(st["gpu_type"]), int(st["tensor_parallel"])
+        a, b = st["layers"]
+        cost = tables.table(gpu, tp, mbs, tables.spec(gpu).intra_node_gbps).stage(a, b)
+        meas = st["measured"]
+        acc = sums.setdefault((gpu, tp), [0.0] * 6)
+        for i, (m, p) in enumerate(
+            [
+                (meas["fwd_ms"], cost.fwd_ms),
+                (meas["bwd_ms"], cost.bwd_ms),
+                (meas["optimizer_ms"], cost.update_ms),
+            ]
+        ):
+            acc[2 * i] += float(m)
+            acc[2 * i + 1] += p
+        predicted_mem = stage_memory_bytes(
+            cost, tables, gpu, st["stage"], depth[st["pipeline"]], st["num_microbatches"]
+        )
+        gap = int(meas["mem_bytes"] * (1 + MEM_MARGIN)) - predicted_mem
+        mem_extra[gpu] = max(mem_extra.get(gpu, 0), gap)
+    entries, rows = [], []
+    for (gpu, tp), acc in sorted(sums.items()):
+        ratios = [acc[2 * i] / acc[2 * i + 1] if acc[2 * i + 1] > 0 else 1.0 for i in range(3)]
+        base = tables.with_tp_comm(tables.entry(gpu, tp, mbs), tp, mbs)
+        entries.append(_scaled(base, ratios, precision))
+        rows.append(
+            {
+                "gpu_type": gpu,
+                "tensor_parallel": tp,
+                "micro_batch_size": mbs,
+                "was": base.source,
+                "fwd_x": ratios[0],
+                "bwd_x": ratios[1],
+                "update_x": ratios[2],
+            }
+        )
+    overheads = dict(profile.overheads)
+    step_ms = float(check.get("step_overhead_ms") or 0.0)
+    sync_x = _sync_ratio(check, stages)
+    for gpu in sorted({str(st["gpu_type"]) for st in stages}):
+        old = overheads.get(gpu)
+        mem = max(0, (old.mem_bytes if old else 0) + mem_extra.get(gpu, 0))
+        if old is None:
+            overheads[gpu] = Overhead(step_ms=step_ms, mem_bytes=mem, sync_x=sync_x or 1.0)
+            continue
+        # The mean over the runs absorbed so far (a run without gradient sync, one
+        # pipeline, says nothing of its rate and keeps the old factor).
+        n = old.runs
+        overheads[gpu] = Overhead(
+            step_ms=(old.step_ms * n + step_ms) / (n + 1),
+            mem_bytes=mem,
+            sync_x=old.sync_x if sync_x is None else old.sync_x * sync_x,
+            runs=n + 1,
+        )
+    meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
+    refit = replace(profile.with_entries(entries), overheads=overheads, meta=meta)
+    return refit, rows
+
+
+def _sync_ratio(check: Mapping[str, Any], stages: Sequence[Mapping[str, Any]]) -> float | None:
+    """Measured / predicted gradient all-reduce: the slowest stage's against the plan's
+    (the prediction already carries the profile's current factor, so factors compose)."""
+    predicted = float(check.get("step", {}).get("predicted_sync_ms") or 0.0)
+    measured = max((float(st["measured"]["sync_ms"]) for st in stages), default=0.0)
+    if predicted <= 0 or measured <= 0:
+        return None
+    return measured / predicted
+
+
+def _scaled(entry: ProfileEntry, ratios: Sequence[float], dtype: str) -> ProfileEntry:
+    f, b, u = ratios
+    layers = tuple(
+        LayerTiming(
+            fwd_ms=lt.fwd_ms * f,
+            bwd_ms=lt.bwd_ms * b,
+            update_ms=lt.update_ms * u,
+            num_params=lt.num_params,
+            act_bytes=lt.act_bytes,
+            output_bytes=lt.output_bytes,
+        )
+        for lt in entry.layers
+    )
+    return replace(entry, layers=layers, source="calibrated", dtype=dtype)

@@ -1,0 +1,268 @@
+"""A run against its plan, calibration from it, overheads in the cost model, traces.
+
+The runtime side (what ranks measure and rank 0 reports) runs in one process here;
+the comparison, the refit and the traces are pure and checked on known numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from autohet_cli.cluster import load_cluster
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.defaults import resolve_cluster_path
+from autohet_cli.errors import ConfigError
+from autohet_cli.launch.compare import compare, link_send_ms, render
+from autohet_cli.models import get_model
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.planner.api import make_plan
+from autohet_cli.profiling.calibrate import calibrate
+from autohet_cli.profiling.schema import Overhead, Profile, load_profile, save_profile
+from autohet_cli.settings import TrainingSettings
+from autohet_cli.trace import Span, chrome_trace, predicted_spans
+
+MODEL = get_model("gpt-tiny")
+TRAINING = TrainingSettings(global_batch_size=8, micro_batch_size=2, seq_len=64, precision="fp32")
+
+
+def _plan(profile: Profile | None = None) -> Plan:
+    """The planner's plan for gpt-tiny on the embedded localhost cluster."""
+    cluster = load_cluster(resolve_cluster_path(None))
+    tables = CostTables(MODEL, profile, TRAINING, gpu_specs=cluster.gpu_specs)
+    return make_plan(
+        name="t",
+        cluster=cluster,
+        model=MODEL,
+        tables=tables,
+        global_batch_size=8,
+        time_limit_s=5,
+        with_baselines=False,
+    ).plan
+
+
+def _report(plan: Plan, factor: float, *, mem_bytes: int, step_extra_ms: float) -> dict:
+    """A run report whose stages took ``factor`` times their prediction."""
+    ranks = []
+    rank = 0
+    for p, pipeline in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipeline.stages):
+            assert stage.predicted is not None
+            m = pipeline.num_microbatches
+            for tp in range(stage.tensor_parallel):
+                fwd = stage.predicted.fwd_ms * factor * m
+                bwd = stage.predicted.bwd_ms * factor * m
+                ranks.append(
+                    {
+                        "rank": rank,
+                        "host": "localhost",
+                        "pipeline": p,
+                        "stage": s,
+                        "tp_rank": tp,
+                        "num_microbatches": m,
+                        "device": "cpu",
+                        "peak_mem_bytes": mem_bytes,
+                        "medians": {
+                            "fwd_ms": fwd,
+                            "bwd_ms": bwd,
+                            "p2p_ms": 0.0,
+                            "sync_ms": 0.0,
+                            "optimizer_ms": 1.0,
+                            "step_ms": fwd + bwd + 1.0 + step_extra_ms,
+                            "steps": 8.0,
+                        },
+                    }
+                )
+                rank += 1
+    return {"schema": "autohet.run-report/v1", "plan": "t.v1", "ranks": ranks}
+
+
+def test_the_check_gives_ratios_the_unexplained_step_cost_and_flags_memory() -> None:
+    plan = _plan()
+    cluster = load_cluster(resolve_cluster_path(None))
+    report = _report(plan, 4.0, mem_bytes=50 << 30, step_extra_ms=7.0)
+    check = compare(plan, report, link_send_ms(plan, cluster, "cpu"))
+    for st in check["stages"]:
+        assert st["ratio"]["fwd"] == pytest.approx(0.25)
+        assert st["ratio"]["bwd"] == pytest.approx(0.25)
+    # one pipeline of one stage per device here: the stage times explain all but 7 ms
+    if all(len(p.stages) == 1 for p in plan.pipelines):
+        assert check["step_overhead_ms"] == pytest.approx(7.0, abs=1e-6)
+    assert check["memory_under_predicted"]  # 50 GiB measured: flagged
+    text = render(check)
+    assert "predicted vs measured" in text and "memory under-predicted" in text
+
+
+def test_calibration_scales_each_term_and_adds_the_overheads(tmp_path: Path) -> None:
+    plan = _plan()
+    report = _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0)
+    check = compare(plan, report, None)
+    refit, rows = calibrate(Profile(), check, MODEL, run_id="run-a", global_batch_size=8)
+    assert {r["was"] for r in rows} == {"analytic"}
+    assert all(r["fwd_x"] == pytest.approx(3.0) for r in rows)
+    assert all(e.source == "calibrated" and e.dtype == "fp32" for e in refit.entries.values())
+    over = refit.overheads["cpu"]
+    assert over.step_ms == pytest.approx(check["step_overhead_ms"])
+    assert over.mem_bytes > 0  # 900 MiB is more than gpt-tiny's prediction
+    # The refitted profile predicts the measured stage times and never less memory.
+    again = _plan(refit)
+    tables = CostTables(MODEL, refit, TRAINING)
+    for p in again.pipelines:
+        for s in p.stages:
+            assert s.predicted is not None
+            assert s.predicted.mem_bytes >= 900 << 20
+            base = CostTables(MODEL, None, TRAINING).table("cpu", s.tensor_parallel, 2, 80.0)
+            fitted = tables.table("cpu", s.tensor_parallel, 2, 80.0)
+            a, b = s.layer_start, s.layer_end
+            if s.tensor_parallel == 1:
+                assert fitted.stage(a, b).fwd_ms == pytest.approx(3 * base.stage(a, b).fwd_ms)
+    # The profile file keeps the overheads; a run calibrates a profile once.
+    path = save_profile(refit, tmp_path / "p.yaml")
+    assert load_profile(path).overheads == refit.overheads
+    with pytest.raises(ConfigError, match="already calibrated from run-a"):
+        calibrate(refit, check, MODEL, run_id="run-a", global_batch_size=8)
+
+
+def test_overheads_enter_the_iteration_and_the_memory() -> None:
+    plain = _plan()
+    extra = Profile(overheads={"cpu": Overhead(step_ms=40.0, mem_bytes=1 << 30)})
+    cluster = load_cluster(resolve_cluster_path(None))
+    from autohet_cli.costmodel.evaluate import evaluate
+
+    ev0 = evaluate(plain.pipelines, cluster, CostTables(MODEL, None, TRAINING), 2)
+    ev1 = evaluate(plain.pipelines, cluster, CostTables(MODEL, extra, TRAINING), 2)
+    assert ev1.iteration_ms == pytest.approx(ev0.iteration_ms + 40.0)
+    mem0 = [st.mem_bytes for e in ev0.pipelines for st in e.stages]
+    mem1 = [st.mem_bytes for e in ev1.pipelines for st in e.stages]
+    assert [b - a for a, b in zip(mem0, mem1, strict=True)] == [1 << 30] * len(mem0)
+
+
+def test_a_bad_overhead_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("schema: autohet.profile/v1\noverheads: {cpu: {step_ms: -1}}\n")
+    with pytest.raises(ConfigError, match="overheads.cpu"):
+        load_profile(path)
+    path.write_text("schema: autohet.profile/v1\noverheads: {cpu: {stepms: 1}}\n")
+    with pytest.raises(ConfigError, match="stepms"):
+        load_profile(path)
+
+
+def test_chrome_trace_rows_and_predicted_spans() -> None:
+    from autohet_cli.costmodel.pipeline import simulate_1f1b
+
+    sim = simulate_1f1b([1.0, 2.0], [2.0, 4.0], 3, [0.5], record_timeline=True)
+    spans = predicted_spans([sim.timeline], [[0.5]], [[0.3, 0.3]], [[0.1, 0.2]], sim.makespan_ms)
+    names = [(s.stage, s.name) for s in spans]
+    assert (0, "F0") in names and (1, "B2") in names and (0, "send") in names
+    assert sum(1 for s in spans if s.name == "send") == 3  # one per forward of stage 0
+    sync = [s for s in spans if s.name == "sync"]
+    assert all(s.start_ms == sim.makespan_ms for s in sync)
+    trace = chrome_trace(spans, title="x")
+    events = trace["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X"}
+    x = [e for e in events if e["ph"] == "X"]
+    assert len(x) == len(spans) and all(e["dur"] >= 0 for e in x)
+    assert {(e["pid"], e["tid"]) for e in x} == {(0, 0), (0, 1)}
+    assert Span(pipeline=0, stage=0, name="B12", start_ms=0, end_ms=1).category == "backward"
+
+
+# --------------------------------------------------------------------- the runtime side
+
+
+@pytest.fixture
+def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_every_step_is_timed_and_rank_0_reports_and_traces(
+    alone: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_runtime_trainer import PLAN
+
+    from autohet_cli.runtime.report import REPORT_PREFIX, RunReportHook
+    from autohet_cli.runtime.trainer import TrainConfig, Trainer
+
+    hook = RunReportHook(tmp_path, trace_path=tmp_path / "trace.json")
+    trainer = Trainer(PLAN, TrainConfig(device="cpu"), hooks=[hook])
+    trainer.fit(6)
+    trainer.close()
+    medians = trainer.timings.medians()
+    assert medians is not None and medians["steps"] == 4  # the first two are start-up
+    assert medians["fwd_ms"] > 0 and medians["bwd_ms"] > 0 and medians["optimizer_ms"] > 0
+    assert medians["step_ms"] >= medians["fwd_ms"] + medians["bwd_ms"]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(REPORT_PREFIX))
+    report = json.loads(line[len(REPORT_PREFIX) :])
+    assert report == json.loads((tmp_path / "report.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [0]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert sorted({e["args"]["step"] for e in spans}) == [2, 3, 4]
+    per_step = [e["name"] for e in spans if e["args"]["step"] == 3]
+    assert per_step.count("F0") == 1 and "B1" in per_step and "optimizer" in per_step
+    check = compare(replace(PLAN), report)
+    assert check["stages"][0]["measured"]["fwd_ms"] > 0
+
+
+def test_estimate_writes_the_predicted_trace(tmp_path: Path) -> None:
+    from autohet_cli.plan import write_plan
+    from tests.cli import autohet
+
+    _, path = write_plan(_plan(), tmp_path)
+    out = tmp_path / "pred.json"
+    res = autohet("estimate", str(path), "--trace", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"F0", "B0", "optimizer"} <= names
+    again = autohet("estimate", str(path), "--trace", str(out), cwd=tmp_path)
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_a_slow_gradient_sync_is_calibrated_into_the_sync_factor() -> None:
+    from autohet_cli.costmodel.evaluate import evaluate
+    from autohet_cli.recovery.replan import _with_eval
+
+    cluster = load_cluster(resolve_cluster_path(None))
+    dp = Plan(
+        name="dp",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=MODEL.num_layers,
+        training=TRAINING,
+        tensor_parallel=1,
+        pipelines=tuple(
+            Pipeline(
+                num_microbatches=2,
+                stages=(
+                    Stage(
+                        layer_start=0,
+                        layer_end=MODEL.num_layers,
+                        gpu_type="cpu",
+                        tensor_parallel=1,
+                        devices=(Device(host="localhost", gpu=g),),
+                    ),
+                ),
+            )
+            for g in (0, 1)
+        ),
+    )
+    tables = CostTables(MODEL, None, TRAINING, gpu_specs=cluster.gpu_specs)
+    ev = evaluate(dp.pipelines, cluster, tables, 2)
+    assert ev.grad_sync_ms > 0
+    plan = _with_eval(dp, ev)
+    report = _report(plan, 1.0, mem_bytes=1 << 20, step_extra_ms=0.0)
+    for r in report["ranks"]:
+        r["medians"]["sync_ms"] = 3 * ev.grad_sync_ms
+    refit, _ = calibrate(Profile(), compare(plan, report), MODEL, run_id="r", global_batch_size=8)
+    assert refit.overheads["cpu"].sync_x == pytest.approx(3.0)
+    again = evaluate(dp.pipelines, cluster, CostTables(MODEL, refit, TRAINING), 2)
+    assert again.grad_sync_ms == pytest.approx(3 * ev.grad_sync_ms)
