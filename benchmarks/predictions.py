@@ -6,9 +6,10 @@ launch six plan shapes for 12 steps each with ``autohet launch`` (one device,
 data parallel 2, uneven data-parallel shares, 2 stages even, 2 stages uneven,
 TP 2), each predicted with that measured profile. Launch writes each run's
 ``prediction-check.json`` (medians of the steps after the first two). Then
-``profiling.calibrate`` refits the profile from two of those runs (data parallel
-2 for TP 1 and TP 2 for TP 2: one calibration run per TP degree; localhost has
-two devices, so no single run holds both) and every shape is predicted again.
+``profiling.calibrate`` refits the profile from three of those runs (data
+parallel 2 for TP 1 and TP 2 for TP 2: one per TP degree, as localhost's two
+devices cannot hold both in one run; then 2 stages even, for the latency of a
+stage-to-stage exchange) and every shape is predicted again.
 
 Printed per shape: predicted and measured step (ms), the ratio predicted /
 measured before and after calibration, and whether predicted memory covers the
@@ -41,6 +42,9 @@ from benchmarks._common import machine, table
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-small": 128, "llama-tiny": 128}  # seq len
 MBS, STEPS, BATCH = 2, 12, 16
+# One run per TP degree (step cost, layer times, gradient-sync rate), then a pipelined
+# one (the exchange latency, told apart from the step cost the first two measured).
+CALIBRATE_FROM = ("data parallel 2", "TP 2", "2 stages even")
 RUN = f"{os.getpid()}-{int(time.time())}"  # run directories on the host are never reused
 
 
@@ -134,7 +138,7 @@ def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
         checks[shape] = json.loads(check_file.read_text())
         plans[shape] = plan
     refit = load_profile(prof)
-    for shape in ("data parallel 2", "TP 2"):
+    for shape in CALIBRATE_FROM:
         refit, _ = calibrate(
             refit, checks[shape], get_model(model), run_id=shape, global_batch_size=BATCH
         )

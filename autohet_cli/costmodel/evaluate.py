@@ -111,7 +111,7 @@ def evaluate(
     evals = []
     for pi, (p, pcosts) in enumerate(zip(pipelines, costs, strict=True)):
         sends = [
-            _send_ms(p.stages[s], p.stages[s + 1], pcosts[s].output_bytes, cluster)
+            _send_ms(p.stages[s], p.stages[s + 1], pcosts[s].output_bytes, cluster, tables)
             for s in range(len(p.stages) - 1)
         ]
         sim, closed = _pipeline_time(
@@ -175,8 +175,9 @@ def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> Sta
     return table.stage(s.layer_start, s.layer_end, recompute=s.recompute)
 
 
-def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster) -> float:
-    return nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3
+def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:
+    latency = tables.p2p_latency_ms(a.gpu_type, b.gpu_type)
+    return latency + nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3
 
 
 def _grad_sync_ms(

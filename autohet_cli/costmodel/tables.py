@@ -297,6 +297,11 @@ class CostTables:
         extra = self.profile.overheads.get(gpu_type)
         return extra.sync_x if extra else 1.0
 
+    def p2p_latency_ms(self, a: str, b: str) -> float:
+        """Fixed cost of one exchange between stages of these GPU types (calibrated)."""
+        found = [self.profile.overheads.get(t) for t in (a, b)]
+        return max((o.p2p_ms for o in found if o is not None), default=0.0)
+
     def step_overhead_ms(self, gpu_type: str) -> float:
         extra = self.profile.overheads.get(gpu_type)
         return extra.step_ms if extra else 0.0

@@ -81,7 +81,7 @@ def compare(
         if st["predicted"] and st["predicted"]["mem_bytes"] < st["measured"]["mem_bytes"]
     ]
     steps = [r["medians"]["steps"] for r in ranks if r["medians"]]
-    explained = _explained_ms(plan, stages, send_ms)
+    explained = explained_ms(stages, send_ms) if len(stages) == _num_stages(plan) else None
     t = plan.training
     return {
         "schema": CHECK_SCHEMA,
@@ -93,6 +93,7 @@ def compare(
         "device": ranks[0].get("device") if ranks else None,
         "steps_measured": int(min(steps)) if steps else 0,
         "explained_ms": explained,
+        "send_ms": [list(x) for x in send_ms] if send_ms else None,
         "step_overhead_ms": None
         if explained is None or measured_step is None
         else max(0.0, measured_step - explained),
@@ -106,6 +107,10 @@ def compare(
         "stages": stages,
         "memory_under_predicted": under,
     }
+
+
+def _num_stages(plan: Plan) -> int:
+    return sum(len(p.stages) for p in plan.pipelines)
 
 
 def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[float]] | None:
@@ -131,29 +136,34 @@ def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[
     return out
 
 
-def _explained_ms(
-    plan: Plan, stages: Sequence[Mapping[str, Any]], send_ms: Sequence[Sequence[float]] | None
+def explained_ms(
+    stages: Sequence[Mapping[str, Any]],
+    send_ms: Sequence[Sequence[float]] | None,
+    latency_ms: float = 0.0,
 ) -> float | None:
-    """The 1F1B makespan of the measured stage times (the cost model's own simulator)
-    plus the slowest measured gradient sync and optimizer step."""
+    """The 1F1B makespan of the measured stage times (the cost model's own simulator,
+    each send costing its predicted transfer plus ``latency_ms``) plus the slowest
+    measured gradient sync and optimizer step; None when a stage was not measured."""
     from autohet_cli.costmodel.pipeline import simulate_1f1b
 
-    by = {(st["pipeline"], st["stage"]): st["measured"] for st in stages}
+    by_pipeline: dict[int, dict[int, Mapping[str, Any]]] = {}
+    for st in stages:
+        by_pipeline.setdefault(int(st["pipeline"]), {})[int(st["stage"])] = st
     worst = 0.0
-    for p, pipeline in enumerate(plan.pipelines):
-        ms = [by.get((p, s)) for s in range(len(pipeline.stages))]
-        if any(m is None for m in ms):
+    for p, held in sorted(by_pipeline.items()):
+        if sorted(held) != list(range(len(held))):
             return None
-        links = list(send_ms[p]) if send_ms else []
+        ordered = [held[s] for s in range(len(held))]
+        links = list(send_ms[p]) if send_ms and p < len(send_ms) else [0.0] * (len(held) - 1)
         sim = simulate_1f1b(
-            [m["fwd_ms"] for m in ms if m],
-            [m["bwd_ms"] for m in ms if m],
-            pipeline.num_microbatches,
-            links,
+            [st["measured"]["fwd_ms"] for st in ordered],
+            [st["measured"]["bwd_ms"] for st in ordered],
+            int(ordered[0]["num_microbatches"]),
+            [x + latency_ms for x in links],
         )
         worst = max(worst, sim.makespan_ms)
-    sync = max((m["sync_ms"] for m in by.values()), default=0.0)
-    opt = max((m["optimizer_ms"] for m in by.values()), default=0.0)
+    sync = max((st["measured"]["sync_ms"] for st in stages), default=0.0)
+    opt = max((st["measured"]["optimizer_ms"] for st in stages), default=0.0)
     return worst + sync + opt
 
 

@@ -335,18 +335,23 @@ def _slowest_link(cluster: Cluster) -> float:
 def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     out = []
     slow = _slowest_link(req.cluster)
+    latency = [
+        req.tables.p2p_latency_ms(ctx.classes[a].gpu_type, ctx.classes[b].gpu_type)
+        for a, b in zip(tpl.classes, tpl.classes[1:], strict=False)
+    ]
     if tpl.hosts:  # host-aligned: the links between the stage hosts are known
         return [
-            ctx.stats[tpl.classes[s]].out_bytes
+            latency[s]
+            + ctx.stats[tpl.classes[s]].out_bytes
             / (req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]) * 1e9 / 8)
             * 1e3
             for s in range(tpl.num_stages - 1)
         ]
-    for a, b in zip(tpl.classes, tpl.classes[1:], strict=False):
+    for i, (a, b) in enumerate(zip(tpl.classes, tpl.classes[1:], strict=False)):
         c = ctx.classes[a]
         same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
         gbps = c.intra_node_gbps if same_host else slow
-        out.append(ctx.stats[a].out_bytes / (gbps * 1e9 / 8) * 1e3)
+        out.append(latency[i] + ctx.stats[a].out_bytes / (gbps * 1e9 / 8) * 1e3)
     return out
 
 

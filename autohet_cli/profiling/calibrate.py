@@ -98,24 +98,65 @@ def calibrate(
     overheads = dict(profile.overheads)
     step_ms = float(check.get("step_overhead_ms") or 0.0)
     sync_x = _sync_ratio(check, stages)
-    for gpu in sorted({str(st["gpu_type"]) for st in stages}):
+    gpus = sorted({str(st["gpu_type"]) for st in stages})
+    known = [overheads[g] for g in gpus if g in overheads]
+    latency = None
+    if len(known) == len(gpus) and _pipelined(stages):
+        # The fixed step cost is known from earlier runs: what a pipelined run spends
+        # beyond it and its measured stage times is the exchanges' latency.
+        latency = _fit_latency(check, stages, max(o.step_ms for o in known))
+    for gpu in gpus:
         old = overheads.get(gpu)
         mem = max(0, (old.mem_bytes if old else 0) + mem_extra.get(gpu, 0))
         if old is None:
             overheads[gpu] = Overhead(step_ms=step_ms, mem_bytes=mem, sync_x=sync_x or 1.0)
             continue
         # The mean over the runs absorbed so far (a run without gradient sync, one
-        # pipeline, says nothing of its rate and keeps the old factor).
+        # pipeline, says nothing of its rate and keeps the old factor; a pipelined run
+        # measures the exchange latency instead of the step cost).
         n = old.runs
         overheads[gpu] = Overhead(
-            step_ms=(old.step_ms * n + step_ms) / (n + 1),
+            step_ms=old.step_ms if latency is not None else (old.step_ms * n + step_ms) / (n + 1),
             mem_bytes=mem,
             sync_x=old.sync_x if sync_x is None else old.sync_x * sync_x,
+            p2p_ms=old.p2p_ms if latency is None else latency,
             runs=n + 1,
         )
     meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
     refit = replace(profile.with_entries(entries), overheads=overheads, meta=meta)
     return refit, rows
+
+
+def _pipelined(stages: Sequence[Mapping[str, Any]]) -> bool:
+    return any(int(st["stage"]) > 0 for st in stages)
+
+
+def _fit_latency(
+    check: Mapping[str, Any], stages: Sequence[Mapping[str, Any]], step_overhead_ms: float
+) -> float | None:
+    """The per-exchange latency L >= 0 with which the simulated 1F1B of the measured
+    stage times, plus the known fixed step cost, gives the measured step (bisection:
+    the makespan grows with L)."""
+    from autohet_cli.launch.compare import explained_ms
+
+    measured = check.get("step", {}).get("measured_ms")
+    sends = check.get("send_ms")
+    if measured is None:
+        return None
+
+    def gap(latency: float) -> float:
+        explained = explained_ms(stages, sends, latency)
+        return float("nan") if explained is None else explained + step_overhead_ms - measured
+
+    if not gap(0.0) < 0:  # already explained (or unmeasurable): no latency to add
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while gap(hi) < 0 and hi < 1e6:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gap(mid) < 0 else (lo, mid)
+    return hi
 
 
 def _sync_ratio(check: Mapping[str, Any], stages: Sequence[Mapping[str, Any]]) -> float | None:

@@ -91,6 +91,7 @@ class Overhead:
     step_ms: float = 0.0
     mem_bytes: int = 0
     sync_x: float = 1.0  # measured / predicted gradient all-reduce time
+    p2p_ms: float = 0.0  # fixed cost of one stage-to-stage exchange (latency)
     source: str = "calibrated"
     runs: int = 1  # runs it was measured from
 
@@ -156,6 +157,7 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
                         "step_ms": o.step_ms,
                         "mem_bytes": o.mem_bytes,
                         "sync_x": o.sync_x,
+                        "p2p_ms": o.p2p_ms,
                         "source": o.source,
                         "runs": o.runs,
                     }
@@ -215,16 +217,19 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
     for name, ov in as_mapping(d.get("overheads") or {}, f"{where}: overheads").items():
         at = f"{where}: overheads.{name}"
         om = as_mapping(ov, at)
-        check_keys(om, at, [], ["step_ms", "mem_bytes", "sync_x", "source", "runs"])
+        check_keys(om, at, [], ["step_ms", "mem_bytes", "sync_x", "p2p_ms", "source", "runs"])
         o = Overhead(
             step_ms=get(om, "step_ms", float, at, 0.0),
             mem_bytes=get(om, "mem_bytes", int, at, 0),
             sync_x=get(om, "sync_x", float, at, 1.0),
+            p2p_ms=get(om, "p2p_ms", float, at, 0.0),
             source=get(om, "source", str, at, "calibrated"),
             runs=get(om, "runs", int, at, 1),
         )
-        if o.step_ms < 0 or o.mem_bytes < 0 or o.runs < 1 or not o.sync_x > 0:
-            raise ConfigError(f"{at}: step_ms and mem_bytes must be >= 0, sync_x > 0, runs >= 1")
+        if min(o.step_ms, o.mem_bytes, o.p2p_ms) < 0 or o.runs < 1 or not o.sync_x > 0:
+            raise ConfigError(
+                f"{at}: step_ms, mem_bytes and p2p_ms must be >= 0, sync_x > 0, runs >= 1"
+            )
         overheads[str(name)] = o
     return Profile(devices=devices, entries=entries, meta=dict(meta), overheads=overheads)
 

@@ -213,7 +213,7 @@ class PipelineSchedule:
     ) -> tuple[Tensor | None, Tensor, Tensor | None]:
         """(stage input needing a grad, output to backward from, tensor to send on)."""
         index = self._record(FORWARD)
-        marks = self.p2p.marks
+        marks: StepMarks | None = getattr(self.p2p, "marks", None)
         start = marks.clock.mark() if marks else None
         result = self._forward_op(batch, received)
         if marks:
@@ -242,7 +242,7 @@ class PipelineSchedule:
 
     def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
         index = self._record(BACKWARD)
-        marks = self.p2p.marks
+        marks: StepMarks | None = getattr(self.p2p, "marks", None)
         start = marks.clock.mark() if marks else None
         result = self._backward_op(x, out, grad)
         if marks:

@@ -266,3 +266,43 @@ def test_a_slow_gradient_sync_is_calibrated_into_the_sync_factor() -> None:
     assert refit.overheads["cpu"].sync_x == pytest.approx(3.0)
     again = evaluate(dp.pipelines, cluster, CostTables(MODEL, refit, TRAINING), 2)
     assert again.grad_sync_ms == pytest.approx(3 * ev.grad_sync_ms)
+
+
+def test_a_pipelined_run_calibrates_the_exchange_latency() -> None:
+    from autohet_cli.costmodel.pipeline import simulate_1f1b
+    from autohet_cli.launch.compare import explained_ms
+
+    def stage(s: int, fwd: float, bwd: float) -> dict:
+        measured = {"fwd_ms": fwd, "bwd_ms": bwd, "optimizer_ms": 1.0, "sync_ms": 0.0}
+        return {
+            "pipeline": 0,
+            "stage": s,
+            "gpu_type": "cpu",
+            "tensor_parallel": 1,
+            "layers": [0, 3] if s == 0 else [3, MODEL.num_layers],
+            "num_microbatches": 4,
+            "measured": {**measured, "p2p_ms": 0.0, "mem_bytes": 1 << 20},
+        }
+
+    stages = [stage(0, 2.0, 4.0), stage(1, 3.0, 6.0)]
+    sends, latency, fixed = [[0.01]], 1.5, 9.0
+    sim = simulate_1f1b([2.0, 3.0], [4.0, 6.0], 4, [0.01 + latency])
+    measured = sim.makespan_ms + 1.0 + fixed
+    check = {
+        "device": "cpu",
+        "precision": "fp32",
+        "micro_batch_size": 2,
+        "seq_len": 64,
+        "stages": stages,
+        "send_ms": sends,
+        "step": {"measured_ms": measured, "predicted_sync_ms": 0.0},
+        "step_overhead_ms": measured - (explained_ms(stages, sends) or 0.0),
+    }
+    known = Profile(overheads={"cpu": Overhead(step_ms=fixed)})
+    refit, _ = calibrate(known, check, MODEL, run_id="pp", global_batch_size=8)
+    assert refit.overheads["cpu"].p2p_ms == pytest.approx(latency, rel=1e-3)
+    assert refit.overheads["cpu"].step_ms == fixed  # a pipelined run leaves the step cost
+    # Without a known step cost the gap is the step cost (no latency can be told apart).
+    fresh, _ = calibrate(Profile(), check, MODEL, run_id="pp", global_batch_size=8)
+    assert fresh.overheads["cpu"].p2p_ms == 0.0
+    assert fresh.overheads["cpu"].step_ms == pytest.approx(check["step_overhead_ms"])
