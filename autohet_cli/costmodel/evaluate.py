@@ -94,6 +94,11 @@ def stage_memory_bytes(
     return int(state + cost.act_bytes * in_flight + cost.transient_bytes + buffers + reserve)
 
 
+def transfer_ms(nbytes: float, gbps: float) -> float:
+    """Milliseconds to move ``nbytes`` over a link of ``gbps`` gigabits per second."""
+    return nbytes / (gbps * 1e9 / 8) * 1e3
+
+
 def ring_allreduce_ms(nbytes: float, participants: int, gbps: float) -> float:
     if participants <= 1 or nbytes <= 0:
         return 0.0
@@ -177,7 +182,7 @@ def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> Sta
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:
     latency = tables.p2p_latency_ms(a.gpu_type, b.gpu_type)
-    return latency + nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3
+    return latency + transfer_ms(nbytes, cluster.link_gbps(a.host, b.host))
 
 
 def _grad_sync_ms(

@@ -116,6 +116,7 @@ def _num_stages(plan: Plan) -> int:
 def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[float]] | None:
     """Per pipeline, each stage link's transfer time as the cost model charges it, in
     the dtype the run sent (fp32 on a CPU); None for a model outside the zoo."""
+    from autohet_cli.costmodel.evaluate import transfer_ms
     from autohet_cli.models import get_model
 
     try:
@@ -131,7 +132,7 @@ def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[
         for a, b in zip(pipeline.stages, pipeline.stages[1:], strict=False):
             last = layers[a.layer_end - 1]
             nbytes = last.output_bytes(t.seq_len, t.micro_batch_size, dtype_bytes)
-            links.append(nbytes / (cluster.link_gbps(a.host, b.host) * 1e9 / 8) * 1e3)
+            links.append(transfer_ms(nbytes, cluster.link_gbps(a.host, b.host)))
         out.append(links)
     return out
 

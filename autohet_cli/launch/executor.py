@@ -28,13 +28,12 @@ from typing import TextIO
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
 from autohet_cli.launch import triage
 from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.runtime.records import REPORT_PREFIX
 from autohet_cli.transport.base import ProcessHandle, Runner
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 __all__ = ["ConnectOptions", "Job", "JobOutcome", "LaunchError"]
-
-REPORT_PREFIX = "autohet-report: "  # runtime.report's line (not imported: no torch here)
 
 
 def _parse_report(text: str) -> dict[str, object] | None:

@@ -20,7 +20,7 @@ from itertools import chain
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import deadline_in, overrun_s
-from autohet_cli.costmodel.evaluate import PlanEval, evaluate, ring_allreduce_ms
+from autohet_cli.costmodel.evaluate import PlanEval, evaluate, ring_allreduce_ms, transfer_ms
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
@@ -342,16 +342,17 @@ def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     if tpl.hosts:  # host-aligned: the links between the stage hosts are known
         return [
             latency[s]
-            + ctx.stats[tpl.classes[s]].out_bytes
-            / (req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]) * 1e9 / 8)
-            * 1e3
+            + transfer_ms(
+                ctx.stats[tpl.classes[s]].out_bytes,
+                req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]),
+            )
             for s in range(tpl.num_stages - 1)
         ]
     for i, (a, b) in enumerate(zip(tpl.classes, tpl.classes[1:], strict=False)):
         c = ctx.classes[a]
         same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
         gbps = c.intra_node_gbps if same_host else slow
-        out.append(latency[i] + ctx.stats[a].out_bytes / (gbps * 1e9 / 8) * 1e3)
+        out.append(latency[i] + transfer_ms(ctx.stats[a].out_bytes, gbps))
     return out
 
 

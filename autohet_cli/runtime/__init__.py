@@ -3,11 +3,14 @@
 - ``topology``  rank mapping, layer segments, sync groups, batch shares (pure)
 - ``context``   environment, device, process groups
 - ``model_api`` the plug-in point for models (``--model-fn``); ``gpt`` the built-in GPT
-- ``data``      synthetic token batches, a function of (seed, step)
+- ``data_api``  the plug-in point for batches (``--data``, ``--data-fn``; token files in
+  ``autohet_cli.dataset``); ``data`` the synthetic batches, a function of (seed, step)
 - ``stage``     this rank's layers, named like the whole model; tensor parallelism
 - ``pipeline``  1F1B over the pipeline's own micro-batches
 - ``gradsync``  per-segment gradient all-reduce across pipelines
+- ``optim``     AdamW/SGD, the learning-rate schedule, global-norm clipping
 - ``trainer``   the step loop with hooks; ``train`` the entry point
+- ``timing``, ``report``, ``metrics``  what a run measures and reports
 
 Importing this package loads nothing heavy; the submodules import torch.
 """

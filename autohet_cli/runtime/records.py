@@ -17,6 +17,10 @@
 
 Both are best effort: a full or vanished run directory must not turn one failure
 into another.
+
+``REPORT_PREFIX``
+    The stdout line on which rank 0 prints the run report at the end
+    (``runtime.report``); the launcher reads it from the host's log.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+REPORT_PREFIX = "autohet-report: "
 
 BOOT_DIR = "boot"
 ERRORS_DIR = "errors"

@@ -18,10 +18,10 @@ import torch.distributed as dist
 
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import peak_memory_bytes
+from autohet_cli.runtime.records import REPORT_PREFIX
 from autohet_cli.runtime.trainer import Trainer
 from autohet_cli.trace import Span, chrome_trace
 
-REPORT_PREFIX = "autohet-report: "
 REPORT_SCHEMA = "autohet.run-report/v1"
 TRACE_STEPS = 3  # steps traced with --trace, after two warm-up steps
 

@@ -7,12 +7,10 @@ the comparison, the refit and the traces are pure and checked on known numbers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
 from autohet_cli.cluster import load_cluster
 from autohet_cli.costmodel.tables import CostTables
@@ -172,15 +170,6 @@ def test_chrome_trace_rows_and_predicted_spans() -> None:
 
 
 # --------------------------------------------------------------------- the runtime side
-
-
-@pytest.fixture
-def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_every_step_is_timed_and_rank_0_reports_and_traces(

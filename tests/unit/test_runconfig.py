@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
 from autohet_cli.cli.trainopts import resolve
 from autohet_cli.errors import ConfigError
@@ -133,15 +131,6 @@ def test_launch_options_override_the_file_and_train_args_override_both(tmp_path:
 
 
 # --------------------------------------------------------------------- data on resume
-
-
-@pytest.fixture
-def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_a_checkpoint_of_other_data_is_refused(alone: None, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +59,7 @@ CONFIG = TrainConfig(seed=3, device="cpu")
 SHA = "0" * 64
 
 
-@pytest.fixture(autouse=True)
-def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("alone")
 
 
 def _params(trainer: Trainer) -> dict[str, torch.Tensor]:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
@@ -42,13 +40,7 @@ PLAN = Plan(
 CONFIG = TrainConfig(seed=3, device="cpu", decay_steps=3)  # fit(2)+fit(1) == fit(3)
 
 
-@pytest.fixture(autouse=True)
-def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("alone")
 
 
 def params(trainer: Trainer) -> dict[str, torch.Tensor]:

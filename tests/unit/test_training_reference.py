@@ -13,15 +13,15 @@ distributed exactness tests (tests/dist) tie every plan shape to this one proces
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
+from test_runtime_trainer import PLAN
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Plan
 from autohet_cli.runtime.optim import LRSchedule
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from autohet_cli.settings import TrainingSettings
@@ -32,39 +32,16 @@ STEPS, WARMUP, LR, MIN_LR, CLIP = 6, 2, 3e-3, 3e-4, 0.25
 
 
 def _plan() -> Plan:
-    return Plan(
-        name="one",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
+    """test_runtime_trainer's one-device gpt-tiny plan, with longer samples."""
+    return replace(
+        PLAN,
         training=TrainingSettings(
             global_batch_size=4, micro_batch_size=2, seq_len=32, precision="fp32", optimizer="adam"
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=2,
-                stages=(
-                    Stage(
-                        layer_start=0,
-                        layer_end=6,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="localhost", gpu=0),),
-                    ),
-                ),
-            ),
         ),
     )
 
 
-@pytest.fixture(autouse=True)
-def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("alone")
 
 
 @pytest.fixture(scope="module")
