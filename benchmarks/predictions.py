@@ -33,9 +33,9 @@ from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.models import get_model
 from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.planner.api import with_predictions
 from autohet_cli.profiling.calibrate import calibrate
 from autohet_cli.profiling.schema import load_profile
-from autohet_cli.recovery.replan import _with_eval
 from autohet_cli.settings import TrainingSettings
 from benchmarks._common import machine, table
 
@@ -98,7 +98,7 @@ def predict(plan: Plan, profile_path: Path | None, profile=None) -> Plan:
     tables = CostTables(
         get_model(plan.model_name), prof, plan.training, gpu_specs=cluster.gpu_specs
     )
-    return _with_eval(plan, evaluate(plan.pipelines, cluster, tables, MBS))
+    return with_predictions(plan, evaluate(plan.pipelines, cluster, tables, MBS))
 
 
 def _env() -> dict[str, str]:

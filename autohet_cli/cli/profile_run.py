@@ -70,6 +70,28 @@ def run(
     known_hosts: Annotated[
         Path | None, typer.Option(help="known_hosts file (default: ~/.ssh/known_hosts)")
     ] = None,
+    runtime_runs: Annotated[
+        bool,
+        typer.Option(
+            "--runtime-runs/--no-runtime-runs",
+            help="After the probe, run the runtime itself for a few steps on each probed "
+            "host (data parallel 2, each TP degree, 2 stages) and refit the profile from "
+            "those runs: the per-step cost, stage-exchange latency, gradient-sync rate, TP "
+            "as the runtime runs it and the memory it holds, which timing layers alone "
+            "misses. Needs autohet installed on the host (skipped with a note if not)",
+        ),
+    ] = True,
+    runtime_steps: Annotated[
+        int, typer.Option(help="Steps per runtime run (medians skip the first 2)", min=3)
+    ] = 8,
+    runtime_budget: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of predicted training per runtime run: the largest measured "
+            "micro-batch size within it is used",
+            min=1.0,
+        ),
+    ] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Measure each GPU type of CLUSTER over SSH for MODEL.
@@ -80,6 +102,11 @@ def run(
     profile that autohet plan --profile reads. Measurements are filed under each
     host's GPU type as the cluster file names it, so a type the file defines
     under gpu_types: is measured like a catalog one.
+
+    Then (unless --no-runtime-runs) it launches a few short runs of the
+    runtime on each probed host and refits the profile from them, so that
+    plans predict what the runtime really does (entries become "calibrated";
+    autohet profile calibrate does the same from any launched run later).
 
     Example (then: autohet plan --profile profiles/measured.yaml ...):
 
@@ -98,6 +125,9 @@ def run(
         timeout_s=timeout,
         known_hosts=known_hosts,
         accept_new_host_keys=accept_new_host_keys,
+        runtime_runs=runtime_runs,
+        runtime_steps=runtime_steps,
+        runtime_budget_s=runtime_budget,
     )
     result = _with_live_view(req, enabled=not as_json)
     if result.profile is None:
@@ -120,6 +150,7 @@ def run(
                         for o in result.outcomes
                     },
                     "network": result.profile.meta.get("network", []),
+                    "runtime_runs": result.profile.meta.get("runtime_runs", {}),
                 }
             )
         )
@@ -128,6 +159,9 @@ def run(
             pair = " <-> ".join(link["hosts"])
             figure = f"{link['gbps']} Gbit/s" if "gbps" in link else f"failed: {link['error']}"
             typer.echo(f"network {pair}: {figure}")
+        for host, records in result.profile.meta.get("runtime_runs", {}).items():
+            for r in records:
+                typer.echo(f"{host}: runtime run {_run_line(r)}")
         for o in result.failed:
             typer.secho(f"{o.host}: {o.error}", fg=typer.colors.RED, err=True)
         typer.echo(
@@ -136,6 +170,18 @@ def run(
         )
     if result.failed:
         raise typer.Exit(1)
+
+
+def _run_line(r: dict[str, object]) -> str:
+    if r.get("status") != "ran":
+        return f"{r.get('shape')}: {r.get('status')} ({r.get('why')})"
+    pred, meas = r.get("predicted_step_ms"), r.get("measured_step_ms")
+    if not isinstance(pred, int | float) or not isinstance(meas, int | float) or meas <= 0:
+        return f"{r.get('shape')}: ran"
+    return (
+        f"{r.get('shape')} (micro-batch {r.get('micro_batch_size')}): step predicted by the "
+        f"probe {pred:.1f} ms, measured {meas:.1f} ms (x{pred / meas:.2f}); refitted"
+    )
 
 
 def _with_live_view(req: ProfileRunRequest, *, enabled: bool) -> ProfileRunResult:

@@ -201,6 +201,22 @@ def prediction_of(ev: PlanEval) -> Prediction:
     )
 
 
+def with_predictions(plan: Plan, ev: PlanEval) -> Plan:
+    """``plan`` with every stage's and the iteration's prediction from ``ev``
+    (``evaluate`` of the same pipelines): what a plan file carries and a run is
+    compared against."""
+    pipelines = tuple(
+        replace(
+            p,
+            stages=tuple(
+                _with_prediction(s, se) for s, se in zip(p.stages, pe.stages, strict=True)
+            ),
+        )
+        for p, pe in zip(plan.pipelines, ev.pipelines, strict=True)
+    )
+    return replace(plan, pipelines=pipelines, prediction=prediction_of(ev))
+
+
 def _with_prediction(s: Stage, se: object) -> Stage:
     from autohet_cli.costmodel.evaluate import StageEval
 

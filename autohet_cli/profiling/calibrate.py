@@ -183,3 +183,41 @@ def _scaled(entry: ProfileEntry, ratios: Sequence[float], dtype: str) -> Profile
         for lt in entry.layers
     )
     return replace(entry, layers=layers, source="calibrated", dtype=dtype)
+
+
+def spread(profile: Profile, original: Profile) -> Profile:
+    """Carry each run-refitted (GPU type, TP degree) ratio to that type and degree's
+    other micro-batch sizes that were only probed.
+
+    A run refits the one micro-batch size it ran. Left alone, the probed sizes
+    beside it would look as fast as the probe's isolated layers, and the planner
+    would favour them for that alone. Per term (forward, backward, update), the
+    ratio is refitted over ``original``'s entry (the probe's), summed over layers.
+    """
+    refitted = [
+        (k, e)
+        for k, e in profile.entries.items()
+        if e.source == "calibrated" and k in original.entries
+    ]
+    out: list[ProfileEntry] = []
+    for k, e in refitted:
+        base = original.entries[k]
+        ratios = [
+            _sum_ratio(e.layers, base.layers, term) for term in ("fwd_ms", "bwd_ms", "update_ms")
+        ]
+        for k2, e2 in profile.entries.items():
+            same = (k2.model, k2.gpu_type, k2.tensor_parallel, k2.seq_len) == (
+                k.model,
+                k.gpu_type,
+                k.tensor_parallel,
+                k.seq_len,
+            )
+            if same and k2 != k and e2.source == "measured" and e2.dtype == e.dtype:
+                out.append(_scaled(e2, ratios, e2.dtype))
+    return profile.with_entries(out)
+
+
+def _sum_ratio(refit: Sequence[LayerTiming], base: Sequence[LayerTiming], term: str) -> float:
+    num = sum(getattr(lt, term) for lt in refit)
+    den = sum(getattr(lt, term) for lt in base)
+    return num / den if den > 0 and num > 0 else 1.0

@@ -46,6 +46,10 @@ class ProfileRunRequest:
     time_budget_s: float | None = None
     measure_network: bool = True
     base_port: int = 29611
+    # Phase 2 (``runcheck``): short runs of the runtime itself on each probed host.
+    runtime_runs: bool = True
+    runtime_steps: int = 8
+    runtime_budget_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +100,8 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
         start = time.monotonic()
         try:
             prof = profile_host(host, req, lambda msg: note(host.name, msg))
+            if req.runtime_runs:
+                prof = runtime_runs(host, req, prof, lambda msg: note(host.name, msg))
         except AutohetError as exc:
             note(host.name, f"failed: {exc}")
             return HostOutcome(
@@ -125,6 +131,43 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
         if links:
             profile = replace(profile, meta={**profile.meta, "network": links})
     return ProfileRunResult(profile=profile, outcomes=tuple(outcomes))
+
+
+def runtime_runs(
+    host: Host, req: ProfileRunRequest, prof: Profile, say: Callable[[str], None]
+) -> Profile:
+    """``prof`` refitted from short runs of the runtime on ``host`` (``runcheck``)."""
+    from autohet_cli.profiling.runcheck import RunCheckOptions, check_host
+    from autohet_cli.transport.pool import ConnectOptions
+
+    options = RunCheckOptions(
+        steps=req.runtime_steps,
+        budget_s=req.runtime_budget_s,
+        connect=ConnectOptions(
+            known_hosts=req.known_hosts,
+            accept_new_host_keys=req.accept_new_host_keys,
+            connect_timeout_s=req.connect_timeout_s,
+        ),
+    )
+    one = Cluster(
+        name=req.cluster.name,
+        hosts=(host,),
+        inter_node_gbps=req.cluster.inter_node_gbps,
+        gpu_specs=req.cluster.gpu_specs,
+    )
+    tps = [t for t in req.tps if t <= host.num_gpus]
+    refit, _ = check_host(
+        host,
+        one,
+        req.model,
+        prof,
+        seq_len=req.seq_len,
+        tps=tps,
+        mbs_candidates=req.micro_batch_sizes,
+        options=options,
+        say=say,
+    )
+    return refit
 
 
 def link_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
@@ -161,6 +204,14 @@ def combine(outcomes: Sequence[HostOutcome]) -> Profile | None:
     meta = dict(merged.meta)
     meta["hosts"] = sorted(o.host for o in outcomes if o.profile is not None)
     meta["unreachable"] = {o.host: o.error for o in outcomes if o.error is not None}
+    runs = {
+        host: records
+        for o in outcomes
+        if o.profile is not None
+        for host, records in o.profile.meta.get("runtime_runs", {}).items()
+    }
+    if runs:
+        meta["runtime_runs"] = runs
     return replace(merged, meta=meta)
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.evaluate import PlanEval, evaluate
+from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import AutohetError, InfeasibleError
 from autohet_cli.models import ModelSpec
@@ -46,11 +46,10 @@ from autohet_cli.plan import (
     Plan,
     SolverInfo,
     Stage,
-    StagePrediction,
     check_against_cluster,
     pipeline_from_dict,
 )
-from autohet_cli.planner.api import PlanOutcome, make_plan, prediction_of
+from autohet_cli.planner.api import PlanOutcome, make_plan, with_predictions
 from autohet_cli.recovery.errors import RecoveryError
 
 DEFAULT_TOLERANCE = 0.05
@@ -438,7 +437,7 @@ def _from_contingency(
             f"(peak {ev.memory_peak_fraction:.0%} of a GPU)"
         )
         return None
-    return _with_idle(_with_eval(plan, ev), survivors), ev.iteration_ms / 1e3
+    return _with_idle(with_predictions(plan, ev), survivors), ev.iteration_ms / 1e3
 
 
 def _plan_from_entry(old: Plan, entry: Mapping[str, Any], where: str) -> tuple[Plan, float]:
@@ -523,7 +522,7 @@ def keep_survivors(
         notes=(),
         contingency={},
     )
-    return _with_idle(_with_eval(plan, ev), survivors)
+    return _with_idle(with_predictions(plan, ev), survivors)
 
 
 def _spare(
@@ -555,29 +554,6 @@ def _water_fill(
         shares[i] += 1
         nxt[i] = time_ms(i, shares[i] + 1)
     return shares
-
-
-def _with_eval(plan: Plan, ev: PlanEval) -> Plan:
-    pipelines = tuple(
-        replace(
-            p,
-            stages=tuple(
-                replace(
-                    s,
-                    predicted=StagePrediction(
-                        fwd_ms=se.cost.fwd_ms,
-                        bwd_ms=se.cost.bwd_ms,
-                        update_ms=se.cost.update_ms,
-                        mem_bytes=se.mem_bytes,
-                        mem_fraction=se.mem_fraction,
-                    ),
-                )
-                for s, se in zip(p.stages, pe.stages, strict=True)
-            ),
-        )
-        for p, pe in zip(plan.pipelines, ev.pipelines, strict=True)
-    )
-    return replace(plan, pipelines=pipelines, prediction=prediction_of(ev))
 
 
 def _with_idle(plan: Plan, cluster: Cluster) -> Plan:

@@ -38,6 +38,7 @@ def _request(cluster: Cluster, farm: SshdFarm, **kw: object) -> ProfileRunReques
         known_hosts=farm.known_hosts,
         time_budget_s=2.0,
         measure_network=False,
+        runtime_runs=False,  # test_cli_profile_run runs the runtime phase
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 

@@ -37,6 +37,19 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     assert "torch" in json.dumps(profile.meta)  # software versions recorded
     keys = {(k.gpu_type, k.tensor_parallel, k.micro_batch_size) for k in profile.entries}
     assert keys == {("cpu", 1, 1), ("cpu", 1, 2), ("cpu", 2, 1), ("cpu", 2, 2)}
+    # The runtime ran data parallel 2, TP 2 and two stages at the largest micro-batch
+    # size; the profile was refitted from those runs, the other size by their ratios.
+    runs = report["runtime_runs"]["localhost"]
+    assert [(r["shape"], r["status"], r["micro_batch_size"]) for r in runs] == [
+        ("data-parallel-2", "ran", 2),
+        ("tp-2", "ran", 2),
+        ("two-stages", "ran", 2),
+    ]
+    assert all(r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 for r in runs)
+    assert {e.source for e in profile.entries.values()} == {"calibrated"}
+    overhead = profile.overheads["cpu"]
+    assert overhead.runs == 3 and overhead.step_ms > 0 and overhead.p2p_ms >= 0
+    assert len(profile.meta["calibrated_from"]) == 3
     res = autohet(
         "plan",
         "--model",
@@ -70,6 +83,7 @@ def test_profiling_again_merges_into_the_existing_file(tmp_path: Path) -> None:
             "1",
             "--micro-batch-sizes",
             mbs,
+            "--no-runtime-runs",
             "--out",
             str(out),
             "--json",
@@ -97,7 +111,7 @@ def test_a_host_of_a_defined_type_is_measured_under_that_type(tmp_path: Path) ->
         "gpu_types: {A6000: {mem_gb: 48, peak_tflops: 154.8, mem_bandwidth_gbytes_s: 768}}\n"
         "hosts: [{name: localhost, address: localhost, gpus: {type: A6000, count: 1}}]\n"
     )
-    args = ("--model", "gpt-tiny", "--tp", "1", "--micro-batch-sizes", "1")
+    args = ("--model", "gpt-tiny", "--tp", "1", "--micro-batch-sizes", "1", "--no-runtime-runs")
     res = autohet("profile", "run", str(cluster), *args, "--out", "p.yaml", cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "gpus.type A6000 but the probe found no GPU" in res.stderr

@@ -218,7 +218,7 @@ def test_estimate_writes_the_predicted_trace(tmp_path: Path) -> None:
 
 def test_a_slow_gradient_sync_is_calibrated_into_the_sync_factor() -> None:
     from autohet_cli.costmodel.evaluate import evaluate
-    from autohet_cli.recovery.replan import _with_eval
+    from autohet_cli.planner.api import with_predictions
 
     cluster = load_cluster(resolve_cluster_path(None))
     dp = Plan(
@@ -247,7 +247,7 @@ def test_a_slow_gradient_sync_is_calibrated_into_the_sync_factor() -> None:
     tables = CostTables(MODEL, None, TRAINING, gpu_specs=cluster.gpu_specs)
     ev = evaluate(dp.pipelines, cluster, tables, 2)
     assert ev.grad_sync_ms > 0
-    plan = _with_eval(dp, ev)
+    plan = with_predictions(dp, ev)
     report = _report(plan, 1.0, mem_bytes=1 << 20, step_extra_ms=0.0)
     for r in report["ranks"]:
         r["medians"]["sync_ms"] = 3 * ev.grad_sync_ms

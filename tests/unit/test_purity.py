@@ -55,6 +55,7 @@ PURE_MODULES = (
     "autohet_cli.trace",
     "autohet_cli.launch.compare",
     "autohet_cli.profiling.calibrate",
+    "autohet_cli.profiling.runshapes",
 )
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.ckpt")
 

@@ -1,0 +1,159 @@
+"""The short runs ``autohet profile run`` launches to measure what layer timings miss (pure).
+
+The probe times each layer kind alone, in one process. A training step also
+pays what only the runtime shows: a fixed cost per step (optimizer launch,
+framework, the step's small collectives), the latency of each stage-to-stage
+exchange, the collective library's real gradient all-reduce rate, TP as the
+runtime runs it (DTensor collectives, not a local shard plus separately timed
+all-reduces) and the memory the process really holds. Rather than fit these to
+a model of the runtime, ``profile run`` runs the runtime itself, on one host per
+GPU type, for a few steps of a few plan shapes, and lets
+``profiling.calibrate`` refit the fresh profile from each run's report. The
+shapes are chosen so each term is measured by the run that isolates it:
+
+1. data parallel over two devices (one device on a one-GPU host): the step
+   cost, the layer times at TP 1, the gradient-sync rate;
+2. every measured TP degree > 1 that fits the host: TP as the runtime runs it;
+3. two pipeline stages (two devices, two layers at least): the exchange latency,
+   told apart from the step cost that run 1 measured.
+
+All shapes use one micro-batch size: the largest measured one whose run fits
+the time budget and the device's memory, so the refitted entries stay
+comparable across shapes (``calibrate.spread`` carries the ratios to the
+other micro-batch sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autohet_cli.cluster import Cluster, Host
+from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.models import ModelSpec
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.planner.api import with_predictions
+from autohet_cli.profiling.schema import Profile
+from autohet_cli.settings import TrainingSettings
+
+MICROBATCHES = 8  # per run: enough for a 1F1B pipeline to fill, few enough to be quick
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """One run: ``layout`` is per pipeline (micro-batches, [(first, end) layer of
+    each stage]); every stage has ``tp`` devices."""
+
+    name: str
+    layout: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    tp: int
+    measures: str  # what the run is for, for the user
+
+    @property
+    def devices(self) -> int:
+        return self.tp * sum(len(stages) for _, stages in self.layout)
+
+
+def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape]:
+    """The runs for a host of ``num_gpus`` devices, in the order calibration needs
+    them (the step cost before the latency that is told apart from it)."""
+    whole = ((0, num_layers),)
+    out: list[Shape] = []
+    if num_gpus >= 2:
+        half = MICROBATCHES // 2
+        out.append(
+            Shape(
+                name="data-parallel-2",
+                layout=((half, whole), (half, whole)),
+                tp=1,
+                measures="step cost, layer times at TP 1, gradient-sync rate",
+            )
+        )
+    else:
+        out.append(
+            Shape(
+                name="one-device",
+                layout=((MICROBATCHES, whole),),
+                tp=1,
+                measures="step cost, layer times at TP 1",
+            )
+        )
+    for t in sorted({t for t in tps if 1 < t <= num_gpus}):
+        out.append(
+            Shape(
+                name=f"tp-{t}",
+                layout=((MICROBATCHES, whole),),
+                tp=t,
+                measures=f"TP {t} as the runtime runs it",
+            )
+        )
+    if num_gpus >= 2 and num_layers >= 2:
+        cut = num_layers // 2
+        out.append(
+            Shape(
+                name="two-stages",
+                layout=((MICROBATCHES, ((0, cut), (cut, num_layers))),),
+                tp=1,
+                measures="stage-to-stage exchange latency",
+            )
+        )
+    return out
+
+
+def shape_plan(
+    shape: Shape, model: ModelSpec, host: Host, *, mbs: int, seq_len: int, precision: str
+) -> Plan:
+    """The plan of ``shape`` on ``host``'s first devices (no predictions yet)."""
+    gpus = iter(range(host.num_gpus))
+    batch = mbs * sum(m for m, _ in shape.layout)
+    return Plan(
+        name=f"runcheck-{shape.name}",
+        version=1,
+        model_name=model.name,
+        num_layers=model.num_layers,
+        training=TrainingSettings(
+            global_batch_size=batch, micro_batch_size=mbs, seq_len=seq_len, precision=precision
+        ),
+        tensor_parallel=shape.tp,
+        pipelines=tuple(
+            Pipeline(
+                num_microbatches=m,
+                stages=tuple(
+                    Stage(
+                        layer_start=a,
+                        layer_end=b,
+                        gpu_type=host.gpu_type,
+                        tensor_parallel=shape.tp,
+                        devices=tuple(
+                            Device(host=host.name, gpu=next(gpus)) for _ in range(shape.tp)
+                        ),
+                    )
+                    for a, b in stages
+                ),
+            )
+            for m, stages in shape.layout
+        ),
+        architecture=model,
+    )
+
+
+def predicted(plan: Plan, cluster: Cluster, profile: Profile, model: ModelSpec) -> Plan:
+    """``plan`` with the predictions ``profile`` makes for it (what its run is compared to)."""
+    tables = CostTables(model, profile, plan.training, gpu_specs=cluster.gpu_specs)
+    ev = evaluate(plan.pipelines, cluster, tables, plan.training.micro_batch_size)
+    return with_predictions(plan, ev)
+
+
+def fits(plan: Plan, steps: int, budget_s: float) -> str | None:
+    """Why a predicted plan should not run (None: it should): over the device's
+    memory, or ``steps`` steps predicted beyond the time budget."""
+    assert plan.prediction is not None
+    for p in plan.pipelines:
+        for s in p.stages:
+            if s.predicted is not None and s.predicted.mem_fraction > 1.0:
+                return f"needs {s.predicted.mem_fraction:.0%} of a device's memory"
+    seconds = plan.prediction.iteration_time_s * steps
+    if seconds > budget_s:
+        return f"{steps} steps predicted at {seconds:.0f} s, over the {budget_s:.0f} s budget"
+    return None
