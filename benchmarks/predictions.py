@@ -1,20 +1,22 @@
-"""Predicted against measured step time and memory, before and after calibration.
+"""Predicted against measured step time and memory: probe, profile run, one calibration run.
 
-For gpt-small and llama-tiny on the embedded localhost cluster (two CPU devices):
-measure a profile with ``autohet profile run`` (TP 1 and 2, micro-batch 2), then
-launch six plan shapes for 12 steps each with ``autohet launch`` (one device,
-data parallel 2, uneven data-parallel shares, 2 stages even, 2 stages uneven,
-TP 2), each predicted with that measured profile. Launch writes each run's
-``prediction-check.json`` (medians of the steps after the first two). Then
-``profiling.calibrate`` refits the profile from three of those runs (data
-parallel 2 for TP 1 and TP 2 for TP 2: one per TP degree, as localhost's two
-devices cannot hold both in one run; then 2 stages even, for the latency of a
-stage-to-stage exchange) and every shape is predicted again.
+For gpt-small and llama-tiny on the embedded localhost cluster (two CPU devices),
+three profiles predict six plan shapes (one device, data parallel 2, uneven
+data-parallel shares, 2 stages even, 2 stages uneven, TP 2), each launched for
+12 steps with ``autohet launch`` (medians of the steps after the first two, from
+each run's ``prediction-check.json``):
 
-Printed per shape: predicted and measured step (ms), the ratio predicted /
-measured before and after calibration, and whether predicted memory covers the
-measured peak on every stage. TP with stages needs four devices and is not run
-here. CPU timings on a 2-core machine are noisy: the load is printed.
+- probe: ``autohet profile run --no-runtime-runs`` (layers timed alone);
+- profile run: ``autohet profile run`` as a user runs it, which after the probe
+  runs the runtime for a few steps (data parallel 2, TP 2, two stages, at its own
+  batch size) and refits the profile from those runs: "before calibration";
+- calibrated: that profile refitted (``profiling.calibrate``) from the shape's own
+  launched run: "after one calibration run".
+
+Printed per shape: the measured step (ms), predicted / measured for each profile,
+and whether predicted memory covers the measured peak on every stage. TP with
+stages needs four devices and is not run here. CPU timings on a 2-core machine
+are noisy: the load is printed.
 """
 
 from __future__ import annotations
@@ -42,9 +44,6 @@ from benchmarks._common import machine, table
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gpt-small": 128, "llama-tiny": 128}  # seq len
 MBS, STEPS, BATCH = 2, 12, 16
-# One run per TP degree (step cost, layer times, gradient-sync rate), then a pipelined
-# one (the exchange latency, told apart from the step cost the first two measured).
-CALIBRATE_FROM = ("data parallel 2", "TP 2", "2 stages even")
 RUN = f"{os.getpid()}-{int(time.time())}"  # run directories on the host are never reused
 
 
@@ -116,15 +115,34 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
-    prof = work / f"{model}-measured.yaml"
+def profile(model: str, seq: int, work: Path, out: Path, *extra: str) -> Path:
     res = autohet(
         "profile", "run", "localhost", "--model", model, "--tp", "1,2",
-        "--micro-batch-sizes", str(MBS), "--seq-len", str(seq), "--out", str(prof), cwd=work,
+        "--micro-batch-sizes", str(MBS), "--seq-len", str(seq), "--out", str(out), *extra,
+        cwd=work,
     )  # fmt: skip
     if res.returncode != 0:
         raise SystemExit(f"profile run failed:\n{res.stdout}\n{res.stderr}")
-    checks, plans = {}, {}
+    return out
+
+
+def _mem_ok(plan: Plan, check: dict) -> bool:
+    return all(
+        s.predicted is not None and s.predicted.mem_bytes >= st["measured"]["mem_bytes"]
+        for st in check["stages"]
+        for s in [plan.pipelines[st["pipeline"]].stages[st["stage"]]]
+    )
+
+
+def _step_ms(plan: Plan) -> float:
+    assert plan.prediction is not None
+    return plan.prediction.iteration_time_s * 1e3
+
+
+def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
+    probe = profile(model, seq, work, work / f"{model}-probe.yaml", "--no-runtime-runs")
+    prof = profile(model, seq, work, work / f"{model}-measured.yaml")
+    rows = []
     for i, (shape, (layout, tp)) in enumerate(shapes(get_model(model).num_layers).items()):
         plan = predict(make_plan(f"{model}-s{i}", model, seq, layout, tp), prof)
         _, path = write_plan(plan, work / "plans")
@@ -135,36 +153,23 @@ def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
         check_file = work / "runs" / f"{plan.name}.v1" / f"r{i}-{RUN}" / "prediction-check.json"
         if res.returncode != 0 or not check_file.is_file():
             raise SystemExit(f"launch of {shape} failed:\n{res.stdout[-3000:]}\n{res.stderr}")
-        checks[shape] = json.loads(check_file.read_text())
-        plans[shape] = plan
-    refit = load_profile(prof)
-    for shape in CALIBRATE_FROM:
+        check = json.loads(check_file.read_text())
         refit, _ = calibrate(
-            refit, checks[shape], get_model(model), run_id=shape, global_batch_size=BATCH
+            load_profile(prof), check, get_model(model), run_id=shape, global_batch_size=BATCH
         )
-    rows = []
-    for shape, check in checks.items():
-        after = predict(plans[shape], None, profile=refit)
+        by_probe = predict(plan, probe)
+        after = predict(plan, None, profile=refit)
         measured = check["step"]["measured_ms"]
-        before_ms = check["step"]["predicted_ms"]
-        assert after.prediction is not None
-        after_ms = after.prediction.iteration_time_s * 1e3
-        mem_ok_before = not check["memory_under_predicted"]
-        mem_ok_after = all(
-            s.predicted is not None and s.predicted.mem_bytes >= st["measured"]["mem_bytes"]
-            for st in check["stages"]
-            for s in [after.pipelines[st["pipeline"]].stages[st["stage"]]]
-        )
         rows.append(
             [
                 f"{model}: {shape}",
-                f"{before_ms:.1f}",
                 f"{measured:.1f}",
-                f"{before_ms / measured:.2f}",
-                f"{after_ms:.1f}",
-                f"{after_ms / measured:.2f}",
-                "yes" if mem_ok_before else "NO",
-                "yes" if mem_ok_after else "NO",
+                f"{_step_ms(by_probe) / measured:.2f}",
+                f"{_step_ms(plan) / measured:.2f}",
+                f"{_step_ms(after) / measured:.2f}",
+                "yes" if _mem_ok(by_probe, check) else "NO",
+                "yes" if not check["memory_under_predicted"] else "NO",
+                "yes" if _mem_ok(after, check) else "NO",
             ]
         )
     return rows
@@ -181,13 +186,13 @@ def main() -> None:
         table(
             [
                 "plan",
-                "pred ms",
                 "measured ms",
-                "pred/meas",
-                "calibrated ms",
-                "cal/meas",
-                "mem ok",
-                "mem ok (cal)",
+                "probe/meas",
+                "profile run/meas",
+                "calibrated/meas",
+                "mem ok (probe)",
+                "mem ok (profile run)",
+                "mem ok (calibrated)",
             ],
             rows,
         )

@@ -205,11 +205,13 @@ def _grad_sync_ms(
         nbytes = table.params(a, b) * tables.training.grad_bytes_per_param
         if len(hosts) == 1:
             gbps = cluster.host(next(iter(hosts))).intra_node_gbps
+            measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, len(pipelines))
         else:
             names = sorted(hosts)
             gbps = min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
             nbytes *= tp  # the TP group's rings share the host NIC
-        t = ring_allreduce_ms(nbytes, len(pipelines), gbps)
+            measured = None
+        t = ring_allreduce_ms(nbytes, len(pipelines), gbps) if measured is None else measured
         t *= max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
         for pi, si in holders:
             out[pi][si] += t

@@ -291,6 +291,12 @@ class CostTables:
         extra = self.profile.overheads.get(gpu_type)
         return self.spec(gpu_type).runtime_reserve_bytes + (extra.mem_bytes if extra else 0)
 
+    def intra_allreduce_ms(self, gpu_type: str, nbytes: float, participants: int) -> float | None:
+        """A gradient all-reduce on one host as the probe measured this type's
+        collective library (latency + rate); None when it did not."""
+        facts = self.profile.devices.get(gpu_type)
+        return None if facts is None else facts.allreduce_ms(nbytes, participants)
+
     def sync_factor(self, gpu_type: str) -> float:
         """Measured / predicted gradient all-reduce time for this GPU type's ranks
         (calibrated; 1 uncalibrated): the collective library's real rate."""

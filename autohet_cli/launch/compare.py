@@ -163,9 +163,24 @@ def explained_ms(
             [x + latency_ms for x in links],
         )
         worst = max(worst, sim.makespan_ms)
-    sync = max((st["measured"]["sync_ms"] for st in stages), default=0.0)
     opt = max((st["measured"]["optimizer_ms"] for st in stages), default=0.0)
-    return worst + sync + opt
+    return worst + collective_sync_ms(stages) + opt
+
+
+def collective_sync_ms(stages: Sequence[Mapping[str, Any]]) -> float:
+    """The gradient all-reduce itself, without waiting for slower replicas.
+
+    A rank's measured sync time includes waiting for the last replica of its layers
+    to arrive (an uneven batch share arrives later): that wait is pipeline imbalance,
+    which the 1F1B makespan already holds. The last to arrive waits for no one, so
+    per group of stages holding the same layers the shortest sync is the collective;
+    the slowest group's is the step's."""
+    groups: dict[tuple[int, int], float] = {}
+    for st in stages:
+        a, b = st["layers"]
+        ms = float(st["measured"]["sync_ms"])
+        groups[(a, b)] = min(groups.get((a, b), ms), ms)
+    return max(groups.values(), default=0.0)
 
 
 def _predicted(pred: StagePrediction) -> dict[str, float]:

@@ -160,10 +160,13 @@ def _fit_latency(
 
 
 def _sync_ratio(check: Mapping[str, Any], stages: Sequence[Mapping[str, Any]]) -> float | None:
-    """Measured / predicted gradient all-reduce: the slowest stage's against the plan's
-    (the prediction already carries the profile's current factor, so factors compose)."""
+    """Measured / predicted gradient all-reduce: the collective itself (without the
+    wait for slower replicas, ``compare.collective_sync_ms``) against the plan's (the
+    prediction already carries the profile's current factor, so factors compose)."""
+    from autohet_cli.launch.compare import collective_sync_ms
+
     predicted = float(check.get("step", {}).get("predicted_sync_ms") or 0.0)
-    measured = max((float(st["measured"]["sync_ms"]) for st in stages), default=0.0)
+    measured = collective_sync_ms(stages)
     if predicted <= 0 or measured <= 0:
         return None
     return measured / predicted

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -198,6 +199,13 @@ def profile_from_probe(
         r.fail("dtype", f"expected one of {', '.join(DTYPES[1:])}, got {dtype!r}")
     device = _device(r, doc, gpu_type)
     notes = _comm_notes(r, doc)
+    fit = allreduce_fit(r.mapping(doc.get("tp_comm") or {}, "tp_comm"))
+    if fit is not None:
+        device = replace(device, allreduce_hop_ms=fit[0], allreduce_gbytes_s=fit[1])
+        notes.append(
+            f"all-reduce fitted as {fit[0]:.4f} ms per ring step + {fit[1]:.2f} GB/s "
+            "(gradient sync on one host)"
+        )
     update = r.mapping(doc.get("update") or {}, "update")
     entries: dict[EntryKey, ProfileEntry] = {}
     num_estimated = 0
@@ -231,6 +239,50 @@ def profile_from_probe(
         notes.append("no (tp, mbs) combination ran; only the device facts were measured")
     meta = _meta(r, doc, model, host, device, notes)
     return Profile(devices={device.gpu_type: device}, entries=entries, meta=meta)
+
+
+def allreduce_fit(tp_comm: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(ms per ring step, GB/s) fitted by least squares to the probe's real all-reduce
+    among the fewest processes it ran: a ring of n moves 2(n-1)/n of the bytes in
+    2(n-1) steps. None when no real all-reduce ran at two sizes or more, or the fit
+    has no positive rate (times that do not grow with size)."""
+    real = {
+        int(tp): c
+        for tp, c in tp_comm.items()
+        if str(tp).isdigit()
+        and int(tp) > 1
+        and isinstance(c, Mapping)
+        and str(c.get("method", "")).endswith("_allreduce")
+        and isinstance(c.get("allreduce_ms"), Mapping)
+    }
+    if not real:
+        return None
+    n = min(real)
+    points = []
+    for size, ms in real[n]["allreduce_ms"].items():
+        try:
+            nbytes, t = int(size), float(ms)
+        except (TypeError, ValueError):
+            return None
+        if nbytes > 0 and math.isfinite(t) and t >= 0:
+            points.append((2 * (n - 1) / n * nbytes, t))
+    if len({x for x, _ in points}) < 2:
+        return None
+    # Relative errors (weights 1/t^2): the small sizes, where latency dominates,
+    # count as much as the large ones, where the rate does.
+    w = [1.0 / max(y, 1e-6) ** 2 for _, y in points]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points, strict=True)) / sw
+    my = sum(wi * y for wi, (_, y) in zip(w, points, strict=True)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points, strict=True))
+    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points, strict=True))
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx  # ms per byte
+    if slope <= 0:
+        return None
+    intercept = max(0.0, my - slope * mx)
+    return intercept / (2 * (n - 1)), 1e-6 / slope
 
 
 def _device(r: _Reader, doc: Mapping[str, Any], declared: str | None) -> DeviceFacts:

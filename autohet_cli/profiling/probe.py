@@ -1006,6 +1006,15 @@ def _comm_sizes(spec: dict[str, Any], kinds: list[str], nbytes: int) -> list[int
     )
 
 
+def _grad_sizes(spec: dict[str, Any], kinds: list[str], dev: torch.device) -> list[int]:
+    """Bytes of each layer kind's fp32 gradients (the runtime reduces in fp32) and
+    their sum, capped to keep the probe quick: the sizes data-parallel gradient
+    sync moves, so the all-reduce's latency and rate fit where it is used."""
+    cap = (512 if dev.type == "cuda" else 64) << 20
+    each = [int(4 * _shard_params(k, spec["layers"][k], 1)) for k in kinds]
+    return sorted({min(cap, n) for n in [*each, sum(each), 1 << 20] if n > 0})
+
+
 def run(raw_spec: Any, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure what ``raw_spec`` asks for on this host; the result as a JSON-ready dict."""
     say = log or (lambda _msg: None)
@@ -1034,8 +1043,10 @@ def run(raw_spec: Any, log: Callable[[str], None] | None = None) -> dict[str, An
     kinds = [k for k in KINDS if k in spec["layers"]]
     peer = measure_peer_copy() if dev.type == "cuda" and max(tps) > 1 else None
     tp_comm = {}
-    for tp in (t for t in tps if t > 1):
+    for i, tp in enumerate(sorted(t for t in tps if t > 1)):
         sizes = _comm_sizes(spec, kinds, torch.finfo(dtype).bits // 8)
+        if i == 0:  # gradient all-reduce sizes too, once: autohet fits latency + rate
+            sizes = sorted(set(sizes) | set(_grad_sizes(spec, kinds, dev)))
         comm = measure_tp_comm(tp, sizes, dev, spec, bandwidth["gbytes_s"], peer, budget)
         tp_comm[str(tp)] = comm
         say(f"tp {tp}: {comm['note']}")

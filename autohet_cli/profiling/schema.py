@@ -79,6 +79,22 @@ class DeviceFacts:
     matmul_tflops: float
     mem_bandwidth_gbytes_s: float
     source: str  # catalog | measured
+    # A real intra-host all-reduce (NCCL/gloo) fitted as latency + rate by the probe:
+    # each of a ring's 2(n-1) steps costs ``allreduce_hop_ms`` plus its bytes at
+    # ``allreduce_gbytes_s``. None: not measured (the cluster's link speed is used).
+    allreduce_hop_ms: float | None = None
+    allreduce_gbytes_s: float | None = None
+
+    def allreduce_ms(self, nbytes: float, participants: int) -> float | None:
+        """A ring all-reduce of ``nbytes`` among ``participants`` on one host, from
+        the measured fit (None without one)."""
+        if self.allreduce_gbytes_s is None or self.allreduce_hop_ms is None:
+            return None
+        if participants <= 1 or nbytes <= 0:
+            return 0.0
+        steps = 2 * (participants - 1)
+        moved = steps / participants * nbytes
+        return steps * self.allreduce_hop_ms + moved / (self.allreduce_gbytes_s * 1e9) * 1e3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +162,14 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
                 "matmul_tflops": d.matmul_tflops,
                 "mem_bandwidth_gbytes_s": d.mem_bandwidth_gbytes_s,
                 "source": d.source,
+                **(
+                    {
+                        "allreduce_hop_ms": d.allreduce_hop_ms,
+                        "allreduce_gbytes_s": d.allreduce_gbytes_s,
+                    }
+                    if d.allreduce_gbytes_s is not None
+                    else {}
+                ),
             }
             for name, d in sorted(p.devices.items())
         },
@@ -198,13 +222,26 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
     for name, dv in as_mapping(d.get("devices") or {}, f"{where}: devices").items():
         at = f"{where}: devices.{name}"
         dm = as_mapping(dv, at)
-        check_keys(dm, at, ["mem_bytes", "matmul_tflops", "mem_bandwidth_gbytes_s"], ["source"])
+        check_keys(
+            dm,
+            at,
+            ["mem_bytes", "matmul_tflops", "mem_bandwidth_gbytes_s"],
+            ["source", "allreduce_hop_ms", "allreduce_gbytes_s"],
+        )
+        hop = get(dm, "allreduce_hop_ms", float, at, None)
+        rate = get(dm, "allreduce_gbytes_s", float, at, None)
+        if (hop is None) != (rate is None) or (rate is not None and (rate <= 0 or hop < 0)):
+            raise ConfigError(
+                f"{at}: allreduce_hop_ms (>= 0) and allreduce_gbytes_s (> 0) go together"
+            )
         devices[str(name)] = DeviceFacts(
             gpu_type=str(name),
             mem_bytes=_positive(dm, "mem_bytes", int, at),
             matmul_tflops=_positive(dm, "matmul_tflops", float, at),
             mem_bandwidth_gbytes_s=_positive(dm, "mem_bandwidth_gbytes_s", float, at),
             source=get(dm, "source", str, at, "measured"),
+            allreduce_hop_ms=hop,
+            allreduce_gbytes_s=rate,
         )
     entries = {}
     for i, ev in enumerate(as_list(d.get("entries") or [], f"{where}: entries")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.models import get_model
@@ -91,3 +92,71 @@ def test_a_run_refit_spreads_to_the_probed_sizes_of_that_tp_only() -> None:
     assert abs(e1.layers[0].fwd_ms - 15.0) < 1e-9 and abs(e1.layers[0].bwd_ms - 30.0) < 1e-9
     assert out.entries[_entry(2, 2, 0).key].source == "measured"  # another TP: untouched
     assert out.entries[refit_entry.key] is refit_entry
+
+
+def test_the_allreduce_fit_recovers_latency_and_rate() -> None:
+    from autohet_cli.profiling.measure import allreduce_fit
+
+    hop_ms, gbytes_s = 0.05, 4.0  # the truth: 2 processes, ring of 2 steps moving n bytes
+    sizes = [4096, 1 << 16, 1 << 20, 1 << 24]
+    times = {str(n): 2 * hop_ms + n / (gbytes_s * 1e9) * 1e3 for n in sizes}
+    comm = {"2": {"method": "gloo_allreduce", "allreduce_ms": times}}
+    fit = allreduce_fit(comm)
+    assert fit is not None
+    assert abs(fit[0] - hop_ms) < 1e-6 and abs(fit[1] - gbytes_s) < 1e-6
+    # an estimate from copy bandwidth is not a measurement; one size fits nothing
+    assert allreduce_fit({"2": {"method": "copy_bandwidth", "allreduce_ms": times}}) is None
+    one = {"2": {"method": "nccl_allreduce", "allreduce_ms": {"4096": 0.1}}}
+    assert allreduce_fit(one) is None
+    # times that do not grow with size have no rate
+    flat = {"2": {"method": "gloo_allreduce", "allreduce_ms": {"1": 1.0, "1000000": 1.0}}}
+    assert allreduce_fit(flat) is None
+
+
+def test_gradient_sync_on_one_host_uses_the_measured_allreduce(tmp_path: Path) -> None:
+    from autohet_cli.costmodel.evaluate import evaluate
+    from autohet_cli.costmodel.tables import CostTables
+    from autohet_cli.profiling.schema import DeviceFacts, load_profile, save_profile
+    from autohet_cli.settings import TrainingSettings
+
+    shape = shapes_for(TINY.num_layers, 2, [1])[0]  # data parallel 2, one segment
+    plan = shape_plan(shape, TINY, HOST, mbs=1, seq_len=64, precision="fp32")
+    training = TrainingSettings(
+        global_batch_size=8, micro_batch_size=1, seq_len=64, precision="fp32"
+    )
+    facts = DeviceFacts(
+        gpu_type="cpu",
+        mem_bytes=8 << 30,
+        matmul_tflops=0.1,
+        mem_bandwidth_gbytes_s=10.0,
+        source="measured",
+        allreduce_hop_ms=2.0,
+        allreduce_gbytes_s=1.0,
+    )
+    prof = replace(_profile(_entry(1, 1, 10.0)), devices={"cpu": facts})
+    save_profile(prof, tmp_path / "p.yaml")
+    prof = load_profile(tmp_path / "p.yaml")  # the fit survives the file
+    assert prof.devices["cpu"].allreduce_hop_ms == 2.0
+    ev = evaluate(plan.pipelines, CLUSTER, CostTables(TINY, prof, training), 1)
+    nbytes = sum(lt.num_params for lt in _entry(1, 1, 0).layers) * 4
+    want = 2 * 2.0 + nbytes / 1e9 * 1e3  # 2 ring steps + n bytes at 1 GB/s
+    assert abs(ev.grad_sync_ms - want) < 1e-6 * want
+    plain = evaluate(
+        plan.pipelines, CLUSTER, CostTables(TINY, _profile(_entry(1, 1, 10.0)), training), 1
+    )
+    assert plain.grad_sync_ms < want / 10  # the link's nominal speed, no latency
+
+
+def test_a_half_given_allreduce_fit_is_refused(tmp_path: Path) -> None:
+    import pytest
+
+    from autohet_cli.errors import ConfigError
+    from autohet_cli.profiling.schema import load_profile
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text(
+        "schema: autohet.profile/v1\ndevices:\n  cpu: {mem_bytes: 1, matmul_tflops: 1,"
+        " mem_bandwidth_gbytes_s: 1, allreduce_hop_ms: 0.1}\n"
+    )
+    with pytest.raises(ConfigError, match="allreduce_gbytes_s"):
+        load_profile(bad)
