@@ -15,8 +15,10 @@ each run's ``prediction-check.json``):
 
 Printed per shape: the measured step (ms), predicted / measured for each profile,
 and whether predicted memory covers the measured peak on every stage. TP with
-stages needs four devices and is not run here. CPU timings on a 2-core machine
-are noisy: the load is printed.
+stages needs four devices: it runs on a four-device copy of localhost (four
+processes on however many cores this machine has; on 2 cores, oversubscribed,
+which the profile run's runs, filling the host, measure too). CPU timings on a
+2-core machine are noisy: the load is printed.
 """
 
 from __future__ import annotations
@@ -59,6 +61,20 @@ def shapes(num_layers: int) -> dict[str, tuple[list[tuple[int, list[tuple[int, i
     }
 
 
+def four_device_shapes(num_layers: int) -> dict[str, tuple[list, int]]:
+    """Shapes that need four devices, run on a four-device copy of localhost."""
+    L, half = num_layers, num_layers // 2
+    return {"TP 2 x 2 stages (4 devices)": ([(8, [(0, half), (half, L)])], 2)}
+
+
+FOUR_DEVICES = """schema: autohet.cluster/v1
+name: localhost-4
+network: {inter_node_gbps: 100}
+hosts:
+  - {name: localhost, address: localhost, gpus: {type: cpu, count: 4}, spot: false}
+"""
+
+
 def make_plan(name: str, model: str, seq: int, layout: list, tp: int) -> Plan:
     gpus = iter(range(8))
     spec = get_model(model)
@@ -91,8 +107,8 @@ def make_plan(name: str, model: str, seq: int, layout: list, tp: int) -> Plan:
     )
 
 
-def predict(plan: Plan, profile_path: Path | None, profile=None) -> Plan:
-    cluster = load_cluster(resolve_cluster_path(None))
+def predict(plan: Plan, profile_path: Path | None, profile=None, cluster_file=None) -> Plan:
+    cluster = load_cluster(resolve_cluster_path(cluster_file))
     prof = profile if profile is not None else load_profile(profile_path) if profile_path else None
     tables = CostTables(
         get_model(plan.model_name), prof, plan.training, gpu_specs=cluster.gpu_specs
@@ -115,9 +131,9 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def profile(model: str, seq: int, work: Path, out: Path, *extra: str) -> Path:
+def profile(model: str, seq: int, work: Path, out: Path, *extra: str, cluster: str) -> Path:
     res = autohet(
-        "profile", "run", "localhost", "--model", model, "--tp", "1,2",
+        "profile", "run", cluster, "--model", model, "--tp", "1,2",
         "--micro-batch-sizes", str(MBS), "--seq-len", str(seq), "--out", str(out), *extra,
         cwd=work,
     )  # fmt: skip
@@ -139,15 +155,20 @@ def _step_ms(plan: Plan) -> float:
     return plan.prediction.iteration_time_s * 1e3
 
 
-def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
-    probe = profile(model, seq, work, work / f"{model}-probe.yaml", "--no-runtime-runs")
-    prof = profile(model, seq, work, work / f"{model}-measured.yaml")
+def run_model(model: str, seq: int, work: Path, cluster: str = "localhost") -> list[list[object]]:
+    tag = Path(cluster).stem
+    probe = profile(
+        model, seq, work, work / f"{model}-{tag}-probe.yaml", "--no-runtime-runs", cluster=cluster
+    )
+    prof = profile(model, seq, work, work / f"{model}-{tag}.yaml", cluster=cluster)
+    which = shapes if cluster == "localhost" else four_device_shapes
     rows = []
-    for i, (shape, (layout, tp)) in enumerate(shapes(get_model(model).num_layers).items()):
-        plan = predict(make_plan(f"{model}-s{i}", model, seq, layout, tp), prof)
+    for j, (shape, (layout, tp)) in enumerate(which(get_model(model).num_layers).items()):
+        i = f"{tag}-{j}"
+        plan = predict(make_plan(f"{model}-s{i}", model, seq, layout, tp), prof, None, cluster)
         _, path = write_plan(plan, work / "plans")
         res = autohet(
-            "launch", str(path), "--cluster", "localhost", "--steps", str(STEPS),
+            "launch", str(path), "--cluster", cluster, "--steps", str(STEPS),
             "--checkpoint-every", "0", "--run-id", f"r{i}-{RUN}", cwd=work,
         )  # fmt: skip
         check_file = work / "runs" / f"{plan.name}.v1" / f"r{i}-{RUN}" / "prediction-check.json"
@@ -157,8 +178,8 @@ def run_model(model: str, seq: int, work: Path) -> list[list[object]]:
         refit, _ = calibrate(
             load_profile(prof), check, get_model(model), run_id=shape, global_batch_size=BATCH
         )
-        by_probe = predict(plan, probe)
-        after = predict(plan, None, profile=refit)
+        by_probe = predict(plan, probe, None, cluster)
+        after = predict(plan, None, refit, cluster)
         measured = check["step"]["measured_ms"]
         rows.append(
             [
@@ -180,8 +201,12 @@ def main() -> None:
     print(machine())
     rows = []
     with tempfile.TemporaryDirectory(prefix="autohet-bench-pred-") as tmp:
+        four = Path(tmp) / "localhost-4.yaml"
+        four.write_text(FOUR_DEVICES)
         for model, seq in MODELS.items():
             rows += run_model(model, seq, Path(tmp))
+            # 4 processes on this machine's 2 cores: oversubscribed, and measured so
+            rows += run_model(model, seq, Path(tmp), str(four))
     print(
         table(
             [

@@ -11,11 +11,13 @@ GPU type, for a few steps of a few plan shapes, and lets
 ``profiling.calibrate`` refit the fresh profile from each run's report. The
 shapes are chosen so each term is measured by the run that isolates it:
 
-1. data parallel over two devices (one device on a one-GPU host): the step
+1. data parallel over every device (one device on a one-GPU host): the step
    cost, the layer times at TP 1, the gradient-sync rate;
 2. every measured TP degree > 1 that fits the host: TP as the runtime runs it;
 3. two pipeline stages (two devices, two layers at least): the exchange latency,
    told apart from the step cost that run 1 measured.
+
+Each run fills the host with replicas (``shapes_for`` says why).
 
 All shapes use one micro-batch size: the largest measured one whose run fits
 the time budget and the device's memory, so the refitted entries stay
@@ -40,13 +42,16 @@ from autohet_cli.settings import TrainingSettings
 MICROBATCHES = 8  # per run: enough for a 1F1B pipeline to fill, few enough to be quick
 
 
+Layout = tuple[int, tuple[tuple[int, int], ...]]  # (micro-batches, stages' layer ranges)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shape:
     """One run: ``layout`` is per pipeline (micro-batches, [(first, end) layer of
     each stage]); every stage has ``tp`` devices."""
 
     name: str
-    layout: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    layout: tuple[Layout, ...]
     tp: int
     measures: str  # what the run is for, for the user
 
@@ -57,15 +62,25 @@ class Shape:
 
 def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape]:
     """The runs for a host of ``num_gpus`` devices, in the order calibration needs
-    them (the step cost before the latency that is told apart from it)."""
+    them (the step cost before the latency that is told apart from it).
+
+    Every run fills the host with data-parallel replicas, as real plans do: what
+    the devices of one host share (a CPU's cores and memory bandwidth, a GPU
+    host's PCIe switches and launch threads) slows each of them, and a run with
+    idle neighbours would time them faster than any plan will run them."""
     whole = ((0, num_layers),)
+
+    def replicas(width: int, stages: tuple[tuple[int, int], ...]) -> tuple[Layout, ...]:
+        r = max(1, num_gpus // width)
+        each = max(2, MICROBATCHES // r) if len(stages) == 1 else MICROBATCHES
+        return tuple((each, stages) for _ in range(r))
+
     out: list[Shape] = []
     if num_gpus >= 2:
-        half = MICROBATCHES // 2
         out.append(
             Shape(
-                name="data-parallel-2",
-                layout=((half, whole), (half, whole)),
+                name=f"data-parallel-{num_gpus}",
+                layout=replicas(1, whole),
                 tp=1,
                 measures="step cost, layer times at TP 1, gradient-sync rate",
             )
@@ -83,7 +98,7 @@ def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape
         out.append(
             Shape(
                 name=f"tp-{t}",
-                layout=((MICROBATCHES, whole),),
+                layout=replicas(t, whole),
                 tp=t,
                 measures=f"TP {t} as the runtime runs it",
             )
@@ -93,7 +108,7 @@ def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape
         out.append(
             Shape(
                 name="two-stages",
-                layout=((MICROBATCHES, ((0, cut), (cut, num_layers))),),
+                layout=replicas(2, ((0, cut), (cut, num_layers))),
                 tp=1,
                 measures="stage-to-stage exchange latency",
             )

@@ -36,8 +36,14 @@ def _profile(*entries: ProfileEntry) -> Profile:
 
 
 def test_shapes_isolate_each_term_in_calibration_order() -> None:
-    names = [s.name for s in shapes_for(6, 4, [1, 2, 4, 8])]
-    assert names == ["data-parallel-2", "tp-2", "tp-4", "two-stages"]
+    found = shapes_for(6, 4, [1, 2, 4, 8])
+    assert [s.name for s in found] == ["data-parallel-4", "tp-2", "tp-4", "two-stages"]
+    # every run fills the host, as plans do: replicas of the shape
+    assert [s.devices for s in found] == [4, 4, 4, 4]
+    assert [len(s.layout) for s in found] == [4, 2, 1, 2]
+    assert all(m >= 2 for s in found for m, _ in s.layout)
+    assert [s.name for s in shapes_for(6, 2, [1, 2])] == ["data-parallel-2", "tp-2", "two-stages"]
+    assert [s.devices for s in shapes_for(6, 3, [2])] == [3, 2, 2]  # what divides
     # a one-GPU host: no data parallelism, no stages, no TP
     assert [s.name for s in shapes_for(6, 1, [1, 2])] == ["one-device"]
     # a one-layer model cannot be cut in two
@@ -49,7 +55,7 @@ def test_shape_plans_are_valid_and_use_the_hosts_first_devices() -> None:
         plan = shape_plan(shape, TINY, HOST, mbs=2, seq_len=64, precision="fp32")
         devices = [d.gpu for d in plan.devices()]
         assert sorted(devices) == list(range(shape.devices)), shape.name
-        assert plan.training.global_batch_size == 2 * 8
+        assert plan.training.global_batch_size == 2 * sum(m for m, _ in shape.layout)
         plan_to_dict(plan)  # serialisable as a plan file
 
 
