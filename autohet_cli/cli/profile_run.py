@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from autohet_cli.cluster import load_cluster
 from autohet_cli.defaults import resolve_cluster_path
@@ -161,7 +162,16 @@ def run(
             typer.echo(f"network {pair}: {figure}")
         for host, records in result.profile.meta.get("runtime_runs", {}).items():
             for r in records:
-                typer.echo(f"{host}: runtime run {_run_line(r)}")
+                if r.get("status") == "ran":
+                    typer.echo(f"{host}: runtime run {_run_line(r)}")
+                else:  # the probe's profile is kept: say what it lacks and why
+                    typer.secho(
+                        f"{host}: runtime run {_run_line(r)}; the profile keeps the probe's "
+                        "numbers there (autohet profile calibrate RUN_DIR refits them from "
+                        "any launched run)",
+                        fg=typer.colors.YELLOW,
+                        err=True,
+                    )
         for o in result.failed:
             typer.secho(f"{o.host}: {o.error}", fg=typer.colors.RED, err=True)
         typer.echo(
@@ -200,7 +210,8 @@ def _with_live_view(req: ProfileRunRequest, *, enabled: bool) -> ProfileRunResul
             table.add_column(col)
         with lock:
             for host, (what, at) in sorted(rows.items()):
-                table.add_row(host, what, f"{at:.0f}")
+                # Text, not markup: remote output like "[/tmp/x]" must print as is.
+                table.add_row(Text(host), Text(what), f"{at:.0f}")
         return table
 
     if not enabled:

@@ -147,7 +147,9 @@ def evaluate(
     sync_ms = max(st.grad_sync_ms for e in evals for st in e.stages)
     opt_ms = max(st.cost.update_ms for e in evals for st in e.stages)
     # The fixed per-step cost every rank pays (calibrated per GPU type; 0 uncalibrated).
-    overhead_ms = max(tables.step_overhead_ms(s.gpu_type) for p in pipelines for s in p.stages)
+    overhead_ms = max(
+        tables.step_overhead_ms(s.gpu_type, s.tensor_parallel) for p in pipelines for s in p.stages
+    )
     opt_ms += overhead_ms
     iteration = pipeline_ms + sync_ms + opt_ms
     tokens = micro_batch_size * sum(p.num_microbatches for p in pipelines) * tables.training.seq_len

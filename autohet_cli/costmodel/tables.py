@@ -308,9 +308,10 @@ class CostTables:
         found = [self.profile.overheads.get(t) for t in (a, b)]
         return max((o.p2p_ms for o in found if o is not None), default=0.0)
 
-    def step_overhead_ms(self, gpu_type: str) -> float:
+    def step_overhead_ms(self, gpu_type: str, tp: int = 1) -> float:
+        """The fixed per-step cost of a stage of this type and TP degree (calibrated)."""
         extra = self.profile.overheads.get(gpu_type)
-        return extra.step_ms if extra else 0.0
+        return extra.step_cost_ms(tp) if extra else 0.0
 
     def is_measured(self, gpu_type: str, tp: int, mbs: int) -> bool:
         """Measured, imported, or refitted to a run (``autohet profile calibrate`` stores

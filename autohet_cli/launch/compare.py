@@ -173,14 +173,20 @@ def collective_sync_ms(stages: Sequence[Mapping[str, Any]]) -> float:
     A rank's measured sync time includes waiting for the last replica of its layers
     to arrive (an uneven batch share arrives later): that wait is pipeline imbalance,
     which the 1F1B makespan already holds. The last to arrive waits for no one, so
-    per group of stages holding the same layers the shortest sync is the collective;
-    the slowest group's is the step's."""
-    groups: dict[tuple[int, int], float] = {}
-    for st in stages:
-        a, b = st["layers"]
-        ms = float(st["measured"]["sync_ms"])
-        groups[(a, b)] = min(groups.get((a, b), ms), ms)
-    return max(groups.values(), default=0.0)
+    per layer segment (the runtime's sync groups: layers cut alike in every
+    pipeline) the shortest sync among its holders bounds the collective; the
+    slowest segment's is the step's."""
+    cuts = sorted({0} | {int(st["layers"][1]) for st in stages})
+    worst = 0.0
+    for a in cuts[:-1]:
+        held = [
+            float(st["measured"]["sync_ms"])
+            for st in stages
+            if int(st["layers"][0]) <= a < int(st["layers"][1])
+        ]
+        if held:
+            worst = max(worst, min(held))
+    return worst
 
 
 def _predicted(pred: StagePrediction) -> dict[str, float]:

@@ -209,8 +209,12 @@ def run_job(
     runs_root: Path = Path("runs"),
     printer: Printer = print,
     job_choice: JobChoice | None = None,
+    stop: threading.Event | None = None,
 ) -> JobOutcome:
-    """Sync, preflight, job and key, announce, start, watch, stop: one attempt of a plan."""
+    """Sync, preflight, job and key, announce, start, watch, stop: one attempt of a plan.
+
+    ``stop``: set by the caller to stop every host (Ctrl-C and SIGTERM do the same
+    when this runs in the main thread)."""
     hosts = p.plan.hosts()
     if sync_dir is not None:
         for name in hosts:
@@ -252,6 +256,8 @@ def run_job(
         shares=tuple(pl.num_microbatches for pl in p.plan.pipelines),
         start_timeout_s=None if script else start_timeout_s,
     )
+    if stop is not None:
+        job.stop_requested = stop
     with _stop_on_signals(job.stop_requested):
         try:
             job.start()

@@ -99,12 +99,13 @@ def calibrate(
     step_ms = float(check.get("step_overhead_ms") or 0.0)
     sync_x = _sync_ratio(check, stages)
     gpus = sorted({str(st["gpu_type"]) for st in stages})
+    tp_run = max(int(st["tensor_parallel"]) for st in stages)
     known = [overheads[g] for g in gpus if g in overheads]
     latency = None
     if len(known) == len(gpus) and _pipelined(stages):
         # The fixed step cost is known from earlier runs: what a pipelined run spends
         # beyond it and its measured stage times is the exchanges' latency.
-        latency = _fit_latency(check, stages, max(o.step_ms for o in known))
+        latency = _fit_latency(check, stages, max(o.step_cost_ms(tp_run) for o in known))
     for gpu in gpus:
         old = overheads.get(gpu)
         mem = max(0, (old.mem_bytes if old else 0) + mem_extra.get(gpu, 0))
@@ -113,14 +114,22 @@ def calibrate(
             continue
         # The mean over the runs absorbed so far (a run without gradient sync, one
         # pipeline, says nothing of its rate and keeps the old factor; a pipelined run
-        # measures the exchange latency instead of the step cost).
+        # measures the exchange latency instead of the step cost; a TP run, what TP
+        # adds to the TP 1 step cost).
         n = old.runs
+        new_step, tp_step = old.step_ms, dict(old.tp_step_ms)
+        if latency is None and tp_run == 1:
+            new_step = (old.step_ms * n + step_ms) / (n + 1)
+        elif latency is None:
+            extra = max(0.0, step_ms - old.step_ms)
+            tp_step[tp_run] = (tp_step[tp_run] + extra) / 2 if tp_run in tp_step else extra
         overheads[gpu] = Overhead(
-            step_ms=old.step_ms if latency is not None else (old.step_ms * n + step_ms) / (n + 1),
+            step_ms=new_step,
             mem_bytes=mem,
             sync_x=old.sync_x if sync_x is None else old.sync_x * sync_x,
             p2p_ms=old.p2p_ms if latency is None else latency,
             runs=n + 1,
+            tp_step_ms=tp_step,
         )
     meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
     refit = replace(profile.with_entries(entries), overheads=overheads, meta=meta)

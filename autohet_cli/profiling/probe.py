@@ -1043,11 +1043,13 @@ def run(raw_spec: Any, log: Callable[[str], None] | None = None) -> dict[str, An
     kinds = [k for k in KINDS if k in spec["layers"]]
     peer = measure_peer_copy() if dev.type == "cuda" and max(tps) > 1 else None
     tp_comm = {}
-    for i, tp in enumerate(sorted(t for t in tps if t > 1)):
+    grads_timed = False
+    for tp in sorted(t for t in tps if t > 1):
         sizes = _comm_sizes(spec, kinds, torch.finfo(dtype).bits // 8)
-        if i == 0:  # gradient all-reduce sizes too, once: autohet fits latency + rate
+        if not grads_timed:  # gradient sizes too, once: autohet fits latency + rate
             sizes = sorted(set(sizes) | set(_grad_sizes(spec, kinds, dev)))
         comm = measure_tp_comm(tp, sizes, dev, spec, bandwidth["gbytes_s"], peer, budget)
+        grads_timed = grads_timed or comm["method"].endswith("_allreduce")
         tp_comm[str(tp)] = comm
         say(f"tp {tp}: {comm['note']}")
     ctx = _Ctx(

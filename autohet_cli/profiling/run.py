@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -101,7 +102,7 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
         try:
             prof = profile_host(host, req, lambda msg: note(host.name, msg))
             if req.runtime_runs:
-                prof = runtime_runs(host, req, prof, lambda msg: note(host.name, msg))
+                prof = runtime_runs(host, req, prof, lambda msg: note(host.name, msg), stop)
         except AutohetError as exc:
             note(host.name, f"failed: {exc}")
             return HostOutcome(
@@ -115,7 +116,12 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
             host=host.name, gpu_type=host.gpu_type, seconds=time.monotonic() - start, profile=prof
         )
 
-    results = fan_out(hosts, one, max_workers=req.max_parallel)
+    stop = threading.Event()  # Ctrl-C: the runtime runs stop their hosts' workers
+    try:
+        results = fan_out(hosts, one, max_workers=req.max_parallel)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
     outcomes = []
     for h in hosts:
         got = results[h.name]
@@ -134,9 +140,14 @@ def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> Prof
 
 
 def runtime_runs(
-    host: Host, req: ProfileRunRequest, prof: Profile, say: Callable[[str], None]
+    host: Host,
+    req: ProfileRunRequest,
+    prof: Profile,
+    say: Callable[[str], None],
+    stop: threading.Event | None = None,
 ) -> Profile:
-    """``prof`` refitted from short runs of the runtime on ``host`` (``runcheck``)."""
+    """``prof`` refitted from short runs of the runtime on ``host`` (``runcheck``);
+    whatever goes wrong there, the probe's measurements are kept and it is said."""
     from autohet_cli.profiling.runcheck import RunCheckOptions, check_host
     from autohet_cli.transport.pool import ConnectOptions
 
@@ -156,17 +167,22 @@ def runtime_runs(
         gpu_specs=req.cluster.gpu_specs,
     )
     tps = [t for t in req.tps if t <= host.num_gpus]
-    refit, _ = check_host(
-        host,
-        one,
-        req.model,
-        prof,
-        seq_len=req.seq_len,
-        tps=tps,
-        mbs_candidates=req.micro_batch_sizes,
-        options=options,
-        say=say,
-    )
+    try:
+        refit, _ = check_host(
+            host,
+            one,
+            req.model,
+            prof,
+            seq_len=req.seq_len,
+            tps=tps,
+            mbs_candidates=req.micro_batch_sizes,
+            options=options,
+            say=say,
+            stop=stop,
+        )
+    except Exception as exc:  # noqa: BLE001 - a bug here must not cost the probe's work
+        record = {"shape": "-", "status": "failed", "why": f"{type(exc).__name__}: {exc}"}
+        return replace(prof, meta={**prof.meta, "runtime_runs": {host.name: [record]}})
     return refit
 
 

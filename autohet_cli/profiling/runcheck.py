@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,18 +44,23 @@ class RunCheckOptions:
 
 
 def choose_mbs(
-    first: Shape, make: Callable[[Shape, int], Plan | str], candidates: Sequence[int]
+    shapes: Sequence[Shape], make: Callable[[Shape, int], Plan | str], candidates: Sequence[int]
 ) -> tuple[int | None, str]:
-    """The largest micro-batch size the first (heaviest per device) shape runs at
-    within memory and budget; else None and why each size was refused (``make``
+    """The micro-batch size at which the most shapes run within memory and budget
+    (the largest among equals); else None and why each size was refused (``make``
     gives the predicted plan, or why not)."""
+    best: tuple[int, int] | None = None
     reasons = []
     for mbs in sorted(set(candidates), reverse=True):
-        why = make(first, mbs)
-        if not isinstance(why, str):
-            return mbs, ""
-        reasons.append(f"micro-batch {mbs}: {why}")
-    return None, "; ".join(reasons)
+        why = [w for w in (make(s, mbs) for s in shapes) if isinstance(w, str)]
+        runnable = len(shapes) - len(why)
+        if runnable and (best is None or runnable > best[0]):
+            best = (runnable, mbs)
+        if why and runnable == 0:
+            reasons.append(f"micro-batch {mbs}: {why[0]}")
+    if best is None:
+        return None, "; ".join(reasons) or "no micro-batch size was measured"
+    return best[1], ""
 
 
 def check_host(
@@ -68,63 +74,80 @@ def check_host(
     mbs_candidates: Sequence[int],
     options: RunCheckOptions,
     say: Say,
+    stop: threading.Event | None = None,
 ) -> tuple[Profile, list[dict[str, object]]]:
     """``profile`` refitted from runs on ``host`` and one record per shape (run,
-    skipped or failed, with the predicted and measured step)."""
-    entries = [e for k, e in profile.entries.items() if k.gpu_type == host.gpu_type]
-    if not entries:
-        return profile, []
-    precision = entries[0].dtype
-    measured = {(k.tensor_parallel, k.micro_batch_size) for k in profile.entries}
+    skipped or failed, with the predicted and measured step), kept in its meta
+    (``runtime_runs``) whatever happened. A run that fails leaves the profile as
+    the runs before it refitted it."""
+    mine = {
+        (k.tensor_parallel, k.micro_batch_size): e
+        for k, e in profile.entries.items()
+        if k.gpu_type == host.gpu_type and k.model == model.name and k.seq_len == seq_len
+    }
+    records: list[dict[str, object]] = []
+
+    def done(refit: Profile) -> tuple[Profile, list[dict[str, object]]]:
+        if refit is not profile:
+            refit = spread(refit, profile)
+        return replace(refit, meta={**refit.meta, "runtime_runs": {host.name: records}}), records
+
+    if not mine:
+        records.append({"shape": "-", "status": "skipped", "why": "the probe measured nothing"})
+        return done(profile)
+    precision = next(iter(mine.values())).dtype
     shapes = shapes_for(model.num_layers, host.num_gpus, tps)
-    shapes = [s for s in shapes if any((s.tp, m) in measured for m in mbs_candidates)]
-    if not shapes:
-        return profile, []
+    current = profile
 
     def make(shape: Shape, mbs: int) -> Plan | str:
-        if (shape.tp, mbs) not in measured:
-            return f"TP {shape.tp} was not measured at this size (out of memory?)"
-        plan = predicted(
-            shape_plan(shape, model, host, mbs=mbs, seq_len=seq_len, precision=precision),
-            cluster,
-            current,
-            model,
-        )
+        if (shape.tp, mbs) not in mine:
+            return f"TP {shape.tp} was not measured at micro-batch {mbs} (out of memory?)"
+        try:
+            plan = predicted(
+                shape_plan(shape, model, host, mbs=mbs, seq_len=seq_len, precision=precision),
+                cluster,
+                current,
+                model,
+            )
+        except AutohetError as exc:
+            return f"cannot be predicted: {exc}"
         return fits(plan, options.steps, options.budget_s) or plan
 
-    current = profile
-    mbs, why = choose_mbs(shapes[0], make, [m for (t, m) in measured if t == 1])
+    mbs, why = choose_mbs(shapes, make, sorted({m for _, m in mine} & set(mbs_candidates)))
     if mbs is None:
         say(f"runtime runs skipped: {why}")
-        return profile, [{"shape": shapes[0].name, "status": "skipped", "why": why}]
-    records: list[dict[str, object]] = []
+        records.append({"shape": shapes[0].name, "status": "skipped", "why": why})
+        return done(profile)
     with (
         HostPool(cluster, options.connect) as pool,
         tempfile.TemporaryDirectory(prefix="autohet-runcheck-") as tmp,
     ):
         for shape in shapes:
             plan = make(shape, mbs)
+            if stop is not None and stop.is_set():
+                plan = "interrupted"
             if isinstance(plan, str):
                 records.append({"shape": shape.name, "status": "skipped", "why": plan})
                 continue
             say(f"runtime run {shape.name} (micro-batch {mbs}): {shape.measures}")
             try:
-                check = _run(plan, cluster, pool, Path(tmp), options, say)
-                run_id = f"profile-run:{host.name}:{shape.name}:{check['run_id']}"
+                check = _run(plan, cluster, pool, Path(tmp), options, say, stop)
+                current, _ = calibrate(
+                    current,
+                    check,
+                    model,
+                    run_id=f"profile-run:{host.name}:{shape.name}:{check['run_id']}",
+                    global_batch_size=plan.training.global_batch_size,
+                )
             except PreflightError as exc:
                 say(f"runtime runs skipped: {exc}")
                 records.append({"shape": shape.name, "status": "skipped", "why": str(exc)})
                 break
-            except AutohetError as exc:
-                records.append({"shape": shape.name, "status": "failed", "why": str(exc)})
+            except (AutohetError, KeyError, TypeError, ValueError) as exc:
+                # A report from another autohet version, or a run that failed: the
+                # profile keeps what the runs before this one refitted.
+                records.append({"shape": shape.name, "status": "failed", "why": _short(exc)})
                 continue
-            current, _ = calibrate(
-                current,
-                check,
-                model,
-                run_id=run_id,
-                global_batch_size=plan.training.global_batch_size,
-            )
             step = check["step"]
             records.append(
                 {
@@ -135,10 +158,12 @@ def check_host(
                     "measured_step_ms": step["measured_ms"],
                 }
             )
-    if current is profile:
-        return profile, records
-    refit = spread(current, profile)
-    return replace(refit, meta={**refit.meta, "runtime_runs": {host.name: records}}), records
+    return done(current)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, AutohetError) else f"{type(exc).__name__}: {exc}"
+    return text[:500]
 
 
 def _run(
@@ -148,6 +173,7 @@ def _run(
     tmp: Path,
     options: RunCheckOptions,
     say: Say,
+    stop: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Launch one shape; its comparison with the prediction (``prediction-check.json``)."""
     _, plan_file = write_plan(plan, tmp / "plans")
@@ -169,6 +195,7 @@ def _run(
         start_timeout_s=options.start_timeout_s,
         runs_root=tmp / "runs",
         printer=printer,
+        stop=stop,
     )
     check_file = Path(outcome.local_run_dir) / "prediction-check.json"
     if outcome.status != "finished" or not check_file.is_file():

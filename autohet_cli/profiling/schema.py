@@ -28,6 +28,7 @@ from autohet_cli.yamlio import (
     as_list,
     as_mapping,
     check_keys,
+    coerce,
     dump_yaml,
     load_yaml,
     write_new,
@@ -110,6 +111,13 @@ class Overhead:
     p2p_ms: float = 0.0  # fixed cost of one stage-to-stage exchange (latency)
     source: str = "calibrated"
     runs: int = 1  # runs it was measured from
+    # Per TP degree > 1, what a step of a TP stage costs beyond ``step_ms`` (DTensor's
+    # optimizer and norm over shards): averaged into step_ms, a TP run's fixed cost
+    # would be charged to every TP 1 plan.
+    tp_step_ms: Mapping[int, float] = field(default_factory=dict)
+
+    def step_cost_ms(self, tp: int) -> float:
+        return self.step_ms + (self.tp_step_ms.get(tp, 0.0) if tp > 1 else 0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,16 +142,35 @@ class Profile:
             if old is None or e.source != "analytic" or old.source == "analytic":
                 entries[k] = e
         devices = dict(self.devices)
+        overheads = {**self.overheads, **newer.overheads}
         for name, dev in newer.devices.items():
             old_dev = devices.get(name)
             if old_dev is None or dev.source == "measured" or old_dev.source != "measured":
+                if old_dev is not None and dev.allreduce_gbytes_s is None:
+                    # a re-probe without TP > 1 measured no all-reduce: keep the fit
+                    dev = replace(
+                        dev,
+                        allreduce_hop_ms=old_dev.allreduce_hop_ms,
+                        allreduce_gbytes_s=old_dev.allreduce_gbytes_s,
+                    )
                 devices[name] = dev
+                if dev.source == "measured" and name not in newer.overheads:
+                    # Overheads are refitted against the numbers they corrected
+                    # (sync factor against the old all-reduce model, step cost
+                    # against the old layer times): new numbers void them.
+                    overheads.pop(name, None)
         meta = dict(self.meta)
         history = list(meta.get("history", [])) + list(newer.meta.get("history", []))
+        absorbed = list(meta.get("calibrated_from", []))
+        absorbed += [r for r in newer.meta.get("calibrated_from", []) if r not in absorbed]
+        runs = {**meta.get("runtime_runs", {}), **newer.meta.get("runtime_runs", {})}
         meta.update({k: v for k, v in newer.meta.items() if k != "history"})
         if history:
             meta["history"] = history
-        overheads = {**self.overheads, **newer.overheads}
+        if absorbed:
+            meta["calibrated_from"] = absorbed
+        if runs:
+            meta["runtime_runs"] = runs
         return Profile(devices=devices, entries=entries, meta=meta, overheads=overheads)
 
     def with_entries(self, entries: Iterable[ProfileEntry]) -> Profile:
@@ -184,6 +211,11 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
                         "p2p_ms": o.p2p_ms,
                         "source": o.source,
                         "runs": o.runs,
+                        **(
+                            {"tp_step_ms": dict(sorted(o.tp_step_ms.items()))}
+                            if o.tp_step_ms
+                            else {}
+                        ),
                     }
                     for name, o in sorted(p.overheads.items())
                 }
@@ -254,7 +286,17 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
     for name, ov in as_mapping(d.get("overheads") or {}, f"{where}: overheads").items():
         at = f"{where}: overheads.{name}"
         om = as_mapping(ov, at)
-        check_keys(om, at, [], ["step_ms", "mem_bytes", "sync_x", "p2p_ms", "source", "runs"])
+        check_keys(
+            om, at, [], ["step_ms", "mem_bytes", "sync_x", "p2p_ms", "source", "runs", "tp_step_ms"]
+        )
+        tp_step = {}
+        for tp, ms in as_mapping(om.get("tp_step_ms") or {}, f"{at}.tp_step_ms").items():
+            degree = coerce(tp, int, f"{at}.tp_step_ms")
+            tp_step[degree] = coerce(ms, float, f"{at}.tp_step_ms.{tp}")
+            if degree < 2 or tp_step[degree] < 0:
+                raise ConfigError(
+                    f"{at}.tp_step_ms: TP degrees >= 2 with times >= 0, got {tp}: {ms}"
+                )
         o = Overhead(
             step_ms=get(om, "step_ms", float, at, 0.0),
             mem_bytes=get(om, "mem_bytes", int, at, 0),
@@ -262,6 +304,7 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
             p2p_ms=get(om, "p2p_ms", float, at, 0.0),
             source=get(om, "source", str, at, "calibrated"),
             runs=get(om, "runs", int, at, 1),
+            tp_step_ms=tp_step,
         )
         if min(o.step_ms, o.mem_bytes, o.p2p_ms) < 0 or o.runs < 1 or not o.sync_x > 0:
             raise ConfigError(

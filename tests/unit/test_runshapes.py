@@ -76,14 +76,26 @@ def test_fits_refuses_over_memory_and_over_budget() -> None:
     assert why is not None and "120% of a device's memory" in why
 
 
-def test_the_largest_micro_batch_within_the_budget_is_chosen() -> None:
-    shape = shapes_for(TINY.num_layers, 2, [1])[0]
+def test_the_micro_batch_size_running_the_most_shapes_is_chosen() -> None:
+    dp, tp2 = shapes_for(TINY.num_layers, 2, [1, 2])[:2]
     ok = object()  # stands for a predicted plan: only a string refuses
-    refuse = {4: "too slow"}
-    mbs, why = choose_mbs(shape, lambda _s, m: refuse.get(m, ok), [1, 2, 4])  # type: ignore[arg-type]
+    refuse = {(dp.name, 4): "too slow"}
+    mbs, why = choose_mbs(
+        [dp],
+        lambda s, m: refuse.get((s.name, m), ok),
+        [1, 2, 4],  # type: ignore[arg-type]
+    )
     assert (mbs, why) == (2, "")
-    mbs, why = choose_mbs(shape, lambda _s, m: f"slow {m}", [1, 2])
+    # TP 1 out of memory at every size: the TP 2 run still goes ahead
+    mbs, why = choose_mbs(
+        [dp, tp2],
+        lambda s, m: "oom" if s is dp else ok,
+        [1, 2],  # type: ignore[arg-type]
+    )
+    assert (mbs, why) == (2, "")
+    mbs, why = choose_mbs([dp], lambda _s, m: f"slow {m}", [1, 2])
     assert mbs is None and "micro-batch 2: slow 2" in why and "micro-batch 1: slow 1" in why
+    assert choose_mbs([dp], lambda _s, m: "x", []) == (None, "no micro-batch size was measured")
 
 
 def test_a_run_refit_spreads_to_the_probed_sizes_of_that_tp_only() -> None:
@@ -166,3 +178,48 @@ def test_a_half_given_allreduce_fit_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="allreduce_gbytes_s"):
         load_profile(bad)
+
+
+def test_a_tp_runs_fixed_cost_is_charged_to_tp_stages_only(tmp_path: Path) -> None:
+    from autohet_cli.profiling.schema import Overhead, load_profile, save_profile
+
+    o = Overhead(step_ms=5.0, tp_step_ms={2: 40.0})
+    assert (o.step_cost_ms(1), o.step_cost_ms(2), o.step_cost_ms(4)) == (5.0, 45.0, 5.0)
+    prof = replace(_profile(_entry(1, 1, 10.0)), overheads={"cpu": o})
+    save_profile(prof, tmp_path / "p.yaml")
+    assert load_profile(tmp_path / "p.yaml").overheads["cpu"].tp_step_ms == {2: 40.0}
+    bad = (tmp_path / "p.yaml").read_text().replace("2: 40.0", "1: 40.0")
+    (tmp_path / "bad.yaml").write_text(bad)
+    import pytest
+
+    from autohet_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tp_step_ms"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+def test_merging_keeps_absorbed_runs_and_voids_stale_overheads() -> None:
+    from autohet_cli.profiling.schema import DeviceFacts, Overhead
+
+    fit = DeviceFacts(
+        gpu_type="cpu", mem_bytes=1, matmul_tflops=1.0, mem_bandwidth_gbytes_s=1.0,
+        source="measured", allreduce_hop_ms=0.1, allreduce_gbytes_s=2.0,
+    )  # fmt: skip
+    old = Profile(
+        devices={"cpu": fit},
+        overheads={"cpu": Overhead(step_ms=3.0, sync_x=5.0)},
+        meta={"calibrated_from": ["run-a"], "runtime_runs": {"h1": []}},
+    )
+    # a re-probe (no TP > 1, no runtime runs) of the same type
+    reprobe = Profile(
+        devices={"cpu": replace(fit, allreduce_hop_ms=None, allreduce_gbytes_s=None)},
+        meta={"calibrated_from": ["run-b"], "runtime_runs": {"h2": []}},
+    )
+    merged = old.merged_with(reprobe)
+    assert merged.meta["calibrated_from"] == ["run-a", "run-b"]  # never absorbed twice
+    assert set(merged.meta["runtime_runs"]) == {"h1", "h2"}
+    assert "cpu" not in merged.overheads  # fitted against numbers the re-probe replaced
+    assert merged.devices["cpu"].allreduce_gbytes_s == 2.0  # the fit is kept
+    # newer overheads for the type are kept
+    refit = replace(reprobe, overheads={"cpu": Overhead(step_ms=1.0)})
+    assert old.merged_with(refit).overheads["cpu"].step_ms == 1.0
