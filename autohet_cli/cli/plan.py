@@ -58,15 +58,17 @@ def plan(
         ),
     ] = False,
     recompute: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--recompute",
-            help="Recompute activations on every stage: each layer's forward runs again "
-            "before its backward (~1/3 more compute per step) and a stage keeps one hidden "
-            "state per layer per micro-batch in flight instead of all its activations, so "
-            "plans fit with fewer stages or bigger micro-batches",
+            "--recompute/--no-recompute",
+            help="Activation recomputation: by default the planner decides per stage, "
+            "recomputing only where memory binds (each layer's forward runs again before "
+            "its backward, ~1/3 more compute on that stage, and the stage keeps one "
+            "hidden state per layer per micro-batch in flight instead of all its "
+            "activations). --recompute: on every stage; --no-recompute: never",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     measured_only: Annotated[
         bool,
         typer.Option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
@@ -23,11 +24,13 @@ from autohet_cli.plan import (
     pipelines_entry,
 )
 from autohet_cli.planner.baselines import baselines as compute_baselines
+from autohet_cli.planner.recompute import memory_binds, relax
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
     SearchRequest,
     SearchResult,
+    scorer,
     search,
 )
 from autohet_cli.settings import TrainingSettings
@@ -54,15 +57,16 @@ def make_plan(
     contingency: bool = False,
     progress: Progress | None = None,
     with_baselines: bool = True,
-    recompute: bool = False,
+    recompute: bool | None = None,
     measured_only: bool = False,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
     short overrun (budget.overrun_s): what the deadline cuts off is left out of
-    the plan and named in its notes, never waited for. ``recompute`` makes every
-    stage of the plan (and of the baselines and contingency plans) recompute its
-    activations; ``measured_only`` lets all of them use only the (GPU type, TP,
-    micro-batch size) combinations the profile measured."""
+    the plan and named in its notes, never waited for. ``recompute``: None lets
+    the planner decide per stage where memory binds (``planner.recompute``); True
+    makes every stage of the plan (and of the baselines and contingency plans)
+    recompute its activations, False none; ``measured_only`` lets all of them use
+    only the (GPU type, TP, micro-batch size) combinations the profile measured."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
     req = SearchRequest(
@@ -74,7 +78,7 @@ def make_plan(
         time_limit_s=time_limit_s,
         # Only degrees the model's heads, MLP and padded vocabulary split into.
         tp_candidates=tuple(t for t in (1, 2, 4, 8) if not model.tensor_parallel_problems(t)),
-        recompute=recompute,
+        recompute=bool(recompute),
         measured_only=measured_only,
     )
     model_ref = (inputs or {}).get("model", {}).get("path") or model.name  # for --model
@@ -83,7 +87,10 @@ def make_plan(
     skipped: list[str] = []
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):
         try:
-            result = search(req, progress)
+            if recompute is None:
+                result, req = _decide_recompute(req, progress)
+            else:
+                result = search(req, progress)
         except TimeLimitReached:
             raise
         except InfeasibleError as exc:
@@ -187,6 +194,42 @@ def to_plan(
         ),
         created=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     )
+
+
+def _decide_recompute(
+    req: SearchRequest, progress: Progress | None
+) -> tuple[SearchResult, SearchRequest]:
+    """Search without recomputation, then, where memory binds, with it in the time
+    left, keeping it per stage only where needed (``planner.recompute``); the
+    result and the request it was found under (for baselines and contingency)."""
+    start = time.monotonic()
+    plain = replace(req, recompute=False)
+    result: SearchResult | None = None
+    try:
+        result = search(plain, progress)
+    except InfeasibleError:
+        pass
+    if not memory_binds(result.best if result else None):
+        assert result is not None
+        return result, plain
+    spent = time.monotonic() - start
+    # As long as the plain search took (at least a second), within the limit: the
+    # second space costs at most as much as the first, so planning stays as fast.
+    left = min(req.time_limit_s - spent, max(1.0, spent))
+    if result is not None and left < 0.5:
+        return result, plain
+    full = replace(req, recompute=True, time_limit_s=left if result else req.time_limit_s)
+    try:
+        alt = search(full, progress)
+    except (InfeasibleError, TimeLimitReached):
+        if result is None:
+            raise
+        return result, plain
+    alt.best = relax(alt.best, full, scorer(req.cluster, req.objective))
+    if result is not None and result.best.score <= alt.best.score:
+        return result, plain
+    alt.time_s = time.monotonic() - start
+    return alt, full
 
 
 def prediction_of(ev: PlanEval) -> Prediction:

@@ -73,7 +73,7 @@ class Planner(Protocol):
         time_limit_s: float = 60.0,
         inputs: Mapping[str, Mapping[str, str]] | None = None,
         contingency: bool = False,
-        recompute: bool = False,
+        recompute: bool | None = None,
     ) -> PlanOutcome: ...
 
 
@@ -261,8 +261,11 @@ def replan(
                 time_limit_s=time_limit_s,
                 inputs=dict(old.inputs),
                 contingency=contingency,
-                # A plan that recomputed activations (to fit) keeps doing so on fewer GPUs.
-                recompute=any(s.recompute for p in old.pipelines for s in p.stages),
+                # A plan that recomputed activations (to fit) keeps doing so on fewer
+                # GPUs; otherwise the planner decides where memory binds.
+                recompute=True
+                if any(s.recompute for p in old.pipelines for s in p.stages)
+                else None,
             )
         except InfeasibleError as exc:
             infeasible = exc

@@ -41,6 +41,7 @@ def _plan(
     model: str = "OPT-350M",
     seq_len: int | None = None,
     profiled: bool = True,
+    recompute: bool | None = None,
 ) -> PlanOutcome:
     inp = _inputs(cluster, model, profiled)
     training = training_for(global_batch_size, seq_len or inp.model.default_seq_len, "bf16", "adam")
@@ -52,6 +53,7 @@ def _plan(
         global_batch_size=global_batch_size,
         objective=objective,
         time_limit_s=time_limit_s,
+        recompute=recompute,
     )
 
 
@@ -178,18 +180,17 @@ def test_model_too_big_names_the_shortfall() -> None:
 
 
 def test_activations_too_big_names_the_binding_constraint() -> None:
-    """States fit but one micro-batch's activations do not, at any TP or depth."""
+    """States fit but one micro-batch's activations do not, at any TP or depth
+    (without recomputation: by default the planner recomputes where that fits)."""
+    args = ("localhost", 2)
+    kw = {"model": "gpt-small", "seq_len": 131072, "profiled": False, "time_limit_s": 5.0}
     with pytest.raises(InfeasibleError) as info:
-        _plan(
-            "localhost",
-            2,
-            model="gpt-small",
-            seq_len=131072,
-            profiled=False,
-            time_limit_s=5.0,
-        )
+        _plan(*args, recompute=False, **kw)  # type: ignore[arg-type]
     msg = str(info.value)
-    assert "activation" in msg and "gpt-small" in msg, msg
+    assert "activation" in msg and "gpt-small" in msg and "--recompute" in msg, msg
+    out = _plan(*args, **kw)  # type: ignore[arg-type]
+    assert out.eval.fits
+    assert any(s.recompute for p in out.plan.pipelines for s in p.stages)
 
 
 @pytest.mark.parametrize("global_batch_size", [1, 3])

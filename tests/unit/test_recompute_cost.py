@@ -245,7 +245,7 @@ def test_explain_marks_recompute_stages(flags: tuple[bool, bool], line: str | No
 V100_PAIR = (("v0", "V100-16", 2, None),)
 
 
-def _plan_tight(recompute: bool) -> Any:
+def _plan_tight(recompute: bool | None) -> Any:
     model = get_model("GPT-1.3B")
     training = training_for(4, 4096, "bf16", "adam")
     cluster = tiny_cluster(V100_PAIR, name="v100-pair")
@@ -288,6 +288,77 @@ def test_recompute_plan_fits_where_plain_planning_does_not() -> None:
     assert all(s["recompute"] is True for p in written["pipelines"] for s in p["stages"])
 
 
+def test_by_default_the_planner_recomputes_only_the_stages_that_need_it() -> None:
+    auto, cluster = _plan_tight(None)  # type: ignore[arg-type]
+    full, _ = _plan_tight(True)
+    assert auto.eval.fits
+    assert auto.eval.iteration_ms <= full.eval.iteration_ms * (1 + 1e-9)
+    tables = CostTables(get_model("GPT-1.3B"), None, auto.plan.training)
+    mbs = auto.plan.training.micro_batch_size
+    pipelines = list(auto.plan.pipelines)
+    flagged = [(pi, si) for pi, p in enumerate(pipelines) for si, s in enumerate(p.stages)]
+    flagged = [(pi, si) for pi, si in flagged if pipelines[pi].stages[si].recompute]
+    assert flagged  # memory binds here: without any recomputation nothing fits
+    for pi, si in flagged:  # ... and each recomputing stage needs it to fit
+        stages = list(pipelines[pi].stages)
+        stages[si] = replace(stages[si], recompute=False)
+        edited = [
+            *pipelines[:pi],
+            replace(pipelines[pi], stages=tuple(stages)),
+            *pipelines[pi + 1 :],
+        ]
+        ev = evaluate(edited, cluster, tables, mbs)
+        assert ev.pipelines[pi].stages[si].mem_fraction > 1.0
+
+
+def test_where_memory_does_not_bind_nothing_recomputes() -> None:
+    model = get_model("gpt-tiny")
+    training = training_for(8, 64, "fp32", "adam")
+    cluster = tiny_cluster((("c0", "V100-16", 2, None),), name="roomy")
+    out = make_plan(
+        name="roomy", cluster=cluster, model=model, tables=CostTables(model, None, training),
+        global_batch_size=8, time_limit_s=5.0,
+    )  # fmt: skip
+    assert out.eval.memory_peak_fraction < 0.8
+    assert not any(s.recompute for p in out.plan.pipelines for s in p.stages)
+
+
+def test_relax_keeps_recomputation_only_where_a_stage_would_not_fit() -> None:
+    from autohet_cli.planner.recompute import relax
+    from autohet_cli.planner.search import Candidate, SearchRequest, scorer
+
+    full, cluster = _plan_tight(True)
+    model = get_model("GPT-1.3B")
+    tables = CostTables(model, None, full.plan.training)
+    req = SearchRequest(cluster=cluster, model=model, tables=tables, global_batch_size=4)
+    mbs = full.plan.training.micro_batch_size
+    # one more pipeline-free stage that fits plainly: a roomy copy of the plan's cluster
+    roomy = tiny_cluster((("v0", "A100-80", 2, None),), name="v100-pair")
+    loose = SearchRequest(cluster=roomy, model=model, tables=tables, global_batch_size=4)
+    pipelines = [
+        replace(p, stages=tuple(replace(s, gpu_type="A100-80") for s in p.stages))
+        for p in full.plan.pipelines
+    ]
+    ev = evaluate(pipelines, roomy, tables, mbs)
+    cand = Candidate(
+        pipelines=pipelines, tp=full.plan.tensor_parallel, mbs=mbs, eval=ev, score=ev.iteration_ms
+    )
+    relaxed = relax(cand, loose, scorer(roomy, "time"))
+    assert not any(s.recompute for p in relaxed.pipelines for s in p.stages)  # all fit plainly
+    assert relaxed.score < cand.score
+    # On the tight pair nothing can be relaxed without running out of memory.
+    ev = evaluate(list(full.plan.pipelines), cluster, tables, mbs)
+    tight = Candidate(
+        pipelines=list(full.plan.pipelines),
+        tp=full.plan.tensor_parallel,
+        mbs=mbs,
+        eval=ev,
+        score=ev.iteration_ms,
+    )
+    again = relax(tight, req, scorer(cluster, "time"))
+    assert again.eval.fits and again.score <= tight.score
+
+
 def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> None:
     cluster = {
         "schema": "autohet.cluster/v1",
@@ -298,7 +369,7 @@ def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> 
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
     common = ("--cluster", "c.yaml", "--model", "GPT-1.3B", "--global-batch-size", "4")
     args = ("plan", *common, "--seq-len", "4096", "--time-limit", "10", "--out-dir", "out")
-    res = autohet(*args, "--json", cwd=tmp_path)
+    res = autohet(*args, "--no-recompute", "--json", cwd=tmp_path)
     assert res.returncode == 1 and "--recompute" in res.stderr
     res = autohet(*args, "--recompute", "--explain", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -550,8 +550,12 @@ def test_negative_tolerance_is_rejected() -> None:
 _: Callable[..., PlanOutcome] = make_plan  # the planner protocol accepts make_plan itself
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_a_recomputing_plan_is_replanned_with_recomputation(recompute: bool) -> None:
+@pytest.mark.parametrize(("recompute", "asked"), [(False, None), (True, True)])
+def test_a_recomputing_plan_is_replanned_with_recomputation(
+    recompute: bool, asked: bool | None
+) -> None:
+    """A recomputing plan keeps recomputing on fewer GPUs; for any other, the planner
+    decides (None) where memory binds on the survivors."""
     old = make_old(OLD_PIPES, None)
     old = replace(
         old,
@@ -562,4 +566,4 @@ def test_a_recomputing_plan_is_replanned_with_recomputation(recompute: bool) -> 
     )
     rec = Recording(raises=InfeasibleError("stub"))
     replan(old, inputs().cluster, ["v100-0"], old_path=OLD_PATH, tables=tables(), planner=rec)
-    assert rec.calls[0]["recompute"] is recompute
+    assert rec.calls[0]["recompute"] is asked
