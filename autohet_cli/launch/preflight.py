@@ -108,7 +108,8 @@ def preflight(
         info = json.loads(line[len(_MARK) :])
         if "error" in info:
             hint = (
-                "install autohet there (pip install autohet-cli) or sync your code with --sync-dir"
+                "install autohet there (pip install autohet-cli), or sync your code with "
+                "autohet launch --sync-dir"
                 if "autohet_cli" in info["error"]
                 else "install torch in that interpreter or point `python:` at one that has it"
             )

@@ -383,10 +383,16 @@ def _sync_ms_per_param(
                 break
             hosts += 1
             need -= per_host
-    intra = max(cls.intra_node_gbps for cls, n in zip(ctx.classes, used, strict=True) if n)
+    intra = max(
+        _allreduce_gbps(req, cls.gpu_type, cls.intra_node_gbps)
+        for cls, n in zip(ctx.classes, used, strict=True)
+        if n
+    )
     if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
         slowest_intra = min(
-            req.cluster.host(h).intra_node_gbps for tpl, _ in parts for h in tpl.hosts
+            _allreduce_gbps(req, req.cluster.host(h).gpu_type, req.cluster.host(h).intra_node_gbps)
+            for tpl, _ in parts
+            for h in tpl.hosts
         )
         return ring_allreduce_ms(nbytes, d, slowest_intra)
     if optimistic:
@@ -395,6 +401,15 @@ def _sync_ms_per_param(
     if hosts > 1:
         return ring_allreduce_ms(nbytes * ctx.tp, d, _slowest_link(req.cluster))
     return ring_allreduce_ms(nbytes, d, intra)
+
+
+def _allreduce_gbps(req: SearchRequest, gpu_type: str, nominal_gbps: float) -> float:
+    """The rate of a one-host all-reduce of this GPU type: the probe's measured fit
+    (``DeviceFacts.allreduce_gbytes_s``, what the final evaluation charges) when the
+    profile has one, else the host's nominal link speed."""
+    facts = req.tables.profile.devices.get(gpu_type)
+    rate = facts.allreduce_gbytes_s if facts is not None else None
+    return nominal_gbps if rate is None else rate * 8.0
 
 
 def _estimate(

@@ -40,6 +40,9 @@ class RunCheckOptions:
     steps: int = 8  # the report's medians skip the first two
     budget_s: float = 120.0  # predicted seconds of training per run
     start_timeout_s: float = 300.0
+    # A run still going this long after its start is stopped and recorded as failed:
+    # the budget rests on the probe's prediction, which these runs exist to correct.
+    run_timeout_s: float | None = None  # None: start_timeout_s + 5 x budget_s
     connect: ConnectOptions = ConnectOptions()
 
 
@@ -187,17 +190,38 @@ def _run(
         plan=plan, plan_file=plan_file, cluster=cluster, cluster_path="", remote_storage=None
     )
     rid = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-    outcome = run_job(
-        prepared,
-        pool,
-        run_id=rid,
-        train_args=[f"--steps={options.steps}", "--checkpoint-every=0"],
-        start_timeout_s=options.start_timeout_s,
-        runs_root=tmp / "runs",
-        printer=printer,
-        stop=stop,
-    )
+    limit_s = options.run_timeout_s or options.start_timeout_s + 5 * options.budget_s
+    local = threading.Event()  # set by the caller's stop or by the time limit
+    timer = threading.Timer(limit_s, local.set)
+    timer.daemon = True
+    timer.start()
+    finished = threading.Event()
+
+    def follow() -> None:  # the caller's stop (Ctrl-C) stops this run too
+        while stop is not None and not finished.wait(0.5):
+            if stop.is_set():
+                local.set()
+                return
+
+    threading.Thread(target=follow, daemon=True).start()
+    try:
+        outcome = run_job(
+            prepared,
+            pool,
+            run_id=rid,
+            train_args=[f"--steps={options.steps}", "--checkpoint-every=0"],
+            start_timeout_s=options.start_timeout_s,
+            runs_root=tmp / "runs",
+            printer=printer,
+            stop=local,
+        )
+    finally:
+        timer.cancel()
+        finished.set()
     check_file = Path(outcome.local_run_dir) / "prediction-check.json"
+    interrupted = stop is not None and stop.is_set()
+    if outcome.status != "finished" and local.is_set() and not interrupted:
+        raise AutohetError(f"the {plan.name} run took over {limit_s:.0f} s and was stopped")
     if outcome.status != "finished" or not check_file.is_file():
         tail = "; ".join(lines[-3:])
         raise AutohetError(f"the {plan.name} run {outcome.status}: {outcome.detail or tail}")

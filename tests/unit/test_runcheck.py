@@ -3,6 +3,8 @@ or cannot start (the launch itself is replaced here; test_cli_profile_run runs i
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,3 +146,29 @@ def test_the_collective_is_the_sync_of_the_last_replica_to_arrive() -> None:
     # segment [0,3): min(9, 2) = 2; [3,5): min(4, 2) = 2; [5,6): min(4, 3) = 3
     assert collective_sync_ms(stages) == 3.0
     assert collective_sync_ms([]) == 0.0
+
+
+def test_a_run_over_its_time_limit_is_stopped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from autohet_cli.launch.executor import JobOutcome
+    from autohet_cli.transport.pool import HostPool
+
+    def fake_job(*_a: Any, stop: Any, **_k: Any) -> JobOutcome:
+        assert stop.wait(10), "the time limit never stopped the run"
+        return JobOutcome(status="interrupted", exit_code=130, local_run_dir=str(tmp_path))
+
+    monkeypatch.setattr(runcheck, "run_job", fake_job)
+    shape = shapes_for(TINY.num_layers, 2, [1])[0]
+    plan = predicted(
+        shape_plan(shape, TINY, HOST, mbs=2, seq_len=64, precision="fp32"), CLUSTER, _probe(), TINY
+    )
+    options = RunCheckOptions(run_timeout_s=0.2)
+    with HostPool(CLUSTER, options.connect) as pool, pytest.raises(AutohetError, match="took over"):
+        runcheck._run(plan, CLUSTER, pool, tmp_path, options, lambda _m: None)
+    # Ctrl-C (the caller's stop) stops it too, and says it was interrupted, not slow
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    slow = RunCheckOptions(run_timeout_s=60)
+    with HostPool(CLUSTER, slow.connect) as pool, pytest.raises(AutohetError, match="interrupted"):
+        runcheck._run(plan, CLUSTER, pool, tmp_path / "b", slow, lambda _m: None, stop)

@@ -223,3 +223,23 @@ def test_merging_keeps_absorbed_runs_and_voids_stale_overheads() -> None:
     # newer overheads for the type are kept
     refit = replace(reprobe, overheads={"cpu": Overhead(step_ms=1.0)})
     assert old.merged_with(refit).overheads["cpu"].step_ms == 1.0
+
+
+def test_the_search_syncs_at_the_measured_allreduce_rate() -> None:
+    from autohet_cli.costmodel.tables import CostTables
+    from autohet_cli.planner.search import SearchRequest, _allreduce_gbps
+    from autohet_cli.profiling.schema import DeviceFacts
+    from autohet_cli.settings import TrainingSettings
+
+    training = TrainingSettings(global_batch_size=8, micro_batch_size=1, seq_len=64)
+    facts = DeviceFacts(
+        gpu_type="cpu", mem_bytes=1 << 33, matmul_tflops=0.1, mem_bandwidth_gbytes_s=10.0,
+        source="measured", allreduce_hop_ms=0.1, allreduce_gbytes_s=1.5,
+    )  # fmt: skip
+    for devices, want in (({"cpu": facts}, 12.0), ({}, 100.0)):
+        prof = replace(_profile(_entry(1, 1, 1.0)), devices=devices)
+        req = SearchRequest(
+            cluster=CLUSTER, model=TINY, tables=CostTables(TINY, prof, training),
+            global_batch_size=8,
+        )  # fmt: skip
+        assert _allreduce_gbps(req, "cpu", 100.0) == want
