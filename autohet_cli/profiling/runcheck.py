@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.ckpt.format import new_key
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.errors import AutohetError
 from autohet_cli.launch.preflight import PreflightError
-from autohet_cli.launch.session import Prepared, run_job
+from autohet_cli.launch.session import JobChoice, Prepared, run_job
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Plan, write_plan
 from autohet_cli.profiling.calibrate import calibrate, spread
@@ -214,6 +215,7 @@ def _run(
             runs_root=tmp / "runs",
             printer=printer,
             stop=local,
+            job_choice=JobChoice(job=f"rc-{rid}", key=new_key()),
         )
     finally:
         timer.cancel()
@@ -226,4 +228,21 @@ def _run(
         tail = "; ".join(lines[-3:])
         raise AutohetError(f"the {plan.name} run {outcome.status}: {outcome.detail or tail}")
     loaded: dict[str, Any] = json.loads(check_file.read_text(encoding="utf-8"))
+    _clean(pool, plan, rid)
     return {**loaded, "run_id": rid}
+
+
+def _clean(pool: HostPool, plan: Plan, rid: str) -> None:
+    """Remove what a finished run left on its hosts: its run directory and its job's
+    key directory (no checkpoints: it ran with --checkpoint-every 0). A failed run's
+    are kept, with its logs, for the user to read. The paths are ours alone (the
+    plan name, a fresh run id and job), passed as arguments, never through a shell."""
+    for host in plan.hosts():
+        for path in (
+            f"{pool.workdir(host).rstrip('/')}/runs/{plan.name}.v{plan.version}/{rid}",
+            f"{pool.checkpoint_dir(host).rstrip('/')}/{plan.name}/rc-{rid}",
+        ):
+            try:
+                pool.runner(host).run(["rm", "-rf", "--", path], timeout_s=60)
+            except AutohetError:
+                pass  # leftovers are harmless; the measurement is what matters

@@ -50,6 +50,14 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     overhead = profile.overheads["cpu"]
     assert overhead.runs == 3 and overhead.step_ms > 0 and overhead.p2p_ms >= 0
     assert len(profile.meta["calibrated_from"]) == 3
+    # The runs cleaned up after themselves: no run directory, no job key left behind.
+    for absorbed in profile.meta["calibrated_from"]:
+        _, host, shape, rid = absorbed.split(":")
+        assert host == "localhost"
+        assert not (Path.home() / "autohet/runs" / f"runcheck-{shape}.v1" / rid).exists()
+        assert not (
+            Path.home() / "autohet/checkpoints" / f"runcheck-{shape}" / f"rc-{rid}"
+        ).exists()
     res = autohet(
         "plan",
         "--model",
