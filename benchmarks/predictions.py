@@ -29,18 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from autohet_cli.cluster import load_cluster
-from autohet_cli.costmodel.evaluate import evaluate
-from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.models import get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.planner.api import with_predictions
+from autohet_cli.plan import Plan, write_plan
 from autohet_cli.profiling.calibrate import calibrate
-from autohet_cli.profiling.schema import load_profile
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.profiling.runshapes import Shape, predicted, shape_plan
+from autohet_cli.profiling.schema import Profile, load_profile
 from benchmarks._common import machine, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,45 +73,25 @@ hosts:
 """
 
 
-def make_plan(name: str, model: str, seq: int, layout: list, tp: int) -> Plan:
-    gpus = iter(range(8))
-    spec = get_model(model)
-    return Plan(
+def make_plan(name: str, model: str, seq: int, layout: list, tp: int, cluster_file: str) -> Plan:
+    """The shape's plan on localhost's first devices, predicted from nothing yet (the
+    product's own builder, ``runshapes.shape_plan``, as ``profile run`` uses it)."""
+    shape = Shape(
         name=name,
-        version=1,
-        model_name=model,
-        num_layers=spec.num_layers,
-        training=TrainingSettings(
-            global_batch_size=BATCH, micro_batch_size=MBS, seq_len=seq, precision="fp32"
-        ),
-        tensor_parallel=tp,
-        pipelines=tuple(
-            Pipeline(
-                num_microbatches=m,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=tp,
-                        devices=tuple(Device(host="localhost", gpu=next(gpus)) for _ in range(tp)),
-                    )
-                    for a, b in stages
-                ),
-            )
-            for m, stages in layout
-        ),
-        architecture=spec,
+        layout=tuple((m, tuple(stages)) for m, stages in layout),
+        tp=tp,
+        measures="",
     )
+    host = load_cluster(resolve_cluster_path(cluster_file)).host("localhost")
+    plan = shape_plan(shape, get_model(model), host, mbs=MBS, seq_len=seq, precision="fp32")
+    assert plan.training.global_batch_size == BATCH, name
+    return replace(plan, name=name)
 
 
 def predict(plan: Plan, profile_path: Path | None, profile=None, cluster_file=None) -> Plan:
     cluster = load_cluster(resolve_cluster_path(cluster_file))
     prof = profile if profile is not None else load_profile(profile_path) if profile_path else None
-    tables = CostTables(
-        get_model(plan.model_name), prof, plan.training, gpu_specs=cluster.gpu_specs
-    )
-    return with_predictions(plan, evaluate(plan.pipelines, cluster, tables, MBS))
+    return predicted(plan, cluster, prof or Profile(), get_model(plan.model_name))
 
 
 def _env() -> dict[str, str]:
@@ -165,7 +143,8 @@ def run_model(model: str, seq: int, work: Path, cluster: str = "localhost") -> l
     rows = []
     for j, (shape, (layout, tp)) in enumerate(which(get_model(model).num_layers).items()):
         i = f"{tag}-{j}"
-        plan = predict(make_plan(f"{model}-s{i}", model, seq, layout, tp), prof, None, cluster)
+        shaped = make_plan(f"{model}-s{i}", model, seq, layout, tp, cluster)
+        plan = predict(shaped, prof, None, cluster)
         _, path = write_plan(plan, work / "plans")
         res = autohet(
             "launch", str(path), "--cluster", cluster, "--steps", str(STEPS),

@@ -297,6 +297,13 @@ class CostTables:
         facts = self.profile.devices.get(gpu_type)
         return None if facts is None else facts.allreduce_ms(nbytes, participants)
 
+    def allreduce_gbps(self, gpu_type: str) -> float | None:
+        """The measured one-host all-reduce rate of this type in Gbit/s (None: not
+        measured), for estimates per parameter that have no room for latency."""
+        facts = self.profile.devices.get(gpu_type)
+        rate = None if facts is None else facts.allreduce_gbytes_s
+        return None if rate is None else rate * 8.0
+
     def sync_factor(self, gpu_type: str) -> float:
         """Measured / predicted gradient all-reduce time for this GPU type's ranks
         (calibrated; 1 uncalibrated): the collective library's real rate."""

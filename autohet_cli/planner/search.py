@@ -407,9 +407,8 @@ def _allreduce_gbps(req: SearchRequest, gpu_type: str, nominal_gbps: float) -> f
     """The rate of a one-host all-reduce of this GPU type: the probe's measured fit
     (``DeviceFacts.allreduce_gbytes_s``, what the final evaluation charges) when the
     profile has one, else the host's nominal link speed."""
-    facts = req.tables.profile.devices.get(gpu_type)
-    rate = facts.allreduce_gbytes_s if facts is not None else None
-    return nominal_gbps if rate is None else rate * 8.0
+    measured = req.tables.allreduce_gbps(gpu_type)
+    return nominal_gbps if measured is None else measured
 
 
 def _estimate(
