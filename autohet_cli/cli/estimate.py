@@ -24,21 +24,27 @@ def estimate(
     cluster: Annotated[
         str | None,
         typer.Option(
+            "--cluster",
             metavar="FILE",
             help="Cluster file, or localhost (default: the one the plan names)",
         ),
     ] = None,
     profile: Annotated[
         list[str] | None,
-        typer.Option(metavar="FILE", help="Profile file, repeatable (default: the plan's)"),
+        typer.Option(
+            "--profile", metavar="FILE", help="Profile file, repeatable (default: the plan's)"
+        ),
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(metavar="MODEL", help="Zoo model or config.json (default: the plan's)"),
+        typer.Option(
+            "--model", metavar="MODEL", help="Zoo model or config.json (default: the plan's)"
+        ),
     ] = None,
     trace: Annotated[
         Path | None,
         typer.Option(
+            "--trace",
             metavar="OUT.json",
             help="Also write the predicted 1F1B schedule as a Chrome/Perfetto trace (compare "
             "with the one `launch --train-arg=--trace` measures).",

@@ -51,6 +51,7 @@ def launch(
     checkpoint_every: Annotated[
         str | None,
         typer.Option(
+            "--checkpoint-every",
             metavar="K|auto|0",
             help="Save every K steps and after the last; auto: under 2% overhead, at "
             "least every 30 min; 0: off. [default: auto]",
@@ -63,6 +64,7 @@ def launch(
     init_from: Annotated[
         str | None,
         typer.Option(
+            "--init-from",
             metavar="HF_DIR",
             help="Start from HuggingFace weights: a local model directory (config.json and "
             "safetensors) at this path on every host; each rank reads only its shard.",

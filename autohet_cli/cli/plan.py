@@ -19,14 +19,17 @@ from autohet_cli.runtime.models import unsupported_reason
 def plan(
     model: Annotated[
         str,
-        typer.Option(metavar="MODEL", help="Zoo model (autohet models list) or a HF config.json"),
+        typer.Option(
+            "--model", metavar="MODEL", help="Zoo model (autohet models list) or a HF config.json"
+        ),
     ],
     global_batch_size: Annotated[
-        int, typer.Option(metavar="N", help="Samples per iteration", min=1)
+        int, typer.Option("--global-batch-size", metavar="N", help="Samples per iteration", min=1)
     ],
     cluster: Annotated[
         str | None,
         typer.Option(
+            "--cluster",
             metavar="FILE",
             help="Cluster YAML or hostfile; localhost (the default) is the embedded "
             "cluster of this machine",
@@ -35,6 +38,7 @@ def plan(
     profile: Annotated[
         list[str] | None,
         typer.Option(
+            "--profile",
             metavar="FILE",
             help="Profile file, repeatable; analytic estimates fill what profiles lack",
         ),

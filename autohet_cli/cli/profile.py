@@ -86,7 +86,9 @@ def import_profiles(
     skip_gpu: Annotated[
         list[str] | None,
         typer.Option(
-            metavar="TYPE", help="Leave this GPU type out (repeatable), e.g. a mislabelled file."
+            "--skip-gpu",
+            metavar="TYPE",
+            help="Leave this GPU type out (repeatable), e.g. a mislabelled file.",
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False,

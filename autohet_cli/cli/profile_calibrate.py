@@ -85,10 +85,11 @@ def calibrate_command(
         tabulate(
             [
                 [r["gpu_type"], r["tensor_parallel"], r["micro_batch_size"], r["was"]]
+                + ["yes" if r["recompute"] else "no"]
                 + [f"{r[k]:.3f}" for k in ("fwd_x", "bwd_x", "update_x")]
                 for r in rows
             ],
-            headers=["gpu", "tp", "mbs", "was", "fwd x", "bwd x", "update x"],
+            headers=["gpu", "tp", "mbs", "was", "recompute", "fwd x", "bwd x", "update x"],
         )
     )
     for gpu, o in _overheads(refit)["overheads"].items():

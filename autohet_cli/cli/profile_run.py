@@ -41,7 +41,7 @@ def run(
         ),
     ],
     model: Annotated[
-        str, typer.Option(metavar="MODEL", help="Zoo model or HF config.json to time")
+        str, typer.Option("--model", metavar="MODEL", help="Zoo model or HF config.json to time")
     ],
     out: Annotated[
         Path,

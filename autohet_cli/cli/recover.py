@@ -51,7 +51,9 @@ def recover(
     checkpoint_every: Annotated[
         str | None,
         typer.Option(
-            metavar="K|auto|0", help="As for launch: K steps, auto, or 0 (off). [default: auto]"
+            "--checkpoint-every",
+            metavar="K|auto|0",
+            help="As for launch: K steps, auto, or 0 (off). [default: auto]",
         ),
     ] = None,
     train_arg: Annotated[

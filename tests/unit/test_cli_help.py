@@ -153,3 +153,36 @@ def test_help_is_the_same_when_wider() -> None:
     """A wide terminal only unwraps text; nothing appears that 80 columns hid."""
     narrow, wide = _help(("plan",)), _help(("plan",), columns="200")
     assert set(narrow.split()) == set(wide.split())
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "autohet")
+def test_every_flag_is_lowercase_kebab_case(path: tuple[str, ...]) -> None:
+    """Flags are what users type and scripts pin: ``--global-batch-size``, never
+    ``--GLOBAL-BATCH-SIZE`` (typer 0.27 named an option after its metavar)."""
+    cmd = _command(path)
+    for param in getattr(cmd, "params", []):
+        for flag in [*param.opts, *param.secondary_opts]:
+            if flag.startswith("-"):
+                assert re.fullmatch(r"--[a-z0-9]+(-[a-z0-9]+)*|-[a-z]", flag), (path, flag)
+
+
+def test_options_with_a_metavar_name_their_flag() -> None:
+    """Typer 0.27 (in the CUDA images users run) turns ``typer.Option(metavar="MODEL")``
+    into a flag ``--MODEL``, so ``--model`` is refused there. Naming the flag
+    (``typer.Option("--model", metavar="MODEL")``) reads the same on every typer."""
+    import ast
+    from pathlib import Path
+
+    import autohet_cli
+
+    unnamed = []
+    for file in Path(autohet_cli.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != "Option" or not any(k.arg == "metavar" for k in node.keywords):
+                continue
+            first = node.args[0] if node.args else None
+            if not (isinstance(first, ast.Constant) and str(first.value).startswith("-")):
+                unnamed.append(f"{file.name}:{node.lineno}")
+    assert not unnamed, f"name the flag of these options: {unnamed}"
