@@ -16,6 +16,8 @@
   slow (5 Gbit/s) links, for fixed plans and for the planner's own picks.
 - ``predictions``: predicted against measured step time and memory for six plan
   shapes of gpt-small and llama-tiny on localhost, before and after calibration.
+- ``gpu_predictions``: the same on this machine's CUDA GPUs in bf16 (GPT-1.3B by
+  default; skipped without a GPU).
 """
 
 BENCHMARKS = (
@@ -28,4 +30,5 @@ BENCHMARKS = (
     "recovery_time",
     "comm_dtype",
     "predictions",
+    "gpu_predictions",
 )

@@ -47,7 +47,7 @@ MBS, STEPS, BATCH = 2, 12, 16
 RUN = f"{os.getpid()}-{int(time.time())}"  # run directories on the host are never reused
 
 
-def shapes(num_layers: int) -> dict[str, tuple[list[tuple[int, list[tuple[int, int]]]], int]]:
+def shapes(num_layers: int) -> dict[str, tuple[list, int]]:
     L, half = num_layers, num_layers // 2
     return {
         "one device": ([(8, [(0, L)])], 1),
@@ -73,7 +73,17 @@ hosts:
 """
 
 
-def make_plan(name: str, model: str, seq: int, layout: list, tp: int, cluster_file: str) -> Plan:
+def make_plan(
+    name: str,
+    model: str,
+    seq: int,
+    layout: list,
+    tp: int,
+    cluster_file: str,
+    *,
+    precision: str = "fp32",
+    recompute: bool = False,
+) -> Plan:
     """The shape's plan on localhost's first devices, predicted from nothing yet (the
     product's own builder, ``runshapes.shape_plan``, as ``profile run`` uses it)."""
     shape = Shape(
@@ -83,8 +93,16 @@ def make_plan(name: str, model: str, seq: int, layout: list, tp: int, cluster_fi
         measures="",
     )
     host = load_cluster(resolve_cluster_path(cluster_file)).host("localhost")
-    plan = shape_plan(shape, get_model(model), host, mbs=MBS, seq_len=seq, precision="fp32")
+    plan = shape_plan(shape, get_model(model), host, mbs=MBS, seq_len=seq, precision=precision)
     assert plan.training.global_batch_size == BATCH, name
+    if recompute:
+        plan = replace(
+            plan,
+            pipelines=tuple(
+                replace(p, stages=tuple(replace(s, recompute=True) for s in p.stages))
+                for p in plan.pipelines
+            ),
+        )
     return replace(plan, name=name)
 
 
@@ -95,7 +113,8 @@ def predict(plan: Plan, profile_path: Path | None, profile=None, cluster_file=No
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
 def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -109,9 +128,11 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def profile(model: str, seq: int, work: Path, out: Path, *extra: str, cluster: str) -> Path:
+def profile(
+    model: str, seq: int, work: Path, out: Path, *extra: str, cluster: str, tp: str = "1,2"
+) -> Path:
     res = autohet(
-        "profile", "run", cluster, "--model", model, "--tp", "1,2",
+        "profile", "run", cluster, "--model", model, "--tp", tp,
         "--micro-batch-sizes", str(MBS), "--seq-len", str(seq), "--out", str(out), *extra,
         cwd=work,
     )  # fmt: skip
@@ -128,22 +149,65 @@ def _mem_ok(plan: Plan, check: dict) -> bool:
     )
 
 
+def _mem_ratio(plan: Plan, check: dict) -> str:
+    """Predicted over measured peak memory, on the stage where it is lowest."""
+    ratios = [
+        s.predicted.mem_bytes / st["measured"]["mem_bytes"]
+        for st in check["stages"]
+        for s in [plan.pipelines[st["pipeline"]].stages[st["stage"]]]
+        if s.predicted is not None and st["measured"]["mem_bytes"]
+    ]
+    return f"{min(ratios):.2f}" if ratios else "-"
+
+
+HEADERS = [
+    "plan",
+    "measured ms",
+    "probe/meas",
+    "profile run/meas",
+    "calibrated/meas",
+    "mem ok (probe)",
+    "mem ok (profile run)",
+    "mem ok (calibrated)",
+    "mem pred/meas (profile run)",
+]
+
+
 def _step_ms(plan: Plan) -> float:
     assert plan.prediction is not None
     return plan.prediction.iteration_time_s * 1e3
 
 
-def run_model(model: str, seq: int, work: Path, cluster: str = "localhost") -> list[list[object]]:
+Shapes = dict[str, tuple[list, int]]  # name: (layout, tp); a name ending "recompute" recomputes
+
+
+def run_model(
+    model: str,
+    seq: int,
+    work: Path,
+    cluster: str = "localhost",
+    *,
+    which: Shapes | None = None,
+    precision: str = "fp32",
+    tp: str = "1,2",
+) -> list[list[object]]:
     tag = Path(cluster).stem
     probe = profile(
-        model, seq, work, work / f"{model}-{tag}-probe.yaml", "--no-runtime-runs", cluster=cluster
-    )
-    prof = profile(model, seq, work, work / f"{model}-{tag}.yaml", cluster=cluster)
-    which = shapes if cluster == "localhost" else four_device_shapes
+        model, seq, work, work / f"{model}-{tag}-probe.yaml", "--no-runtime-runs",
+        cluster=cluster, tp=tp,
+    )  # fmt: skip
+    prof = profile(model, seq, work, work / f"{model}-{tag}.yaml", cluster=cluster, tp=tp)
+    if which is None:
+        which = (shapes if cluster == "localhost" else four_device_shapes)(
+            get_model(model).num_layers
+        )
     rows = []
-    for j, (shape, (layout, tp)) in enumerate(which(get_model(model).num_layers).items()):
+    for j, (shape, (layout, tp_deg)) in enumerate(which.items()):
         i = f"{tag}-{j}"
-        shaped = make_plan(f"{model}-s{i}", model, seq, layout, tp, cluster)
+        shaped = make_plan(
+            f"{model}-s{i}", model, seq, layout, tp_deg, cluster,
+            precision=precision, recompute=shape.endswith("recompute"),
+        )  # fmt: skip
         plan = predict(shaped, prof, None, cluster)
         _, path = write_plan(plan, work / "plans")
         res = autohet(
@@ -170,6 +234,7 @@ def run_model(model: str, seq: int, work: Path, cluster: str = "localhost") -> l
                 "yes" if _mem_ok(by_probe, check) else "NO",
                 "yes" if not check["memory_under_predicted"] else "NO",
                 "yes" if _mem_ok(after, check) else "NO",
+                _mem_ratio(plan, check),
             ]
         )
     return rows
@@ -186,21 +251,7 @@ def main() -> None:
             rows += run_model(model, seq, Path(tmp))
             # 4 processes on this machine's 2 cores: oversubscribed, and measured so
             rows += run_model(model, seq, Path(tmp), str(four))
-    print(
-        table(
-            [
-                "plan",
-                "measured ms",
-                "probe/meas",
-                "profile run/meas",
-                "calibrated/meas",
-                "mem ok (probe)",
-                "mem ok (profile run)",
-                "mem ok (calibrated)",
-            ],
-            rows,
-        )
-    )
+    print(table(HEADERS, rows))
     print(machine())
 
 

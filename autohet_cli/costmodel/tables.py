@@ -10,8 +10,12 @@ times already contain them.
 A stage with activation recomputation (``Stage.recompute``: every layer wrapped
 in a non-reentrant ``torch.utils.checkpoint``) costs, per micro-batch:
 
-- backward = its backward + its forward again (the re-run, TP all-reduces
-  included, since the forward's communication repeats too);
+- forward and backward as the profile measured them under recomputation
+  (``LayerTiming.recompute_fwd_ms`` / ``recompute_bwd_ms``: checkpoint's per-call
+  work runs on the CPU and can starve a fast GPU, so neither is the plain times'
+  sum); without such a measurement, the forward and backward + forward again
+  (the re-run, TP all-reduces included, since the forward's communication
+  repeats too);
 - kept per micro-batch in flight: each layer's input, the hidden state entering
   it, instead of everything the layer saves for backward. The runtime keeps the
   residual stream in fp32 under autocast (settings.py), so a hidden state counts
@@ -77,6 +81,15 @@ class LayerTable:
             0.0,
             *accumulate(lt.bwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
         ]
+        comm = list(tp_comm_ms)
+        self._rfwd = [
+            0.0,
+            *accumulate(lt.rc_fwd_ms + c for lt, c in zip(layers, comm, strict=True)),
+        ]
+        self._rbwd = [
+            0.0,
+            *accumulate(lt.rc_bwd_ms + 2 * c for lt, c in zip(layers, comm, strict=True)),
+        ]
         self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
         self._params = [0, *accumulate(lt.num_params for lt in layers)]
         self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
@@ -89,8 +102,8 @@ class LayerTable:
         bwd = self._bwd[end] - self._bwd[start]
         if recompute:
             return StageCost(
-                fwd_ms=fwd,
-                bwd_ms=bwd + fwd,
+                fwd_ms=self._rfwd[end] - self._rfwd[start],
+                bwd_ms=self._rbwd[end] - self._rbwd[start],
                 update_ms=self._upd[end] - self._upd[start],
                 num_params=self._params[end] - self._params[start],
                 act_bytes=self._in[end] - self._in[start],
@@ -114,8 +127,9 @@ class LayerTable:
         return max(row[start], row[end - (1 << level)])
 
     def compute_ms(self, start: int, end: int, *, recompute: bool = False) -> float:
-        fwd = self._fwd[end] - self._fwd[start]
-        return fwd * (2.0 if recompute else 1.0) + self._bwd[end] - self._bwd[start]
+        if recompute:
+            return self._rfwd[end] - self._rfwd[start] + self._rbwd[end] - self._rbwd[start]
+        return self._fwd[end] - self._fwd[start] + self._bwd[end] - self._bwd[start]
 
     def params(self, start: int, end: int) -> int:
         return self._params[end] - self._params[start]
@@ -148,9 +162,23 @@ def _calibrated(
                 num_params=round(est.num_params * _ratio(meas.num_params, base.num_params)),
                 act_bytes=est.act_bytes * _ratio(meas.act_bytes, base.act_bytes),
                 output_bytes=est.output_bytes * _ratio(meas.output_bytes, base.output_bytes),
+                **_recompute_scaled(est, meas, base),
             )
         )
     return replace(estimate, layers=tuple(layers), source="calibrated")
+
+
+def _recompute_scaled(
+    est: LayerTiming, meas: LayerTiming, base: LayerTiming
+) -> dict[str, float | None]:
+    """The estimate's recomputation times, scaled like its plain ones when the anchor
+    measured them (else left to the estimate's plain times, as analytic ones are)."""
+    if meas.recompute_fwd_ms is None:
+        return {"recompute_fwd_ms": None, "recompute_bwd_ms": None}
+    return {
+        "recompute_fwd_ms": est.rc_fwd_ms * _ratio(meas.rc_fwd_ms, base.rc_fwd_ms),
+        "recompute_bwd_ms": est.rc_bwd_ms * _ratio(meas.rc_bwd_ms, base.rc_bwd_ms),
+    }
 
 
 class CostTables:

@@ -55,6 +55,7 @@ def compare(
                     "gpu_type": stage.gpu_type,
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
+                    "recompute": stage.recompute,
                     "num_microbatches": m,
                     "predicted": None if pred is None else _predicted(pred),
                     "measured": {

@@ -6,12 +6,17 @@ milliseconds and peak memory; the step time the measured stage times do not
 explain) and the profile to refit. Per (GPU type, TP degree, micro-batch size)
 of the run, each term is scaled by measured / predicted, summed over the stages
 of that key: forward, backward and optimizer update separately, so a card that
-is slow on backward only is fitted as such. The entry is written with source
-``calibrated`` (in the run's compute dtype: fp32 on a CPU) and the next plan uses
-it. The per-step cost the stage times leave unexplained, and the memory a stage
-held beyond the model's prediction (plus a margin, so memory is never
-under-predicted), become the GPU type's ``Overhead``. A run directory calibrates
-a profile once: the profile's meta lists the runs it has absorbed.
+is slow on backward only is fitted as such. A stage that recomputed its
+activations refits the recomputation times (``LayerTiming.recompute_*``), not the
+plain ones: its forward and backward are not the plain forward and backward, and
+fitting one to the other would make every plain plan look that much slower. A
+run of plain stages only scales the recomputation times by its own ratios. The
+entry is written with source ``calibrated`` (in the run's compute dtype: fp32 on
+a CPU) and the next plan uses it. The per-step cost the stage times leave
+unexplained, and the memory a stage held beyond the model's prediction (plus a
+margin, so memory is never under-predicted), become the GPU type's ``Overhead``.
+A run directory calibrates a profile once: the profile's meta lists the runs it
+has absorbed.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def calibrate(
     )
     tables = CostTables(model, profile, training)
     mbs = training.micro_batch_size
-    sums: dict[tuple[str, int], list[float]] = {}
+    sums: dict[tuple[str, int, bool], list[float]] = {}
     mem_extra: dict[str, int] = {}
     depth: dict[int, int] = {}
     for st in stages:
@@ -62,9 +67,11 @@ def calibrate(
     for st in stages:
         gpu, tp = str(st["gpu_type"]), int(st["tensor_parallel"])
         a, b = st["layers"]
-        cost = tables.table(gpu, tp, mbs, tables.spec(gpu).intra_node_gbps).stage(a, b)
+        rc = bool(st.get("recompute", False))
+        table = tables.table(gpu, tp, mbs, tables.spec(gpu).intra_node_gbps)
+        cost = table.stage(a, b, recompute=rc)
         meas = st["measured"]
-        acc = sums.setdefault((gpu, tp), [0.0] * 6)
+        acc = sums.setdefault((gpu, tp, rc), [0.0] * 6)
         for i, (m, p) in enumerate(
             [
                 (meas["fwd_ms"], cost.fwd_ms),
@@ -80,21 +87,26 @@ def calibrate(
         gap = int(meas["mem_bytes"] * (1 + MEM_MARGIN)) - predicted_mem
         mem_extra[gpu] = max(mem_extra.get(gpu, 0), gap)
     entries, rows = [], []
-    for (gpu, tp), acc in sorted(sums.items()):
-        ratios = [acc[2 * i] / acc[2 * i + 1] if acc[2 * i + 1] > 0 else 1.0 for i in range(3)]
+    for gpu, tp in sorted({(g, t) for g, t, _ in sums}):
+        plain_sums, rc_sums = sums.get((gpu, tp, False)), sums.get((gpu, tp, True))
         base = tables.with_tp_comm(tables.entry(gpu, tp, mbs), tp, mbs)
-        entries.append(_scaled(base, ratios, precision))
-        rows.append(
-            {
-                "gpu_type": gpu,
-                "tensor_parallel": tp,
-                "micro_batch_size": mbs,
-                "was": base.source,
-                "fwd_x": ratios[0],
-                "bwd_x": ratios[1],
-                "update_x": ratios[2],
-            }
-        )
+        plain_x = _ratios(plain_sums) if plain_sums else None
+        rc_x = _ratios(rc_sums) if rc_sums else None
+        entries.append(_scaled(base, plain_x, precision, recompute=rc_x))
+        for x, recomputed in ((plain_x, False), (rc_x, True)):
+            if x is not None:
+                rows.append(
+                    {
+                        "gpu_type": gpu,
+                        "tensor_parallel": tp,
+                        "micro_batch_size": mbs,
+                        "recompute": recomputed,
+                        "was": base.source,
+                        "fwd_x": x[0],
+                        "bwd_x": x[1],
+                        "update_x": x[2],
+                    }
+                )
     overheads = dict(profile.overheads)
     step_ms = float(check.get("step_overhead_ms") or 0.0)
     sync_x = _sync_ratio(check, stages)
@@ -181,8 +193,26 @@ def _sync_ratio(check: Mapping[str, Any], stages: Sequence[Mapping[str, Any]]) -
     return measured / predicted
 
 
-def _scaled(entry: ProfileEntry, ratios: Sequence[float], dtype: str) -> ProfileEntry:
-    f, b, u = ratios
+def _ratios(acc: Sequence[float]) -> list[float]:
+    """Measured / predicted forward, backward and update from a key's sums."""
+    return [acc[2 * i] / acc[2 * i + 1] if acc[2 * i + 1] > 0 else 1.0 for i in range(3)]
+
+
+def _scaled(
+    entry: ProfileEntry,
+    ratios: Sequence[float] | None,
+    dtype: str,
+    *,
+    recompute: Sequence[float] | None = None,
+) -> ProfileEntry:
+    """``entry`` with its plain times scaled by ``ratios`` and its recomputation
+    times by ``recompute`` (each None: not run; the recomputation times then follow
+    the plain ratios, the best evidence of how this card runs the model). The
+    update ratio comes from plain stages when the run had any."""
+    f, b, u = ratios if ratios is not None else (1.0, 1.0, 1.0)
+    rf, rb, ru = recompute if recompute is not None else (f, b, u)
+    if ratios is None:
+        u = ru
     layers = tuple(
         LayerTiming(
             fwd_ms=lt.fwd_ms * f,
@@ -191,6 +221,11 @@ def _scaled(entry: ProfileEntry, ratios: Sequence[float], dtype: str) -> Profile
             num_params=lt.num_params,
             act_bytes=lt.act_bytes,
             output_bytes=lt.output_bytes,
+            **(
+                {}  # nothing measured either way: they keep following the plain times
+                if recompute is None and lt.recompute_fwd_ms is None
+                else {"recompute_fwd_ms": lt.rc_fwd_ms * rf, "recompute_bwd_ms": lt.rc_bwd_ms * rb}
+            ),
         )
         for lt in entry.layers
     )
@@ -217,6 +252,7 @@ def spread(profile: Profile, original: Profile) -> Profile:
         ratios = [
             _sum_ratio(e.layers, base.layers, term) for term in ("fwd_ms", "bwd_ms", "update_ms")
         ]
+        rc = [_sum_ratio(e.layers, base.layers, term) for term in ("rc_fwd_ms", "rc_bwd_ms")]
         for k2, e2 in profile.entries.items():
             same = (k2.model, k2.gpu_type, k2.tensor_parallel, k2.seq_len) == (
                 k.model,
@@ -225,7 +261,7 @@ def spread(profile: Profile, original: Profile) -> Profile:
                 k.seq_len,
             )
             if same and k2 != k and e2.source == "measured" and e2.dtype == e.dtype:
-                out.append(_scaled(e2, ratios, e2.dtype))
+                out.append(_scaled(e2, ratios, e2.dtype, recompute=[*rc, ratios[2]]))
     return profile.with_entries(out)
 
 

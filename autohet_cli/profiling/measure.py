@@ -49,6 +49,7 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Adam reads w, g, m, v and writes w, m, v (plus a 16-bit copy): ~30 bytes/param.
 ADAM_BYTES_PER_PARAM = 30.0
 _LAYER_FIELDS = ("fwd_ms", "bwd_ms", "act_bytes", "output_bytes")
+_RECOMPUTE_FIELDS = ("recompute_fwd_ms", "recompute_bwd_ms")
 
 
 def layer_shapes(model: ModelSpec) -> dict[str, dict[str, Any]]:
@@ -344,6 +345,8 @@ def _layers(
         lat = f"{at}.layers.{kind}"
         d = r.mapping(r.get(measured, kind, f"{at}.layers"), lat)
         values = {f: r.number(d, f, lat) for f in _LAYER_FIELDS}
+        # An older probe on the host may not time recomputation: planned from the plain times.
+        rc = {f: r.number(d, f, lat) for f in _RECOMPUTE_FIELDS if f in d}
         num_params = r.integer(d, "num_params", lat)
         update_ms = _update_ms(r, update, tp, kind)
         if update_ms is None:
@@ -357,6 +360,8 @@ def _layers(
             num_params=num_params,
             act_bytes=values["act_bytes"],
             output_bytes=values["output_bytes"],
+            recompute_fwd_ms=rc.get("recompute_fwd_ms") if len(rc) == 2 else None,
+            recompute_bwd_ms=rc.get("recompute_bwd_ms") if len(rc) == 2 else None,
         )
     layers = tuple(by_kind[layer.kind] for layer in model.layers())
     return layers, sum(1 for layer in model.layers() if layer.kind in estimated)

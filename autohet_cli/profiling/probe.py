@@ -53,8 +53,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-PROBE_VERSION = "1.0"
+PROBE_VERSION = "1.1"  # 1.1: layers also timed under recomputation
 SPEC_SCHEMA = "autohet.probe-spec/v1"
 RESULT_SCHEMA = "autohet.probe-result/v1"
 KINDS = ("embedding", "block", "norm", "head")
@@ -725,7 +726,12 @@ def time_layer(
     repeat: int,
     share_s: float,
 ) -> dict[str, Any]:
-    """Forward/backward ms of one micro-batch through ``module`` (compute only)."""
+    """Forward/backward ms of one micro-batch through ``module`` (compute only),
+    plain and under activation recomputation as the runtime runs a recompute stage
+    (a non-reentrant ``torch.utils.checkpoint`` per layer): checkpoint's per-call
+    work runs on the CPU, so on a fast GPU its forward is not the plain one and its
+    backward not the plain backward plus a forward. The plain timing gets 60% of
+    the share, the recomputation the rest."""
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = getattr(module, "rows", 1)
     targets = torch.randint(0, rows, (mbs, seq), device=dev, generator=gen)
@@ -737,6 +743,10 @@ def time_layer(
 
     def forward() -> torch.Tensor:
         return torch.as_tensor(module(x, targets) if kind == "head" else module(x))
+
+    def rc_forward() -> torch.Tensor:
+        args = (x, targets) if kind == "head" else (x,)
+        return torch.as_tensor(checkpoint(module, *args, use_reentrant=False))
 
     grad: list[torch.Tensor] = []
 
@@ -750,15 +760,30 @@ def time_layer(
         if x.requires_grad:
             x.grad = None
 
-    def iteration() -> tuple[float, float]:
+    def iteration(fwd_fn: Callable[[], torch.Tensor] = forward) -> tuple[float, float]:
         _sync(dev)
         t0 = time.perf_counter()
-        out = forward()
+        out = fwd_fn()
         _sync(dev)
         t1 = time.perf_counter()
         backward(out)
         _sync(dev)
         return t1 - t0, time.perf_counter() - t1
+
+    def medians(fwd_fn: Callable[[], torch.Tensor], until_s: float) -> tuple[float, float, int]:
+        once = sum(iteration(fwd_fn))  # the first: slower than steady state
+        for _ in range(warmup):  # as many as the share allows beside one timed iteration
+            if once * 2 > until_s - time.perf_counter():
+                break
+            once = sum(iteration(fwd_fn))
+        times = [
+            iteration(fwd_fn) for _ in range(_repeats(once, until_s - time.perf_counter(), repeat))
+        ]
+        return (
+            statistics.median(t[0] for t in times) * 1e3,
+            statistics.median(t[1] for t in times) * 1e3,
+            len(times),
+        )
 
     start = time.perf_counter()
     before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
@@ -768,19 +793,15 @@ def time_layer(
     backward(out)
     del out
     _sync(dev)
-    once = time.perf_counter() - start  # slower than steady state, hooks and all
-    for _ in range(warmup):  # as many as the share allows beside one timed iteration
-        if once * 2 > share_s - (time.perf_counter() - start):
-            break
-        once = sum(iteration())
-    reps = _repeats(once, share_s - (time.perf_counter() - start), repeat)
-    times = [iteration() for _ in range(reps)]
-    fwd, bwd = [t[0] for t in times], [t[1] for t in times]
+    fwd, bwd, reps = medians(forward, start + 0.6 * share_s)
+    rc_fwd, rc_bwd, _ = medians(rc_forward, start + share_s)
     module.zero_grad(set_to_none=True)
     return {
-        "compute_fwd_ms": statistics.median(fwd) * 1e3,
-        "compute_bwd_ms": statistics.median(bwd) * 1e3,
-        "repeat": len(fwd),
+        "compute_fwd_ms": fwd,
+        "compute_bwd_ms": bwd,
+        "compute_recompute_fwd_ms": rc_fwd,
+        "compute_recompute_bwd_ms": rc_bwd,
+        "repeat": reps,
         "num_params": sum(p.numel() for p in module.parameters()),
         "act_bytes": act_bytes,
         "output_bytes": output_bytes,
@@ -969,6 +990,9 @@ def _time_one(
         comm_bwd_ms=comm["bwd"],
         fwd_ms=r["compute_fwd_ms"] + comm["fwd"],
         bwd_ms=r["compute_bwd_ms"] + comm["bwd"],
+        # the re-run forward repeats the forward's all-reduces
+        recompute_fwd_ms=r["compute_recompute_fwd_ms"] + comm["fwd"],
+        recompute_bwd_ms=r["compute_recompute_bwd_ms"] + comm["fwd"] + comm["bwd"],
     )
     ctx.log(f"tp {tp} mbs {mbs} {kind}: fwd {r['fwd_ms']:.3f} ms, bwd {r['bwd_ms']:.3f} ms")
     return r

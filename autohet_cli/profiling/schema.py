@@ -40,6 +40,7 @@ T = TypeVar("T", int, float)
 SCHEMA = "autohet.profile/v1"
 SOURCES = ("measured", "sailor", "analytic", "calibrated")
 _LAYER_KEYS = ("fwd_ms", "bwd_ms", "update_ms", "num_params", "act_bytes", "output_bytes")
+_RECOMPUTE_KEYS = ("recompute_fwd_ms", "recompute_bwd_ms")  # optional, both or neither
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +51,27 @@ class LayerTiming:
     num_params: int
     act_bytes: float
     output_bytes: float
+    # Under activation recomputation (the layer wrapped in a non-reentrant
+    # torch.utils.checkpoint, as the runtime runs a recompute stage): the forward,
+    # and the backward with the forward re-run in it. Measured, because neither is
+    # the plain times' sum: checkpoint's per-call work runs on the CPU and can
+    # starve a fast GPU (GPT-1.3B on an H100, micro-batch 2: the forward took 1.9x
+    # the plain one). None (analytic, imported or older profiles): the forward,
+    # and backward + forward, which is what the GPU computes.
+    recompute_fwd_ms: float | None = None
+    recompute_bwd_ms: float | None = None
+
+    @property
+    def rc_fwd_ms(self) -> float:
+        """The forward under recomputation (measured, else the plain forward)."""
+        return self.fwd_ms if self.recompute_fwd_ms is None else self.recompute_fwd_ms
+
+    @property
+    def rc_bwd_ms(self) -> float:
+        """The backward under recomputation, the re-run forward included."""
+        if self.recompute_bwd_ms is None:
+            return self.bwd_ms + self.fwd_ms
+        return self.recompute_bwd_ms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,8 +263,15 @@ def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
         "seq_len": k.seq_len,
         "source": e.source,
         "dtype": e.dtype,
-        "layers": [{name: getattr(lt, name) for name in _LAYER_KEYS} for lt in e.layers],
+        "layers": [_layer_to_dict(lt) for lt in e.layers],
     }
+
+
+def _layer_to_dict(lt: LayerTiming) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(lt, name) for name in _LAYER_KEYS}
+    if lt.recompute_fwd_ms is not None and lt.recompute_bwd_ms is not None:
+        out.update(recompute_fwd_ms=lt.recompute_fwd_ms, recompute_bwd_ms=lt.recompute_bwd_ms)
+    return out
 
 
 def profile_from_dict(raw: Any, where: str) -> Profile:
@@ -326,7 +355,13 @@ def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:
     for j, lv in enumerate(as_list(em["layers"], f"{at}.layers")):
         lat = f"{at}.layers[{j}]"
         lm = as_mapping(lv, lat)
-        check_keys(lm, lat, _LAYER_KEYS)
+        check_keys(lm, lat, _LAYER_KEYS, _RECOMPUTE_KEYS)
+        given = [k for k in _RECOMPUTE_KEYS if k in lm]
+        if len(given) == 1:
+            raise ConfigError(
+                f"{lat}: {given[0]} without {({*_RECOMPUTE_KEYS} - {given[0]}).pop()}: give "
+                "both recomputation times or neither"
+            )
         timing = LayerTiming(
             fwd_ms=get(lm, "fwd_ms", float, lat),
             bwd_ms=get(lm, "bwd_ms", float, lat),
@@ -334,8 +369,10 @@ def _entry_from_dict(raw: Any, at: str) -> ProfileEntry:
             num_params=get(lm, "num_params", int, lat),
             act_bytes=get(lm, "act_bytes", float, lat),
             output_bytes=get(lm, "output_bytes", float, lat),
+            recompute_fwd_ms=get(lm, "recompute_fwd_ms", float, lat) if given else None,
+            recompute_bwd_ms=get(lm, "recompute_bwd_ms", float, lat) if given else None,
         )
-        for name in _LAYER_KEYS:
+        for name in _LAYER_KEYS + (_RECOMPUTE_KEYS if given else ()):
             if getattr(timing, name) < 0:
                 raise ConfigError(
                     f"{lat}.{name}: must not be negative, got {getattr(timing, name)}"

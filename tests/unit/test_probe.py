@@ -103,6 +103,15 @@ def test_every_combination_ran_with_positive_times(result: dict[str, Any]) -> No
             assert layer["fwd_ms"] > 0 and layer["bwd_ms"] > 0, (run["tp"], run["mbs"], kind)
             assert layer["fwd_ms"] == pytest.approx(layer["compute_fwd_ms"] + layer["comm_fwd_ms"])
             assert layer["bwd_ms"] == pytest.approx(layer["compute_bwd_ms"] + layer["comm_bwd_ms"])
+            # also timed under recomputation; the re-run forward repeats its all-reduces
+            comm = layer["comm_fwd_ms"]
+            assert layer["compute_recompute_fwd_ms"] > 0
+            assert layer["recompute_fwd_ms"] == pytest.approx(
+                layer["compute_recompute_fwd_ms"] + comm
+            )
+            assert layer["recompute_bwd_ms"] == pytest.approx(
+                layer["compute_recompute_bwd_ms"] + comm + layer["comm_bwd_ms"]
+            )
     for tp in TPS:
         for kind in ("embedding", "block", "head"):
             assert result["update"][str(tp)][kind]["status"] == "ok"
@@ -116,6 +125,9 @@ def test_backward_takes_longer_than_forward(result: dict[str, Any]) -> None:
             fwd = sum(_layer(result, tp, m, kind)["compute_fwd_ms"] for m in MBSS)
             bwd = sum(_layer(result, tp, m, kind)["compute_bwd_ms"] for m in MBSS)
             assert bwd > 0.8 * fwd, (tp, kind, fwd, bwd)
+            # under recomputation the backward runs the forward again
+            rc_bwd = sum(_layer(result, tp, m, kind)["compute_recompute_bwd_ms"] for m in MBSS)
+            assert rc_bwd > 0.8 * (bwd + fwd) * 0.8, (tp, kind, fwd, bwd, rc_bwd)
 
 
 def test_time_and_activations_grow_with_the_micro_batch(result: dict[str, Any]) -> None:
@@ -272,6 +284,8 @@ def test_profile_has_every_layer_of_every_combination(
         for kind, timing in zip(kinds, entry.layers, strict=True):
             raw = _layer(result, key.tensor_parallel, key.micro_batch_size, kind)
             assert timing.fwd_ms == raw["fwd_ms"] and timing.bwd_ms == raw["bwd_ms"]
+            assert timing.recompute_fwd_ms == raw["recompute_fwd_ms"]
+            assert timing.recompute_bwd_ms == raw["recompute_bwd_ms"]
             assert timing.num_params == raw["num_params"]
             assert timing.act_bytes == raw["act_bytes"]
             upd = result["update"][str(key.tensor_parallel)][kind]["ms"]
