@@ -23,6 +23,15 @@ in a non-reentrant ``torch.utils.checkpoint``) costs, per micro-batch:
   takes int64 token ids, TOKEN_ID_BYTES each;
 - once, while one layer runs its backward: that layer's full activations, the
   largest ``act_bytes`` among the stage's layers (``transient_bytes``).
+
+Under bf16 or fp16 on a GPU the runtime keeps fp32 master weights and runs the
+forward under autocast, which casts each matmul weight to 16 bits once per
+forward and keeps the copy for that micro-batch's backward: per micro-batch in
+flight, 2 bytes per parameter of every layer but the embedding (a lookup, not
+cast). Profiles time 16-bit modules directly, so their ``act_bytes`` lack these
+copies; ``CostTables.table`` adds them (GPT-2.7B at micro-batch 4 on an H100:
+4.9 GiB that a plan predicted at 81% of memory did not count, and it ran out).
+A recompute stage keeps no copy beyond the layer at work.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, Profile
 from autohet_cli.settings import TrainingSettings
 
 TOKEN_ID_BYTES = 8  # int64: what the model's first layer (the embedding) takes
+AUTOCAST_COPY_BYTES = 2  # a 16-bit copy of an fp32 master weight, per micro-batch in flight
 RESIDUAL_BYTES = 4  # fp32: the hidden state between layers, under autocast too
 
 
@@ -66,7 +76,11 @@ class LayerTable:
     """
 
     def __init__(
-        self, entry: ProfileEntry, tp_comm_ms: list[float], input_bytes: Sequence[float]
+        self,
+        entry: ProfileEntry,
+        tp_comm_ms: list[float],
+        input_bytes: Sequence[float],
+        cast_bytes: Sequence[float] | None = None,
     ) -> None:
         self.source = entry.source
         layers = entry.layers
@@ -92,10 +106,12 @@ class LayerTable:
         ]
         self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
         self._params = [0, *accumulate(lt.num_params for lt in layers)]
-        self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
+        cast = list(cast_bytes) if cast_bytes is not None else [0.0] * self.num_layers
+        act = [lt.act_bytes + c for lt, c in zip(layers, cast, strict=True)]
+        self._act = [0.0, *accumulate(act)]
         self._out = [lt.output_bytes for lt in layers]
         self._in = [0.0, *accumulate(input_bytes)]
-        self._act_max = _sparse_max([lt.act_bytes for lt in layers])
+        self._act_max = _sparse_max(act)
 
     def stage(self, start: int, end: int, *, recompute: bool = False) -> StageCost:
         fwd = self._fwd[end] - self._fwd[start]
@@ -376,8 +392,20 @@ class CostTables:
             comm = [0.0] * len(entry.layers)
             if entry.source == "analytic" and tp > 1:
                 comm = [self._tp_comm_ms(i, tp, mbs, intra_gbps) for i in range(len(entry.layers))]
-            cached = self._cache[key] = LayerTable(entry, comm, self.input_bytes(mbs))
+            cast = self.cast_bytes(gpu_type, entry)
+            cached = self._cache[key] = LayerTable(entry, comm, self.input_bytes(mbs), cast)
         return cached
+
+    def cast_bytes(self, gpu_type: str, entry: ProfileEntry) -> list[float]:
+        """Per layer, autocast's 16-bit weight copies kept per micro-batch in flight
+        (module doc): none in fp32, and none on a CPU, where the runtime computes
+        in fp32 whatever the plan says."""
+        if self.training.precision == "fp32" or gpu_type == "cpu":
+            return [0.0] * len(entry.layers)
+        return [
+            0.0 if layer.kind == "embedding" else float(AUTOCAST_COPY_BYTES * lt.num_params)
+            for layer, lt in zip(self._layers, entry.layers, strict=True)
+        ]
 
     def input_bytes(self, mbs: int) -> list[float]:
         """Per layer, the bytes entering it for one micro-batch: token ids for the

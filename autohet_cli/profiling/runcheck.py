@@ -117,7 +117,8 @@ def check_host(
             return f"cannot be predicted: {exc}"
         return fits(plan, options.steps, options.budget_s) or plan
 
-    mbs, why = choose_mbs(shapes, make, sorted({m for _, m in mine} & set(mbs_candidates)))
+    measured_mbs = sorted({m for _, m in mine} & set(mbs_candidates))
+    mbs, why = choose_mbs(shapes, make, measured_mbs)
     if mbs is None:
         say(f"runtime runs skipped: {why}")
         records.append({"shape": shapes[0].name, "status": "skipped", "why": why})
@@ -126,7 +127,9 @@ def check_host(
         HostPool(cluster, options.connect) as pool,
         tempfile.TemporaryDirectory(prefix="autohet-runcheck-") as tmp,
     ):
-        for shape in shapes:
+        queue = list(shapes)
+        while queue:
+            shape = queue.pop(0)
             plan = make(shape, mbs)
             if stop is not None and stop.is_set():
                 plan = "interrupted"
@@ -150,7 +153,23 @@ def check_host(
             except (AutohetError, KeyError, TypeError, ValueError) as exc:
                 # A report from another autohet version, or a run that failed: the
                 # profile keeps what the runs before this one refitted.
-                records.append({"shape": shape.name, "status": "failed", "why": _short(exc)})
+                records.append(
+                    {
+                        "shape": shape.name,
+                        "status": "failed",
+                        "micro_batch_size": mbs,
+                        "why": _short(exc),
+                    }
+                )
+                smaller = [m for m in measured_mbs if m < mbs]
+                if _out_of_memory(exc) and smaller:
+                    # The probe under-predicted memory (it times layers alone, not
+                    # everything a training step holds): this and later shapes run at
+                    # the next smaller size, so that their refit of memory (the type's
+                    # overhead) keeps plans from the size that did not fit.
+                    mbs = smaller[-1]
+                    say(f"out of memory: runtime runs go on at micro-batch {mbs}")
+                    queue.insert(0, shape)
                 continue
             step = check["step"]
             records.append(
@@ -163,6 +182,12 @@ def check_host(
                 }
             )
     return done(current)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether a run failed for want of device memory (CUDA's, or the host's)."""
+    text = str(exc).lower()
+    return "out of memory" in text or "outofmemoryerror" in text
 
 
 def _short(exc: BaseException) -> str:

@@ -101,13 +101,16 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": "3,1",
         "GLOO_SOCKET_IFNAME": "lo",
+        # fragments the cost model cannot predict would make a full plan run out
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     }
     assert a100.pid_file == f"{run}/torchrun-a100-0.pid"
     assert (v100.ranks, a100.ranks) == ((0,), (1, 2))  # torchrun numbers hosts in order
     assert v100.command_line() == (
         "cd /srv/autohet && env AUTOHET_HOST=v100-0 "
         f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
-        "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 /opt/venv/bin/python -m "
+        "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /opt/venv/bin/python -m "
         "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 "
         "--master-addr 127.0.0.3 --master-port 29600 "
         f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
@@ -123,9 +126,13 @@ def test_user_script_and_env_replace_the_built_in_trainer() -> None:
         LaunchOptions(
             run_id="R",
             script=["my_train.py", "--epochs", "3"],
-            user_env={"WANDB_MODE": "offline; rm -rf /"},
+            user_env={
+                "WANDB_MODE": "offline; rm -rf /",
+                "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512",
+            },
         ),
     )
+    assert spec.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"  # theirs wins
     assert spec.argv[-3:] == ("my_train.py", "--epochs", "3")
     assert "autohet_cli.runtime.train" not in spec.argv
     assert spec.env["WANDB_MODE"] == "offline; rm -rf /"

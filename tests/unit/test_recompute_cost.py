@@ -31,7 +31,7 @@ from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
 from tests.cli import autohet
 from tests.unit.test_costmodel import (
-    ACT_BYTES,
+    ACT_RUN,
     OUT_BYTES,
     PARAMS,
     RESERVE,
@@ -95,14 +95,14 @@ def test_memory_keeps_inputs_per_microbatch_plus_one_layer_at_work() -> None:
     ev = evaluate(mixed, cluster, toy_tables(), 1)
     s0, s1 = ev.pipelines[0].stages
     # Stage 0 of 2 holds 2 micro-batches: their inputs to layers 0 and 1, plus layer 1's
-    # 2e6 activation bytes (the larger of 1e6, 2e6) during one backward.
-    expect0 = state_bytes(300_000) + (IDS + HIDDEN) * 2 + max(ACT_BYTES[:2]) + 2 * 1e6 + RESERVE
+    # 2e6 activation bytes and 16-bit weight copy (the larger layer) during one backward.
+    expect0 = state_bytes(300_000) + (IDS + HIDDEN) * 2 + max(ACT_RUN[:2]) + 2 * 1e6 + RESERVE
     assert s0.mem_bytes == int(expect0)
-    assert s0.cost.act_bytes == IDS + HIDDEN and s0.cost.transient_bytes == 2e6
+    assert s0.cost.act_bytes == IDS + HIDDEN and s0.cost.transient_bytes == ACT_RUN[1]
     assert s0.mem_bytes < ev_plain.pipelines[0].stages[0].mem_bytes
     # The plain stage beside it is costed exactly as before.
     assert s1 == ev_plain.pipelines[0].stages[1]
-    assert s1.mem_bytes == int(state_bytes(700_000) + 7e6 + 2 * OUT_BYTES[3] + RESERVE)
+    assert s1.mem_bytes == int(state_bytes(700_000) + sum(ACT_RUN[2:]) + 2 * OUT_BYTES[3] + RESERVE)
     # Time: stage 0's backward grew by its forward (4 + 2), and the simulator sees it.
     assert (s0.cost.fwd_ms, s0.cost.bwd_ms) == (2.0, 6.0)
     sim = simulate_1f1b([2, 2], [6, 4], 4, [1.0]).makespan_ms
@@ -115,8 +115,10 @@ def test_last_stage_works_on_the_head_and_each_pipeline_follows_its_flags() -> N
     plan = [pipe(2, stage(0, 4, "h0", 0)), pipe(2, rc(stage(0, 4, "h1", 0)))]
     ev = evaluate(plan, cluster, toy_tables(), 1)
     a, b = ev.pipelines[0].stages[0], ev.pipelines[1].stages[0]
-    assert b.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(INPUTS) + 4e6 + 5e5 * 2 + RESERVE)
-    assert a.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(ACT_BYTES) + 5e5 * 2 + RESERVE)
+    assert b.mem_bytes == int(
+        state_bytes(sum(PARAMS)) + sum(INPUTS) + ACT_RUN[3] + 5e5 * 2 + RESERVE
+    )
+    assert a.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(ACT_RUN) + 5e5 * 2 + RESERVE)
     assert (a.cost.bwd_ms, b.cost.bwd_ms) == (8.0, 12.0)
     assert ev.pipelines[1].time_ms > ev.pipelines[0].time_ms
 

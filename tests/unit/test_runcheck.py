@@ -30,11 +30,11 @@ HOST = Host(
 CLUSTER = Cluster(name="c", hosts=(HOST,), inter_node_gbps=10.0)
 
 
-def _probe() -> Profile:
+def _probe(mbss: tuple[int, ...] = (2,)) -> Profile:
     entries = {}
-    for tp in (1, 2):
+    for tp, mbs in ((t, m) for t in (1, 2) for m in mbss):
         key = EntryKey(
-            model=TINY.name, gpu_type="cpu", tensor_parallel=tp, micro_batch_size=2, seq_len=64
+            model=TINY.name, gpu_type="cpu", tensor_parallel=tp, micro_batch_size=mbs, seq_len=64
         )
         layer = LayerTiming(
             fwd_ms=1.0 / tp, bwd_ms=2.0 / tp, update_ms=0.1, num_params=1000,
@@ -93,6 +93,35 @@ def test_a_failed_run_is_recorded_and_the_others_still_refit(
     ]
     assert "rank 1 crashed" in str(records[1]["why"])
     assert len(prof.meta["calibrated_from"]) == 1  # the data-parallel run's refit is kept
+
+
+def test_out_of_memory_retries_at_the_next_smaller_micro_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe can under-predict what a step holds; a run that runs out of memory is
+    recorded and it and the later shapes run one measured size smaller, so that their
+    refit (the memory overhead) keeps plans off the size that did not fit."""
+    sizes = []
+
+    def fake(plan: Plan, *a: Any, **k: Any) -> dict[str, Any]:
+        sizes.append(plan.training.micro_batch_size)
+        if plan.training.micro_batch_size == 4:
+            raise AutohetError("rank 0 on h: OutOfMemoryError: CUDA out of memory. Tried ...")
+        return _check(plan, 1.0, 1.0)
+
+    monkeypatch.setattr(runcheck, "_run", fake)
+    prof, records = check_host(
+        HOST, CLUSTER, TINY, _probe((1, 2, 4)), seq_len=64, tps=[1, 2], mbs_candidates=[1, 2, 4],
+        options=RunCheckOptions(), say=lambda _m: None,
+    )  # fmt: skip
+    assert sizes == [4, 2, 2, 2]
+    assert [(r["shape"], r["status"], r["micro_batch_size"]) for r in records] == [
+        ("data-parallel-2", "failed", 4),
+        ("data-parallel-2", "ran", 2),
+        ("tp-2", "ran", 2),
+        ("two-stages", "ran", 2),
+    ]
+    assert len(prof.meta["calibrated_from"]) == 3
 
 
 def test_a_host_without_autohet_keeps_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
