@@ -8,7 +8,11 @@ It searches AutoHet's whole plan space and scores plans with the same
   an ordered list of TP groups (its stages: any hosts and types, order matters);
 - each pipeline splits the layers into contiguous, non-empty, half-open ranges;
 - a micro-batch size dividing the global batch B; each pipeline takes >= 1
-  micro-batch and they sum to M = B / mbs; GPUs may stay idle.
+  micro-batch and they sum to M = B / mbs; GPUs may stay idle;
+- with ``recompute=True``, each stage with or without activation recomputation.
+  Exactly: for a fixed layout and micro-batch count a stage's memory depends only
+  on its own flag and recomputing only slows it, so the best flags recompute
+  exactly the stages that do not fit without it (``_Space.flags``).
 
 Symmetry. ``evaluate`` looks at a stage's host (type, memory, links), never at
 which GPU of the host it runs on, so a pipeline *shape* is (sequence of hosts,
@@ -44,7 +48,7 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations, combinations_with_replacement, product
 
 from autohet_cli.cluster import Cluster, cluster_from_dict
@@ -165,8 +169,18 @@ def _dp(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | N
 class _Space:
     """One (TP degree, micro-batch size): the hosts' TP groups, bounds and caches."""
 
-    def __init__(self, cluster: Cluster, tables: CostTables, tp: int, mbs: int, M: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        tables: CostTables,
+        tp: int,
+        mbs: int,
+        M: int,
+        recompute: bool = False,
+    ) -> None:
         self.cluster, self.tables, self.tp, self.mbs, self.M = cluster, tables, tp, mbs, M
+        self.recompute = recompute
+        self._flags: dict[tuple[Seq, Bounds], list[tuple[bool, ...] | None]] = {}
         hosts = [h for h in cluster.hosts if h.num_gpus // tp >= 1]
         self.hosts = hosts
         self.caps = [h.num_gpus // tp for h in hosts]
@@ -190,8 +204,42 @@ class _Space:
 
     # ---------------------------------------------------------------- bounds
 
-    def _stage_costs(self, seq: Seq, bounds: Bounds) -> list[StageCost]:
-        return [self.lt[h].stage(bounds[s], bounds[s + 1]) for s, h in enumerate(seq)]
+    def _stage_costs(
+        self, seq: Seq, bounds: Bounds, flags: Sequence[bool] | None = None
+    ) -> list[StageCost]:
+        return [
+            self.lt[h].stage(bounds[s], bounds[s + 1], recompute=bool(flags and flags[s]))
+            for s, h in enumerate(seq)
+        ]
+
+    def flags(self, seq: Seq, bounds: Bounds) -> list[tuple[bool, ...] | None]:
+        """Per micro-batch count m = 1..M, each stage's recomputation: off where the
+        plain stage fits, on where only recomputation fits (when allowed); None
+        where some stage fits neither way."""
+        key = (seq, bounds)
+        got = self._flags.get(key)
+        if got is not None:
+            return got
+        S = len(seq)
+        hosts = [self.hosts[h] for h in seq]
+        options = [self._stage_costs(seq, bounds)]
+        if self.recompute:
+            options.append(self._stage_costs(seq, bounds, [True] * S))
+        out: list[tuple[bool, ...] | None] = []
+        for m in range(1, self.M + 1):
+            chosen: list[bool] = []
+            for s in range(S):
+                fit = [
+                    stage_memory_bytes(o[s], self.tables, hosts[s].gpu_type, s, S, m)
+                    <= hosts[s].gpu_mem_bytes
+                    for o in options
+                ]
+                if not any(fit):
+                    break
+                chosen.append(not fit[0])
+            out.append(tuple(chosen) if len(chosen) == S else None)
+        self._flags[key] = out
+        return out
 
     def lb_times(self, seq: Seq, bounds: Bounds) -> list[float]:
         """Lower bound of T(m), m = 1..M (inf: does not fit at m)."""
@@ -201,6 +249,8 @@ class _Space:
             return got
         S = len(seq)
         costs = self._stage_costs(seq, bounds)
+        rc_costs = self._stage_costs(seq, bounds, [True] * S) if self.recompute else costs
+        flags = self.flags(seq, bounds)
         hosts = [self.hosts[h] for h in seq]
         sends = [
             costs[s].output_bytes
@@ -208,19 +258,18 @@ class _Space:
             * 1e3
             for s in range(S - 1)
         ]
-        c = [x.fwd_ms + x.bwd_ms for x in costs]
-        pre = [0.0] * S
-        for s in range(1, S):
-            pre[s] = pre[s - 1] + c[s - 1] + 2 * sends[s - 1]
         out = []
         for m in range(1, self.M + 1):
-            fits = all(
-                stage_memory_bytes(costs[s], self.tables, hosts[s].gpu_type, s, S, m)
-                / hosts[s].gpu_mem_bytes
-                <= 1.0
-                for s in range(S)
-            )
-            out.append(max(p + m * x for p, x in zip(pre, c, strict=True)) if fits else INF)
+            chosen = flags[m - 1]
+            if chosen is None:
+                out.append(INF)
+                continue
+            c = [(rc_costs if f else costs)[s] for s, f in enumerate(chosen)]
+            t = [x.fwd_ms + x.bwd_ms for x in c]
+            pre = [0.0] * S
+            for s in range(1, S):
+                pre[s] = pre[s - 1] + t[s - 1] + 2 * sends[s - 1]
+            out.append(max(p + m * x for p, x in zip(pre, t, strict=True)))
         self._lb[key] = out
         self._opt[key] = max(x.update_ms for x in costs)
         return out
@@ -317,6 +366,7 @@ class _Space:
         out = []
         for (seq, bounds), m in zip(shapes, ms, strict=True):
             stages = []
+            chosen = self.flags(seq, bounds)[m - 1] or (False,) * len(seq)
             for s, h in enumerate(seq):
                 g = nxt[h]
                 nxt[h] += 1
@@ -330,6 +380,7 @@ class _Space:
                         devices=tuple(
                             Device(host=host.name, gpu=g * self.tp + i) for i in range(self.tp)
                         ),
+                        recompute=chosen[s],
                     )
                 )
             out.append(Pipeline(num_microbatches=m, stages=tuple(stages)))
@@ -386,13 +437,14 @@ def _spaces(
     global_batch_size: int,
     tp_candidates: Sequence[int],
     mbs_candidates: Sequence[int],
+    recompute: bool = False,
 ) -> Iterator[_Space]:
     for tp in tp_candidates:
         if not any(h.num_gpus >= tp for h in cluster.hosts):
             continue
         for mbs in mbs_candidates:
             if global_batch_size % mbs == 0:
-                yield _Space(cluster, tables, tp, mbs, global_batch_size // mbs)
+                yield _Space(cluster, tables, tp, mbs, global_batch_size // mbs, recompute)
 
 
 def brute_force(
@@ -403,12 +455,14 @@ def brute_force(
     tp_candidates: Sequence[int] = (1, 2, 4, 8),
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
     prune: bool = True,
+    recompute: bool = False,
 ) -> Optimum | None:
     """The exact minimum of ``evaluate(...).iteration_ms`` over the whole space
-    (None when no plan fits in memory)."""
+    (None when no plan fits in memory); ``recompute``: stages may recompute."""
     queue: list[tuple[float, int, _Space, tuple[Seq, ...]]] = []
     total = 0
-    for space in _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates):
+    spaces = _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates, recompute)
+    for space in spaces:
         for comp in space.compositions():
             total += 1
             lb = space.composition_lb(comp) if prune else 0.0
@@ -474,18 +528,34 @@ def naive_brute_force(
     *,
     tp_candidates: Sequence[int] = (1, 2, 4, 8),
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
+    recompute: bool = False,
 ) -> float | None:
     """No decomposition, no bound: every multiset of shapes with every composition
-    of M is one whole-plan ``evaluate``. Only for the tiniest cases."""
+    of M is one whole-plan ``evaluate``. Only for the tiniest cases. With
+    ``recompute`` every stage also tries every flag (2**stages plans per split), so
+    that ``_Space.flags``'s shortcut is checked, not assumed."""
     best = INF
-    for space in _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates):
+    spaces = _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates)
+    for space in spaces:
         for comp in space.compositions():
             for shapes in space.layer_splits(comp):
                 for ms in _compositions_of(space.M, len(shapes)):
-                    pipelines = space.materialize(shapes, ms)
-                    ev = evaluate(pipelines, cluster, tables, space.mbs)
-                    if ev.fits:
-                        best = min(best, ev.iteration_ms)
+                    plain = space.materialize(shapes, ms)
+                    stages = sum(len(p.stages) for p in plain)
+                    for bits in product((False, True), repeat=stages if recompute else 0):
+                        flags = iter(bits)
+                        pipelines = [
+                            replace(
+                                p,
+                                stages=tuple(
+                                    replace(st, recompute=next(flags, False)) for st in p.stages
+                                ),
+                            )
+                            for p in plain
+                        ]
+                        ev = evaluate(pipelines, cluster, tables, space.mbs)
+                        if ev.fits:
+                            best = min(best, ev.iteration_ms)
     return None if best == INF else best
 
 

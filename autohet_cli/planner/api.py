@@ -199,11 +199,12 @@ def to_plan(
 def _decide_recompute(
     req: SearchRequest, progress: Progress | None
 ) -> tuple[SearchResult, SearchRequest]:
-    """Search without recomputation, then, where memory binds, with it in the time
-    left, keeping it per stage only where needed (``planner.recompute``); the
-    result and the request it was found under (for baselines and contingency)."""
+    """Search without recomputation, then, where memory binds, in the spaces where
+    every stage recomputes and where one GPU type's stages do, in the time left,
+    keeping it per stage only where needed (``planner.recompute``); the result and
+    the request it was found under (for baselines and contingency)."""
     start = time.monotonic()
-    plain = replace(req, recompute=False)
+    plain = replace(req, recompute=False, recompute_types=frozenset())
     result: SearchResult | None = None
     try:
         result = search(plain, progress)
@@ -214,22 +215,39 @@ def _decide_recompute(
         return result, plain
     spent = time.monotonic() - start
     # As long as the plain search took (at least a second), within the limit: the
-    # second space costs at most as much as the first, so planning stays as fast.
-    left = min(req.time_limit_s - spent, max(1.0, spent))
-    if result is not None and left < 0.5:
+    # other spaces together cost at most as much as the first, so planning stays as
+    # fast. Where nothing fit, they get what the limit leaves.
+    total = min(req.time_limit_s - spent, max(1.0, spent)) if result else req.time_limit_s - spent
+    if result is not None and total < 0.5:
         return result, plain
-    full = replace(req, recompute=True, time_limit_s=left if result else req.time_limit_s)
-    try:
-        alt = search(full, progress)
-    except (InfeasibleError, TimeLimitReached):
-        if result is None:
-            raise
-        return result, plain
-    alt.best = relax(alt.best, full, scorer(req.cluster, req.objective))
-    if result is not None and result.best.score <= alt.best.score:
-        return result, plain
-    alt.time_s = time.monotonic() - start
-    return alt, full
+    types = sorted({h.gpu_type for h in req.cluster.hosts})
+    spaces = [replace(req, recompute=True, recompute_types=frozenset())]
+    if len(types) > 1:
+        spaces += [replace(plain, recompute_types=frozenset({t})) for t in types]
+    deadline = time.monotonic() + total
+    best: tuple[SearchResult, SearchRequest] | None = (result, plain) if result else None
+    failure: Exception | None = None
+    for i, space in enumerate(spaces):
+        left = deadline - time.monotonic()
+        if left < 0.5 and best is not None:
+            break
+        # every stage recomputing first (half the time when types follow), then
+        # the per-type spaces share the rest
+        share = left / 2 if i == 0 and len(spaces) > 1 else left / (len(spaces) - i)
+        try:
+            alt = search(replace(space, time_limit_s=max(share, 0.5)), progress)
+        except (InfeasibleError, TimeLimitReached) as exc:
+            failure = failure or exc  # every stage recomputing: the most that can fit
+            continue
+        alt.best = relax(alt.best, space, scorer(req.cluster, req.objective))
+        if best is None or alt.best.score < best[0].best.score:
+            best = (alt, space)
+    if best is None:
+        assert failure is not None
+        raise failure
+    if best[0] is not result:
+        best[0].time_s = time.monotonic() - start
+    return best
 
 
 def prediction_of(ev: PlanEval) -> Prediction:

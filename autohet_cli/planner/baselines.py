@@ -8,7 +8,7 @@
 - ``only-<TYPE>``: the planner itself restricted to the hosts of one GPU type.
 
 Each baseline recomputes activations exactly when the search does
-(``SearchRequest.recompute``), and with ``measured_only`` uses only GPU types
+(``SearchRequest.recompute``, ``recompute_types``), and with ``measured_only`` uses only GPU types
 measured at its (TP, micro-batch size), so that the comparison stays fair.
 """
 
@@ -79,6 +79,7 @@ def _pipelines(
     shares: Sequence[int],
     tp: int,
     recompute: bool = False,
+    recompute_types: frozenset[str] = frozenset(),
 ) -> list[Pipeline]:
     return [
         Pipeline(
@@ -90,7 +91,7 @@ def _pipelines(
                     gpu_type=gpu,
                     tensor_parallel=tp,
                     devices=devs,
-                    recompute=recompute,
+                    recompute=recompute or gpu in recompute_types,
                 )
                 for s, (gpu, devs) in enumerate(row)
             ),
@@ -135,7 +136,7 @@ def uniform_baseline(req: SearchRequest, proportional: bool) -> Candidate | None
             if M % len(layout):
                 continue
             shares = [M // len(layout)] * len(layout)
-        pipelines = _pipelines(layout, bounds, shares, tp, req.recompute)
+        pipelines = _pipelines(layout, bounds, shares, tp, req.recompute, req.recompute_types)
         ev = evaluate(pipelines, req.cluster, req.tables, mbs)
         if not ev.fits:
             continue

@@ -48,14 +48,15 @@ def place(
     *,
     stage_major: bool = False,
     recompute: bool = False,
+    recompute_types: frozenset[str] = frozenset(),
 ) -> list[Pipeline] | None:
     """Concrete pipelines for a solution; None if a stage would hold no layer.
 
     Pipeline-major placement (the default) gives each pipeline consecutive
     groups, keeping its stage-to-stage sends inside a host. Stage-major gives
     the copies of one stage consecutive groups, keeping that stage's gradient
-    all-reduce inside a host instead; the search tries both. Every stage gets
-    ``recompute`` (activation recomputation on or off).
+    all-reduce inside a host instead; the search tries both. A stage recomputes
+    its activations when ``recompute`` or its GPU type is in ``recompute_types``.
     """
     pools = [iter(class_groups(c, cluster, tp)) for c in classes]
     pipelines = []
@@ -83,7 +84,7 @@ def place(
                         gpu_type=classes[c].gpu_type,
                         tensor_parallel=tp,
                         devices=devices,
-                        recompute=recompute,
+                        recompute=recompute or classes[c].gpu_type in recompute_types,
                     )
                 )
             pipelines.append(

@@ -64,10 +64,18 @@ class SearchRequest:
     # times and memory throughout (MILP, estimates, bounds, evaluation) are those of
     # recompute stages, and the plans carry the flag.
     recompute: bool = False
+    # Stages on these GPU types recompute too (with recompute False): where one type's
+    # memory binds and another's does not, the best layouts mix flags by type
+    # (planner.recompute).
+    recompute_types: frozenset[str] = frozenset()
     # Only (GPU type, TP, micro-batch size) combinations the profile measured
     # (CostTables.is_measured): a class without a measurement at a context's
     # (TP, mbs) is left out of that context, as if the cluster lacked it.
     measured_only: bool = False
+
+    def recomputes(self, gpu_type: str) -> bool:
+        """Whether the stages this request plans on ``gpu_type`` recompute."""
+        return self.recompute or gpu_type in self.recompute_types
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,7 +289,7 @@ def _contexts(req: SearchRequest) -> list[_Context]:
                 block_stats(
                     req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps),
                     req.model,
-                    recompute=req.recompute,
+                    recompute=req.recomputes(c.gpu_type),
                 )
                 for c in classes
             ]
@@ -505,6 +513,7 @@ def _solve_grouping(
             req.model.num_layers,
             stage_major=stage_major,
             recompute=req.recompute,
+            recompute_types=req.recompute_types,
         )
         if pipelines is None:
             return None, None
@@ -585,8 +594,8 @@ def _shortfall(req: SearchRequest) -> str:
     """Why nothing fits: total memory needed versus what the cluster has."""
     t = req.tables.training
     need = req.model.num_params * t.state_bytes_per_param
-    have = sum(
-        h.num_gpus * (h.gpu_mem_bytes - req.tables.reserve_bytes(h.gpu_type))
+    have = sum(  # a card smaller than its runtime reserve adds nothing, not less
+        h.num_gpus * max(0, h.gpu_mem_bytes - req.tables.reserve_bytes(h.gpu_type))
         for h in req.cluster.hosts
     )
     if need > have:

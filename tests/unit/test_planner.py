@@ -225,3 +225,23 @@ def test_short_time_limit_still_returns_a_valid_plan(cluster: str) -> None:
     assert out.plan.solver is not None
     assert out.plan.solver.time_s == pytest.approx(out.result.time_s)
     assert out.result.time_s < 0.5 + 2.0  # the limit, plus a short refinement slice
+
+
+def test_cards_smaller_than_their_reserve_are_said_to_add_nothing() -> None:
+    """A cluster file's mem_gb below the type's runtime reserve (2 GiB here): the
+    message counts those cards as 0 B, never a negative amount of memory."""
+    from autohet_cli.models import get_model
+    from tests.bruteforce import synthetic_tables, tiny_cluster
+
+    cluster = tiny_cluster((("a0", "A100-40", 1, 1.3), ("r0", "RTX-3090", 1, 1.3)))
+    model_tables = synthetic_tables(
+        get_model("gpt-tiny"),
+        {"A100-40": 1.0, "RTX-3090": 3.0},
+        global_batch_size=8,
+    )
+    with pytest.raises(InfeasibleError, match=r"the cluster has 0 B of GPU memory") as err:
+        make_plan(
+            name="x", cluster=cluster, model=model_tables.model, tables=model_tables,
+            global_batch_size=8, time_limit_s=5, with_baselines=False,
+        )  # fmt: skip
+    assert "-" not in str(err.value).split("the cluster has")[1].split("B")[0]

@@ -4,8 +4,10 @@ same cost model.
 
 Every case is small enough to enumerate every plan of AutoHet's space (TP
 degree, pipelines of TP groups in any order, layer splits, micro-batch size,
-uneven micro-batch shares, idle GPUs). The planner can never beat the brute
-force (that would mean the enumeration is incomplete), and must come within 1%.
+uneven micro-batch shares, idle GPUs, and for ``make_plan``, which decides
+recomputation, each stage recomputing or not). The planner can never beat the
+brute force (that would mean the enumeration is incomplete), and must come
+within 1%.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class Case:
     idle_types: tuple[str, ...] = ()  # GPU types the optimum leaves idle
     oom_types: tuple[str, ...] = ()  # types that cannot hold the whole model alone
     mixed_pipeline: bool = False  # the optimum has a pipeline spanning two types
+    # The optimum with recomputation is >= 5% faster than without, and recomputes
+    # some stages but not all (mixed) or every stage (everywhere).
+    recompute_wins: str = ""  # "", "mixed" or "everywhere"
     xfail_search: str = ""  # known planner misses (reason); strict
     xfail_make_plan: str = ""
 
@@ -186,6 +191,31 @@ CASES = [
     ),
     # Two A100 hosts on a slow link, a V100 host well connected to both: pipelines
     # A(a0) -> V -> A(a1) keep every gradient all-reduce inside one host.
+    # Recomputation where memory binds (activations 150 MB a block, 2.5 GB cards):
+    # the A100 recomputes to hold 4 of 6 layers at full speed, the RTXs run plain.
+    Case(
+        id="recompute-the-fast-stage",
+        hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 2, 2.5)),
+        global_batch_size=8,
+        profile=(("act_mb_per_block", 150.0),),
+        recompute_wins="mixed",
+    ),
+    # ... or the A100 holds a whole replica by recomputing, beside two plain RTX ones
+    Case(
+        id="recompute-one-replica",
+        hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 2, 3.0)),
+        global_batch_size=8,
+        profile=(("act_mb_per_block", 150.0),),
+        recompute_wins="mixed",
+    ),
+    # ... or both types recompute to run data parallel at micro-batch 2
+    Case(
+        id="recompute-everywhere",
+        hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 1, 2.7)),
+        global_batch_size=8,
+        profile=(("act_mb_per_block", 100.0),),
+        recompute_wins="everywhere",
+    ),
     Case(
         id="slow-pair-link",
         hosts=(("a0", "A100-40", 2, None), ("a1", "A100-40", 2, None), ("v0", "V100-16", 2, None)),
@@ -197,14 +227,16 @@ CASES = [
 
 
 @cache
-def _optimum(case: Case) -> Optimum:
-    opt = brute_force(case.cluster(), case.tables(), case.global_batch_size)
+def _optimum(case: Case, recompute: bool = False) -> Optimum:
+    opt = brute_force(case.cluster(), case.tables(), case.global_batch_size, recompute=recompute)
     assert opt is not None, f"{case.id}: nothing fits, the case is mis-built"
     return opt
 
 
-def _report(case: Case, who: str, tp: int, mbs: int, pipes: list[Pipeline], ms: float) -> str:
-    opt = _optimum(case)
+def _report(
+    case: Case, who: str, tp: int, mbs: int, pipes: list[Pipeline], ms: float, rc: bool
+) -> str:
+    opt = _optimum(case, rc)
     return (
         f"{case.id}: {case.label()}\n"
         f"  {who}: {ms:.4f} ms, tp={tp} mbs={mbs}: {describe(pipes)}\n"
@@ -223,14 +255,17 @@ def _params(attr: str) -> list[object]:
     return out
 
 
-def _check(case: Case, who: str, tp: int, mbs: int, pipes: list[Pipeline], ms: float) -> None:
+def _check(
+    case: Case, who: str, tp: int, mbs: int, pipes: list[Pipeline], ms: float, rc: bool = False
+) -> None:
+    """Against the optimum of the space ``who`` searches (``rc``: with recomputation)."""
     cluster, tables = case.cluster(), case.tables()
     ev = evaluate(pipes, cluster, tables, mbs)
     assert ev.fits, f"{who} plan does not fit in memory"
     assert ev.iteration_ms == pytest.approx(ms, rel=1e-9), "reported time is not the model's"
     assert sum(p.num_microbatches for p in pipes) * mbs == case.global_batch_size
-    opt = _optimum(case).iteration_ms
-    msg = _report(case, who, tp, mbs, pipes, ms)
+    opt = _optimum(case, rc).iteration_ms
+    msg = _report(case, who, tp, mbs, pipes, ms, rc)
     assert ms >= opt * (1 - 1e-9), (
         "beat the exhaustive optimum: the enumeration is incomplete\n" + msg
     )
@@ -273,6 +308,7 @@ def test_make_plan_within_one_percent_of_brute_force(case: Case) -> None:
         out.plan.training.micro_batch_size,
         pipes,
         out.eval.iteration_ms,
+        rc=True,  # make_plan decides recomputation where memory binds
     )
 
 
@@ -313,9 +349,19 @@ def test_case_shows_what_it_claims(case: Case) -> None:
         )
         ev = evaluate([Pipeline(num_microbatches=1, stages=(stage,))], cluster, tables, 1)
         assert not ev.fits, f"{gpu} holds the whole model: the case no longer binds memory"
+    with_rc = _optimum(case, True)
+    flags = [s.recompute for p in with_rc.pipelines for s in p.stages]
+    if case.recompute_wins:
+        assert with_rc.iteration_ms < 0.95 * opt.iteration_ms, describe(with_rc.pipelines)
+        everywhere = case.recompute_wins == "everywhere"
+        assert all(flags) if everywhere else any(flags) and not all(flags), flags
+    else:
+        assert with_rc.iteration_ms == pytest.approx(opt.iteration_ms, rel=1e-12)
 
 
 # ----------------------------------------------------------------- the oracle itself
+
+BY_ID = {c.id: c for c in CASES}
 
 TINY = Case(
     id="tiny",
@@ -334,7 +380,20 @@ def test_brute_force_decomposition_matches_naive_enumeration() -> None:
     assert fast.iteration_ms == pytest.approx(slow, rel=1e-12)
 
 
-BY_ID = {c.id: c for c in CASES}
+@pytest.mark.parametrize("case_id", ["recompute-everywhere", "recompute-the-fast-stage"])
+def test_recompute_flags_per_stage_match_trying_every_flag(case_id: str) -> None:
+    """The brute force's shortcut (recompute exactly the stages that do not fit
+    plain) gives the optimum of trying all 2**stages flags of every plan."""
+    case = BY_ID[case_id]
+    cluster, tables, B = case.cluster(), case.tables(), case.global_batch_size
+    fast = brute_force(cluster, tables, B, recompute=True, tp_candidates=(1,), mbs_candidates=(2,))
+    slow = naive_brute_force(
+        cluster, tables, B, recompute=True, tp_candidates=(1,), mbs_candidates=(2,)
+    )
+    plain = naive_brute_force(cluster, tables, B, tp_candidates=(1,), mbs_candidates=(2,))
+    assert fast is not None and slow is not None
+    assert fast.iteration_ms == pytest.approx(slow, rel=1e-12)
+    assert plain is None or slow < plain  # recomputation matters at this size
 
 
 @pytest.mark.parametrize(
