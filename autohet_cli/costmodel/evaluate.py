@@ -91,7 +91,8 @@ def stage_memory_bytes(
     state = cost.num_params * tables.training.state_bytes_per_param
     buffers = 2.0 * cost.output_bytes
     reserve = tables.reserve_bytes(gpu_type)
-    return int(state + cost.act_bytes * in_flight + cost.transient_bytes + buffers + reserve)
+    once = cost.transient_bytes + cost.cast_bytes + buffers + reserve
+    return int(state + cost.act_bytes * in_flight + once)
 
 
 def transfer_ms(nbytes: float, gbps: float) -> float:

@@ -25,13 +25,14 @@ in a non-reentrant ``torch.utils.checkpoint``) costs, per micro-batch:
   largest ``act_bytes`` among the stage's layers (``transient_bytes``).
 
 Under bf16 or fp16 on a GPU the runtime keeps fp32 master weights and runs the
-forward under autocast, which casts each matmul weight to 16 bits once per
-forward and keeps the copy for that micro-batch's backward: per micro-batch in
-flight, 2 bytes per parameter of every layer but the embedding (a lookup, not
-cast). Profiles time 16-bit modules directly, so their ``act_bytes`` lack these
-copies; ``CostTables.table`` adds them (GPT-2.7B at micro-batch 4 on an H100:
-4.9 GiB that a plan predicted at 81% of memory did not count, and it ran out).
-A recompute stage keeps no copy beyond the layer at work.
+forward under autocast, which casts each matmul weight to 16 bits: 2 bytes per
+parameter of every layer but the embedding (a lookup, not cast). Profiles time
+16-bit modules directly, so they lack these copies; ``CostTables.table`` adds
+them (GPT-2.7B at micro-batch 4 on an H100: 4.9 GiB that a plan predicted at
+81% of memory did not count, and it ran out). A plain stage casts once per step
+and shares the copies among its micro-batches (``runtime.pipeline``: autocast's
+cache outlives each forward), so they count once (``StageCost.cast_bytes``); a
+recompute stage keeps no copy beyond the layer at work (``transient_bytes``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, Profile
 from autohet_cli.settings import TrainingSettings
 
 TOKEN_ID_BYTES = 8  # int64: what the model's first layer (the embedding) takes
-AUTOCAST_COPY_BYTES = 2  # a 16-bit copy of an fp32 master weight, per micro-batch in flight
+AUTOCAST_COPY_BYTES = 2  # a 16-bit copy of an fp32 master weight, held for the step
 RESIDUAL_BYTES = 4  # fp32: the hidden state between layers, under autocast too
 
 
@@ -63,6 +64,7 @@ class StageCost:
     output_bytes: float  # sent to the next stage per micro-batch
     transient_bytes: float = 0.0  # held once, during one layer's backward (recompute)
     recompute: bool = False
+    cast_bytes: float = 0.0  # autocast's 16-bit weight copies, held once for the step
 
 
 class LayerTable:
@@ -107,11 +109,12 @@ class LayerTable:
         self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
         self._params = [0, *accumulate(lt.num_params for lt in layers)]
         cast = list(cast_bytes) if cast_bytes is not None else [0.0] * self.num_layers
-        act = [lt.act_bytes + c for lt, c in zip(layers, cast, strict=True)]
-        self._act = [0.0, *accumulate(act)]
+        self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
+        self._cast = [0.0, *accumulate(cast)]
         self._out = [lt.output_bytes for lt in layers]
         self._in = [0.0, *accumulate(input_bytes)]
-        self._act_max = _sparse_max(act)
+        # a recompute stage's working layer: its activations and its weights' copies
+        self._act_max = _sparse_max([lt.act_bytes + c for lt, c in zip(layers, cast, strict=True)])
 
     def stage(self, start: int, end: int, *, recompute: bool = False) -> StageCost:
         fwd = self._fwd[end] - self._fwd[start]
@@ -134,10 +137,12 @@ class LayerTable:
             num_params=self._params[end] - self._params[start],
             act_bytes=self._act[end] - self._act[start],
             output_bytes=self._out[end - 1],
+            cast_bytes=self._cast[end] - self._cast[start],
         )
 
     def max_act_bytes(self, start: int, end: int) -> float:
-        """The largest ``act_bytes`` of one layer in [start, end): O(1)."""
+        """The largest ``act_bytes`` (with the layer's weight copies) of one layer in
+        [start, end): O(1)."""
         level = (end - start).bit_length() - 1
         row = self._act_max[level]
         return max(row[start], row[end - (1 << level)])
@@ -397,9 +402,8 @@ class CostTables:
         return cached
 
     def cast_bytes(self, gpu_type: str, entry: ProfileEntry) -> list[float]:
-        """Per layer, autocast's 16-bit weight copies kept per micro-batch in flight
-        (module doc): none in fp32, and none on a CPU, where the runtime computes
-        in fp32 whatever the plan says."""
+        """Per layer, autocast's 16-bit weight copies (module doc): none in fp32, and
+        none on a CPU, where the runtime computes in fp32 whatever the plan says."""
         if self.training.precision == "fp32" or gpu_type == "cpu":
             return [0.0] * len(entry.layers)
         return [

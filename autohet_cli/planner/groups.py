@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations, permutations, product
+from typing import Any
 
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.tables import LayerTable
@@ -97,6 +98,18 @@ class BlockStats:
     block_work_bytes: float = 0.0
     tail_work_bytes: float = 0.0
     recompute: bool = False
+    # autocast's 16-bit weight copies of a plain stage, held once (StageCost.cast_bytes)
+    head_cast: float = 0.0
+    block_cast: float = 0.0  # the largest block's
+    tail_cast: float = 0.0
+
+    def cast_bytes(self, n: Any, *, head: bool, tail: bool) -> Any:
+        """The weight copies of a stage of ``n`` blocks (a number or a MILP variable)."""
+        return (
+            (self.head_cast if head else 0.0)
+            + n * self.block_cast
+            + (self.tail_cast if tail else 0.0)
+        )
 
     def work_bytes(self, *, head: bool, tail: bool) -> float:
         """Transient bytes of a stage holding the head part, blocks, the tail part:
@@ -149,6 +162,9 @@ def block_stats(table: LayerTable, model: ModelSpec, *, recompute: bool = False)
         block_work_bytes=blocks.transient_bytes,
         tail_work_bytes=tail.transient_bytes if tail else 0.0,
         recompute=recompute,
+        head_cast=head.cast_bytes if head else 0.0,
+        block_cast=max(table.stage(i, i + 1, recompute=r).cast_bytes for i in range(a, b)),
+        tail_cast=tail.cast_bytes if tail else 0.0,
     )
 
 
@@ -195,11 +211,12 @@ def _fits(stats: BlockStats, cap: float, state: int, n: int, depth: int) -> bool
     for s in range(depth):
         in_flight = depth - s
         fixed = 2 * stats.out_bytes + stats.work_bytes(head=s == 0, tail=s == depth - 1)
+        fixed += stats.cast_bytes(0, head=s == 0, tail=s == depth - 1)
         if s == 0:
             fixed += stats.head_params * state + stats.head_act * in_flight
         if s == depth - 1:
             fixed += stats.tail_params * state + stats.tail_act * in_flight
-        per_block = stats.block_params * state + stats.block_act * in_flight
+        per_block = stats.block_params * state + stats.block_act * in_flight + stats.block_cast
         room = cap - fixed
         if room < 0:
             return False

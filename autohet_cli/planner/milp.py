@@ -136,7 +136,7 @@ def solve_split(
             (st.head_params if head else 0) + n * st.block_params + (st.tail_params if tail else 0)
         )
         act = (st.head_act if head else 0.0) + n * st.block_act + (st.tail_act if tail else 0.0)
-        work = st.work_bytes(head=head, tail=tail)
+        work = st.work_bytes(head=head, tail=tail) + st.cast_bytes(n, head=head, tail=tail)
         model.addCons(
             params * inp.state_bytes_per_param + act * (S - s) + 2 * st.out_bytes + work
             <= inp.mem_cap_bytes[c]

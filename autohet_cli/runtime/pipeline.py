@@ -138,15 +138,30 @@ class PipelineSchedule:
         device: torch.device,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        cast_once: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         self.stage, self.info, self.p2p = stage, info, p2p
         self.loss_fn, self.global_batch_size, self.device = loss_fn, global_batch_size, device
         self.autocast, self.loss_context = autocast, loss_context
+        self.cast_once = cast_once
         self.loss_scale = 1.0  # fp16 loss scaling multiplies the backward of the loss
         self.trace: list[tuple[str, int]] = []  # compute order of the last run
 
     def run(self, microbatches: list[Microbatch]) -> Tensor:
-        """One iteration; returns this stage's summed loss share (zero off the last stage)."""
+        """One iteration; returns this stage's summed loss share (zero off the last stage).
+
+        Inside ``cast_once`` (``torch.autocast(enabled=False)``, so nothing runs under
+        autocast that did not before): autocast empties its cache of 16-bit weight
+        copies only when the outermost autocast context exits, so with this one
+        around the step every micro-batch's forward reuses the copies the first one
+        made, instead of each keeping its own until its backward (one copy per
+        micro-batch in flight: 16 on the first of 16 stages, more than the
+        optimizer state). The copies are the same casts of the same weights, so
+        the numbers are too; the weights change only after the step."""
+        with self.cast_once():
+            return self._run(microbatches)
+
+    def _run(self, microbatches: list[Microbatch]) -> Tensor:
         m = len(microbatches)
         assert m == self.info.num_microbatches, (m, self.info.num_microbatches)
         self.trace = []

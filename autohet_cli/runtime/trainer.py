@@ -162,6 +162,7 @@ class Trainer:
             global_batch_size=t.global_batch_size,
             device=self.runtime.device,
             autocast=self._autocast,
+            cast_once=self._cast_once,
             loss_context=loss_parallel
             if self.runtime.tp_mesh is not None
             else contextlib.nullcontext,
@@ -205,6 +206,15 @@ class Trainer:
         return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
             self.plan.training.precision, torch.float32
         )
+
+    def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a step: autocast's weight copies shared by its micro-batches
+        (``PipelineSchedule.run``). Not for a recompute stage, whose forward keeps
+        no copy and whose re-run casts one layer at a time: a cache held for the
+        step would keep every layer's."""
+        if self._precision() == torch.float32 or self.stage.recompute:
+            return contextlib.nullcontext()
+        return torch.autocast(self.runtime.device.type, enabled=False)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = self._precision()

@@ -51,8 +51,9 @@ UPDATE_MS = (0.5, 0.5, 1.0, 1.0)
 PARAMS = (100_000, 200_000, 300_000, 400_000)
 ACT_BYTES = (1e6, 2e6, 3e6, 4e6)
 OUT_BYTES = (1e6, 1e6, 1e6, 5e5)
-# Kept per micro-batch in flight under bf16 on a GPU: a layer's activations plus
-# autocast's 16-bit copy of its weights, 2 bytes per parameter (none for the embedding).
+# Under bf16 on a GPU, autocast's 16-bit copy of each layer's weights, 2 bytes per
+# parameter (none for the embedding), held once per step by a plain stage; a
+# recompute stage's working layer holds its activations and its copy (ACT_RUN).
 CAST = (0.0, 4e5, 6e5, 8e5)
 ACT_RUN = tuple(a + c for a, c in zip(ACT_BYTES, CAST, strict=True))
 
@@ -176,9 +177,9 @@ def test_one_pipeline_two_stages_by_hand() -> None:
 
     s0, s1 = ev.pipelines[0].stages
     # stage 0 of 2: 2 micro-batches in flight; buffers twice layer 1's output.
-    mem0 = state_bytes(300_000) + sum(ACT_RUN[:2]) * 2 + 2 * 1e6 + RESERVE
+    mem0 = state_bytes(300_000) + sum(ACT_BYTES[:2]) * 2 + sum(CAST[:2]) + 2 * 1e6 + RESERVE
     # stage 1: 1 in flight; buffers twice the head's 5e5-byte output.
-    mem1 = state_bytes(700_000) + sum(ACT_RUN[2:]) * 1 + 2 * 5e5 + RESERVE
+    mem1 = state_bytes(700_000) + sum(ACT_BYTES[2:]) * 1 + sum(CAST[2:]) + 2 * 5e5 + RESERVE
     assert s0.mem_bytes == int(mem0)
     assert s1.mem_bytes == int(mem1)
     assert s1.mem_fraction == pytest.approx(mem1 / CAPACITY)
@@ -195,7 +196,9 @@ def test_in_flight_microbatches_are_capped_by_their_number() -> None:
     for s, (in_flight, st_eval) in enumerate(
         zip((2, 2, 2, 1), ev.pipelines[0].stages, strict=True)
     ):
-        expect = state_bytes(PARAMS[s]) + ACT_RUN[s] * in_flight + 2 * OUT_BYTES[s] + RESERVE
+        expect = (
+            state_bytes(PARAMS[s]) + ACT_BYTES[s] * in_flight + CAST[s] + 2 * OUT_BYTES[s] + RESERVE
+        )
         assert st_eval.mem_bytes == int(expect), s
 
 
@@ -205,22 +208,23 @@ def test_memory_follows_the_training_settings() -> None:
     tables = CostTables(TOY, Profile(entries={e.key: e}), sgd)
     cluster = make_cluster([("h0", 1)])
     ev = evaluate([pipe(4, stage(0, 4, "h0", 0))], cluster, tables, 1)
-    expect = 1_000_000 * 12 + sum(ACT_RUN) * 1 + 2 * 5e5 + RESERVE
+    expect = 1_000_000 * 12 + sum(ACT_BYTES) * 1 + sum(CAST) + 2 * 5e5 + RESERVE
     assert ev.pipelines[0].stages[0].mem_bytes == int(expect)
 
 
 def test_autocast_weight_copies_count_under_16_bits_on_a_gpu_only() -> None:
     """The runtime keeps fp32 master weights and casts them under autocast once per
-    micro-batch forward, keeping the copy for its backward; fp32 runs and CPUs (which
-    compute in fp32 whatever the plan says) make no copies."""
+    step (test_runtime_model); fp32 runs and CPUs (which compute in fp32 whatever the
+    plan says) make no copies."""
     layers = toy_layers()
     on_gpu = toy_tables().table("A100-40", 1, 1, INTRA_GBPS).stage(0, 4)
-    assert on_gpu.act_bytes == sum(ACT_BYTES) + 2 * sum(PARAMS[1:])
+    assert on_gpu.act_bytes == sum(ACT_BYTES) and on_gpu.cast_bytes == 2 * sum(PARAMS[1:])
     fp32 = replace(TRAINING, precision="fp32")
     for gpu, training in (("A100-40", fp32), ("cpu", TRAINING)):
         e = replace(entry(gpu, layers), dtype=training.precision)
         tables = CostTables(TOY, Profile(entries={e.key: e}), training)
-        assert tables.table(gpu, 1, 1, INTRA_GBPS).stage(0, 4).act_bytes == sum(ACT_BYTES)
+        cost = tables.table(gpu, 1, 1, INTRA_GBPS).stage(0, 4)
+        assert (cost.act_bytes, cost.cast_bytes) == (sum(ACT_BYTES), 0.0)
 
 
 def test_two_pipelines_with_different_boundaries_by_hand() -> None:
@@ -248,7 +252,8 @@ def test_two_pipelines_with_different_boundaries_by_hand() -> None:
     assert ev.tokens_per_s == pytest.approx((3 + 1) * 128 / (ev.iteration_ms / 1e3))
     # stage 0 of a holds min(2, 3) = 2 micro-batches, stage 0 of b only its m = 1
     b0 = ev.pipelines[1].stages[0]
-    assert b0.mem_bytes == int(state_bytes(600_000) + sum(ACT_RUN[:3]) * 1 + 2 * 1e6 + RESERVE)
+    b0_mem = state_bytes(600_000) + sum(ACT_BYTES[:3]) * 1 + sum(CAST[:3]) + 2 * 1e6 + RESERVE
+    assert b0.mem_bytes == int(b0_mem)
 
 
 def test_grad_sync_inside_one_host_uses_the_intra_node_link() -> None:
@@ -513,7 +518,8 @@ def test_a_measured_entry_is_used_as_is() -> None:
     assert tables.is_measured("A100-40", 1, 1)
     cost = table.stage(1, 3)
     assert (cost.fwd_ms, cost.bwd_ms, cost.update_ms) == (2.0, 4.0, 1.5)
-    assert (cost.num_params, cost.act_bytes, cost.output_bytes) == (500_000, 5e6 + 1e6, 1e6)
+    assert (cost.num_params, cost.act_bytes, cost.output_bytes) == (500_000, 5e6, 1e6)
+    assert cost.cast_bytes == 1e6  # 2 bytes per parameter, held once
     # measured TP entries already contain their all-reduces
     assert tables.table("A100-40", 2, 1, 1.0).compute_ms(0, 4) == pytest.approx(12.0)
 

@@ -62,6 +62,11 @@ class Case:
     # The optimum with recomputation is >= 5% faster than without, and recomputes
     # some stages but not all (mixed) or every stage (everywhere).
     recompute_wins: str = ""  # "", "mixed" or "everywhere"
+    # make_plan is judged against the optimum with recomputation where memory binds
+    # (where it decides recomputation); elsewhere that optimum is the plain one
+    # (checked for the cases where it is cheap), and enumerating it twice would
+    # double the suite's longest oracle runs.
+    binds_memory: bool = False
     xfail_search: str = ""  # known planner misses (reason); strict
     xfail_make_plan: str = ""
 
@@ -136,6 +141,7 @@ CASES = [
     # Memory binds: a V100 (2.2 GB) cannot hold the model, so it must pipeline.
     Case(
         id="mem-v100-must-pipeline",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 1, 2.6), ("v0", "V100-16", 3, 2.2)),
         global_batch_size=8,
         oom_types=("V100-16",),
@@ -143,6 +149,7 @@ CASES = [
     # Memory binds harder: no type holds the model; the best pipelines mix types.
     Case(
         id="mem-mixed-v100-a100",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 1, 2.6), ("v0", "V100-16", 3, 2.6)),
         global_batch_size=8,
         profile=(("block_params", 10_000_000),),
@@ -151,6 +158,7 @@ CASES = [
     ),
     Case(
         id="mem-both-types-pipeline",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 2, 2.3), ("v0", "V100-16", 2, 2.3)),
         global_batch_size=8,
         profile=(("act_mb_per_block", 40.0),),
@@ -195,6 +203,7 @@ CASES = [
     # the A100 recomputes to hold 4 of 6 layers at full speed, the RTXs run plain.
     Case(
         id="recompute-the-fast-stage",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 2, 2.5)),
         global_batch_size=8,
         profile=(("act_mb_per_block", 150.0),),
@@ -203,6 +212,7 @@ CASES = [
     # ... or the A100 holds a whole replica by recomputing, beside two plain RTX ones
     Case(
         id="recompute-one-replica",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 2, 3.0)),
         global_batch_size=8,
         profile=(("act_mb_per_block", 150.0),),
@@ -211,6 +221,7 @@ CASES = [
     # ... or both types recompute to run data parallel at micro-batch 2
     Case(
         id="recompute-everywhere",
+        binds_memory=True,
         hosts=(("a0", "A100-40", 1, 2.5), ("r0", "RTX-3090", 1, 2.7)),
         global_batch_size=8,
         profile=(("act_mb_per_block", 100.0),),
@@ -308,7 +319,7 @@ def test_make_plan_within_one_percent_of_brute_force(case: Case) -> None:
         out.plan.training.micro_batch_size,
         pipes,
         out.eval.iteration_ms,
-        rc=True,  # make_plan decides recomputation where memory binds
+        rc=case.binds_memory,  # make_plan decides recomputation where memory binds
     )
 
 
@@ -349,6 +360,9 @@ def test_case_shows_what_it_claims(case: Case) -> None:
         )
         ev = evaluate([Pipeline(num_microbatches=1, stages=(stage,))], cluster, tables, 1)
         assert not ev.fits, f"{gpu} holds the whole model: the case no longer binds memory"
+    if not case.binds_memory:
+        assert opt.eval.memory_peak_fraction <= 0.8, "memory binds: mark the case binds_memory"
+        return
     with_rc = _optimum(case, True)
     flags = [s.recompute for p in with_rc.pipelines for s in p.stages]
     if case.recompute_wins:

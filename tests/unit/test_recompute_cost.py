@@ -31,7 +31,9 @@ from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
 from tests.cli import autohet
 from tests.unit.test_costmodel import (
+    ACT_BYTES,
     ACT_RUN,
+    CAST,
     OUT_BYTES,
     PARAMS,
     RESERVE,
@@ -102,7 +104,8 @@ def test_memory_keeps_inputs_per_microbatch_plus_one_layer_at_work() -> None:
     assert s0.mem_bytes < ev_plain.pipelines[0].stages[0].mem_bytes
     # The plain stage beside it is costed exactly as before.
     assert s1 == ev_plain.pipelines[0].stages[1]
-    assert s1.mem_bytes == int(state_bytes(700_000) + sum(ACT_RUN[2:]) + 2 * OUT_BYTES[3] + RESERVE)
+    s1_mem = state_bytes(700_000) + sum(ACT_BYTES[2:]) + sum(CAST[2:]) + 2 * OUT_BYTES[3] + RESERVE
+    assert s1.mem_bytes == int(s1_mem)
     # Time: stage 0's backward grew by its forward (4 + 2), and the simulator sees it.
     assert (s0.cost.fwd_ms, s0.cost.bwd_ms) == (2.0, 6.0)
     sim = simulate_1f1b([2, 2], [6, 4], 4, [1.0]).makespan_ms
@@ -118,7 +121,9 @@ def test_last_stage_works_on_the_head_and_each_pipeline_follows_its_flags() -> N
     assert b.mem_bytes == int(
         state_bytes(sum(PARAMS)) + sum(INPUTS) + ACT_RUN[3] + 5e5 * 2 + RESERVE
     )
-    assert a.mem_bytes == int(state_bytes(sum(PARAMS)) + sum(ACT_RUN) + 5e5 * 2 + RESERVE)
+    assert a.mem_bytes == int(
+        state_bytes(sum(PARAMS)) + sum(ACT_BYTES) + sum(CAST) + 5e5 * 2 + RESERVE
+    )
     assert (a.cost.bwd_ms, b.cost.bwd_ms) == (8.0, 12.0)
     assert ev.pipelines[1].time_ms > ev.pipelines[0].time_ms
 
@@ -151,8 +156,10 @@ def test_block_stats_for_recompute_carry_inputs_and_the_working_layer() -> None:
     )
     plain, again = block_stats(table, model), block_stats(table, model, recompute=True)
     assert again.block_act == 256 * model.hidden_size * RESIDUAL_BYTES < plain.block_act
-    assert again.block_work_bytes == plain.block_act
-    assert again.tail_work_bytes == plain.tail_act  # the head's logits
+    # the working layer: its activations and, under bf16, its weights' 16-bit copy
+    assert plain.block_cast == 2 * table.params(1, 2) > 0 and again.block_cast == 0.0
+    assert again.block_work_bytes == plain.block_act + plain.block_cast
+    assert again.tail_work_bytes == plain.tail_act + plain.tail_cast  # the head's logits
     assert again.block_ms == pytest.approx(plain.block_ms + plain.block_fwd_ms)
     assert plain.work_bytes(head=True, tail=True) == 0.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 from typing import Any
@@ -196,3 +197,55 @@ def test_schedule_loop_follows_one_f_one_b(num_stages: int, stage_index: int, m:
     batches = corpus.microbatches(0, batch_size=2 * m, sample_range=(0, 2 * m), micro_batch_size=2)
     schedule.run(batches)
     assert schedule.trace == one_f_one_b(num_stages, stage_index, m)
+
+
+def _bf16_run(cast_once: bool) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Stage 0 of 3 (3 micro-batches in flight) under bf16 autocast on the CPU: its
+    gradients, the distinct 16-bit weight copies autograd kept, and the weights."""
+    stage, parts = stage_of("gpt-tiny", 0, 2)
+    m = 4
+    info = RankInfo(
+        rank=0, pipeline=0, stage=0, tp_rank=0, num_stages=3, tp_size=1, layer_start=0,
+        layer_end=2, num_microbatches=m, device=Device(host="localhost", gpu=0),
+    )  # fmt: skip
+    schedule = PipelineSchedule(
+        stage=stage,
+        info=info,
+        p2p=FakeP2P((2, 16, 64)),  # type: ignore[arg-type]
+        loss_fn=parts.loss_fn,
+        global_batch_size=2 * m,
+        device=torch.device("cpu"),
+        autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        cast_once=(lambda: torch.autocast("cpu", enabled=False))
+        if cast_once
+        else contextlib.nullcontext,
+    )
+    weights = {tuple(p.shape) for p in stage.parameters() if p.ndim == 2}
+    copies: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == torch.bfloat16 and tuple(t.shape) in weights:
+            copies.add(t.untyped_storage().data_ptr())
+        return t
+
+    corpus = SyntheticCorpus(vocab_size=256, seq_len=16, seed=0)
+    batches = corpus.microbatches(0, batch_size=2 * m, sample_range=(0, 2 * m), micro_batch_size=2)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        schedule.run(batches)
+    grads = {n: p.grad.clone() for n, p in stage.named_parameters() if p.grad is not None}
+    # every matrix but the embedding's (layer 0: a lookup, not cast)
+    cast = sum(1 for n, p in stage.named_parameters() if p.ndim == 2 and layer_of(n) != 0)
+    return grads, len(copies), cast
+
+
+def test_one_weight_copy_per_step_under_autocast_with_the_same_gradients() -> None:
+    """The runtime's step shares autocast's 16-bit weight copies among micro-batches
+    (``PipelineSchedule.run``'s ``cast_once``): one copy per weight instead of one
+    per micro-batch in flight, and bit-for-bit the same gradients."""
+    once, n_once, weights = _bf16_run(cast_once=True)
+    each, n_each, _ = _bf16_run(cast_once=False)
+    assert once.keys() == each.keys() and once
+    for name in once:
+        assert torch.equal(once[name], each[name]), name
+    assert n_once == weights  # one copy of each cast weight, shared
+    assert n_each >= 3 * n_once  # three micro-batches in flight each kept their own
