@@ -265,6 +265,32 @@ def spread(profile: Profile, original: Profile) -> Profile:
     return profile.with_entries(out)
 
 
+def carry_to_tp(profile: Profile, original: Profile, tps: Sequence[int]) -> Profile:
+    """Carry the TP 1 refit to TP degrees ``tps`` whose own run failed.
+
+    Left alone, a failed TP run leaves that degree at the probe's isolated times
+    while TP 1 has been refitted slower, and the planner would favour TP for that
+    alone. TP 1's ratios (per term, over ``original``'s probe entry at the same
+    micro-batch size) are the least a TP run is slower than its probe: TP only adds
+    collectives the probe timed apart."""
+    out: list[ProfileEntry] = []
+    for k, e in profile.entries.items():
+        if k.tensor_parallel not in tps or e.source != "measured":
+            continue
+        k1 = replace(k, tensor_parallel=1)
+        refit, base = profile.entries.get(k1), original.entries.get(k1)
+        if refit is None or base is None or refit.source != "calibrated":
+            continue
+        if refit.dtype != e.dtype:
+            continue
+        ratios = [
+            _sum_ratio(refit.layers, base.layers, t) for t in ("fwd_ms", "bwd_ms", "update_ms")
+        ]
+        rc = [_sum_ratio(refit.layers, base.layers, t) for t in ("rc_fwd_ms", "rc_bwd_ms")]
+        out.append(_scaled(e, ratios, e.dtype, recompute=[*rc, ratios[2]]))
+    return profile.with_entries(out)
+
+
 def _sum_ratio(refit: Sequence[LayerTiming], base: Sequence[LayerTiming], term: str) -> float:
     num = sum(getattr(lt, term) for lt in refit)
     den = sum(getattr(lt, term) for lt in base)

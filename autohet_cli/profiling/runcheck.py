@@ -28,7 +28,7 @@ from autohet_cli.launch.preflight import PreflightError
 from autohet_cli.launch.session import JobChoice, Prepared, run_job
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Plan, write_plan
-from autohet_cli.profiling.calibrate import calibrate, spread
+from autohet_cli.profiling.calibrate import calibrate, carry_to_tp, spread
 from autohet_cli.profiling.runshapes import Shape, fits, predicted, shape_plan, shapes_for
 from autohet_cli.profiling.schema import Profile
 from autohet_cli.transport.pool import ConnectOptions, HostPool
@@ -94,6 +94,18 @@ def check_host(
     def done(refit: Profile) -> tuple[Profile, list[dict[str, object]]]:
         if refit is not profile:
             refit = spread(refit, profile)
+            ran = {r["shape"] for r in records if r["status"] == "ran"}
+            unrun = [s.tp for s in shapes_for(model.num_layers, host.num_gpus, tps)
+                     if s.tp > 1 and s.name not in ran]  # fmt: skip
+            if unrun:
+                refit = carry_to_tp(refit, profile, unrun)
+                records.append(
+                    {
+                        "shape": ",".join(f"tp-{t}" for t in unrun),
+                        "status": "carried",
+                        "why": "no run of its own: its probe times are scaled by TP 1's refit",
+                    }
+                )
         return replace(refit, meta={**refit.meta, "runtime_runs": {host.name: records}}), records
 
     if not mine:

@@ -90,9 +90,18 @@ def test_a_failed_run_is_recorded_and_the_others_still_refit(
         ("data-parallel-2", "ran"),
         ("tp-2", "failed"),
         ("two-stages", "failed"),
+        ("tp-2", "carried"),
     ]
     assert "rank 1 crashed" in str(records[1]["why"])
     assert len(prof.meta["calibrated_from"]) == 1  # the data-parallel run's refit is kept
+    # TP 2 ran nothing of its own: it is no faster than the probe by more than TP 1
+    # turned out to be (2x here), so the planner does not favour it for its failure
+    probe = _probe()
+    for key, entry in prof.entries.items():
+        base = probe.entries[key]
+        assert entry.source == "calibrated", key
+        for lt, b in zip(entry.layers, base.layers, strict=True):
+            assert lt.fwd_ms == pytest.approx(2 * b.fwd_ms), key
 
 
 def test_out_of_memory_retries_at_the_next_smaller_micro_batch(
