@@ -161,9 +161,22 @@ def run(
             figure = f"{link['gbps']} Gbit/s" if "gbps" in link else f"failed: {link['error']}"
             typer.echo(f"network {pair}: {figure}")
         for host, records in result.profile.meta.get("runtime_runs", {}).items():
-            for r in records:
+            for i, r in enumerate(records):
+                retried = [
+                    later for later in records[i + 1 :]
+                    if later.get("shape") == r.get("shape") and later.get("status") == "ran"
+                ]  # fmt: skip
                 if r.get("status") == "ran":
                     typer.echo(f"{host}: runtime run {_run_line(r)}")
+                elif r.get("status") == "carried":
+                    typer.echo(f"{host}: {r.get('shape')}: {r.get('why')}")
+                elif retried:
+                    typer.secho(
+                        f"{host}: runtime run {_run_line(r)}; ran again at micro-batch "
+                        f"{retried[0].get('micro_batch_size')}",
+                        fg=typer.colors.YELLOW,
+                        err=True,
+                    )
                 else:  # the probe's profile is kept: say what it lacks and why
                     typer.secho(
                         f"{host}: runtime run {_run_line(r)}; the profile keeps the probe's "

@@ -126,7 +126,10 @@ def build_launch_specs(
             # varying shapes (logits, micro-batch buffers) leave reserved but unusable
             # fragments (4.1 GiB on an H100 running GPT-2.7B, the margin between a plan
             # at 92% of memory and out-of-memory), which the cost model cannot predict.
-            env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+            # It overrides the host's own setting; the launch's user_env (under either
+            # name torch reads) overrides it.
+            if not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(env):
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         argv = [
             python_for(host),
             "-m",

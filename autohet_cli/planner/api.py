@@ -208,6 +208,8 @@ def _decide_recompute(
     result: SearchResult | None = None
     try:
         result = search(plain, progress)
+    except TimeLimitReached:
+        raise  # out of time, not of memory: more spaces would not help
     except InfeasibleError:
         pass
     if not memory_binds(result.best if result else None):
@@ -231,11 +233,14 @@ def _decide_recompute(
         left = deadline - time.monotonic()
         if left < 0.5 and best is not None:
             break
-        # every stage recomputing first (half the time when types follow), then
-        # the per-type spaces share the rest
-        share = left / 2 if i == 0 and len(spaces) > 1 else left / (len(spaces) - i)
+        # every stage recomputing first (all the time left where nothing fit, else
+        # half when per-type spaces follow), then the per-type spaces share the rest
+        if i == 0:
+            share = left / 2 if len(spaces) > 1 and result is not None else left
+        else:
+            share = left / (len(spaces) - i)
         try:
-            alt = search(replace(space, time_limit_s=max(share, 0.5)), progress)
+            alt = search(replace(space, time_limit_s=max(share, 0.1)), progress)
         except (InfeasibleError, TimeLimitReached) as exc:
             failure = failure or exc  # every stage recomputing: the most that can fit
             continue

@@ -29,7 +29,14 @@ from autohet_cli.costmodel.evaluate import stage_memory_bytes
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ConfigError
 from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.schema import LayerTiming, Overhead, Profile, ProfileEntry
+from autohet_cli.profiling.schema import (
+    RC_FITTED,
+    LayerTiming,
+    Overhead,
+    Profile,
+    ProfileEntry,
+    rc_mark,
+)
 from autohet_cli.settings import TrainingSettings
 
 MEM_MARGIN = 0.05  # of the measured peak: run-to-run spread of allocator and RSS peaks
@@ -87,12 +94,20 @@ def calibrate(
         gap = int(meas["mem_bytes"] * (1 + MEM_MARGIN)) - predicted_mem
         mem_extra[gpu] = max(mem_extra.get(gpu, 0), gap)
     entries, rows = [], []
+    fitted = set(profile.meta.get(RC_FITTED, []))
     for gpu, tp in sorted({(g, t) for g, t, _ in sums}):
         plain_sums, rc_sums = sums.get((gpu, tp, False)), sums.get((gpu, tp, True))
         base = tables.with_tp_comm(tables.entry(gpu, tp, mbs), tp, mbs)
         plain_x = _ratios(plain_sums) if plain_sums else None
+        mark = rc_mark(base.key)
         rc_x = _ratios(rc_sums) if rc_sums else None
-        entries.append(_scaled(base, plain_x, precision, recompute=rc_x))
+        rc_scale = rc_x
+        if rc_x is not None:
+            fitted.add(mark)
+        elif mark in fitted and plain_x is not None:
+            # recomputation times a recompute run fitted stay as that run measured them
+            rc_scale = [1.0, 1.0, plain_x[2]]
+        entries.append(_scaled(base, plain_x, precision, recompute=rc_scale))
         for x, recomputed in ((plain_x, False), (rc_x, True)):
             if x is not None:
                 rows.append(
@@ -144,6 +159,8 @@ def calibrate(
             tp_step_ms=tp_step,
         )
     meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
+    if fitted:
+        meta[RC_FITTED] = sorted(fitted)
     refit = replace(profile.with_entries(entries), overheads=overheads, meta=meta)
     return refit, rows
 
@@ -253,6 +270,7 @@ def spread(profile: Profile, original: Profile) -> Profile:
             _sum_ratio(e.layers, base.layers, term) for term in ("fwd_ms", "bwd_ms", "update_ms")
         ]
         rc = [_sum_ratio(e.layers, base.layers, term) for term in ("rc_fwd_ms", "rc_bwd_ms")]
+        measured_rc = _has_rc(e) or _has_rc(base)
         for k2, e2 in profile.entries.items():
             same = (k2.model, k2.gpu_type, k2.tensor_parallel, k2.seq_len) == (
                 k.model,
@@ -261,7 +279,8 @@ def spread(profile: Profile, original: Profile) -> Profile:
                 k.seq_len,
             )
             if same and k2 != k and e2.source == "measured" and e2.dtype == e.dtype:
-                out.append(_scaled(e2, ratios, e2.dtype, recompute=[*rc, ratios[2]]))
+                carried = [*rc, ratios[2]] if measured_rc else None
+                out.append(_scaled(e2, ratios, e2.dtype, recompute=carried))
     return profile.with_entries(out)
 
 
@@ -287,8 +306,14 @@ def carry_to_tp(profile: Profile, original: Profile, tps: Sequence[int]) -> Prof
             _sum_ratio(refit.layers, base.layers, t) for t in ("fwd_ms", "bwd_ms", "update_ms")
         ]
         rc = [_sum_ratio(refit.layers, base.layers, t) for t in ("rc_fwd_ms", "rc_bwd_ms")]
-        out.append(_scaled(e, ratios, e.dtype, recompute=[*rc, ratios[2]]))
+        carried = [*rc, ratios[2]] if _has_rc(refit) or _has_rc(base) else None
+        out.append(_scaled(e, ratios, e.dtype, recompute=carried))
     return profile.with_entries(out)
+
+
+def _has_rc(entry: ProfileEntry) -> bool:
+    """Whether ``entry`` holds recomputation times of its own (not derived ones)."""
+    return any(lt.recompute_fwd_ms is not None for lt in entry.layers)
 
 
 def _sum_ratio(refit: Sequence[LayerTiming], base: Sequence[LayerTiming], term: str) -> float:

@@ -12,6 +12,7 @@ runtime: the phase is skipped with a note, and the probe's profile is kept.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import threading
 import time
@@ -196,10 +197,13 @@ def check_host(
     return done(current)
 
 
+_OOM = re.compile(r"outofmemoryerror|cuda out of memory|out of memory(?![?)])")
+
+
 def _out_of_memory(exc: BaseException) -> bool:
-    """Whether a run failed for want of device memory (CUDA's, or the host's)."""
-    text = str(exc).lower()
-    return "out of memory" in text or "outofmemoryerror" in text
+    """Whether a run failed for want of device memory, as torch says it; not a worker
+    killed by a signal, which triage only guesses may be memory ("out of memory?")."""
+    return _OOM.search(str(exc).lower()) is not None
 
 
 def _short(exc: BaseException) -> str:

@@ -41,6 +41,15 @@ SCHEMA = "autohet.profile/v1"
 SOURCES = ("measured", "sailor", "analytic", "calibrated")
 _LAYER_KEYS = ("fwd_ms", "bwd_ms", "update_ms", "num_params", "act_bytes", "output_bytes")
 _RECOMPUTE_KEYS = ("recompute_fwd_ms", "recompute_bwd_ms")  # optional, both or neither
+# Profile meta: the entries whose recomputation times a recompute run fitted
+# (profiling.calibrate: a plain run's ratios then leave them alone); merging keeps
+# the marks of entries the newer profile does not replace.
+RC_FITTED = "recompute_calibrated"
+
+
+def rc_mark(k: EntryKey) -> str:
+    """An entry's name in ``RC_FITTED`` (``profiling.calibrate.rc_mark``)."""
+    return f"{k.model}|{k.gpu_type}|tp{k.tensor_parallel}|mbs{k.micro_batch_size}|{k.seq_len}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +195,10 @@ class Profile:
         absorbed = list(meta.get("calibrated_from", []))
         absorbed += [r for r in newer.meta.get("calibrated_from", []) if r not in absorbed]
         runs = {**meta.get("runtime_runs", {}), **newer.meta.get("runtime_runs", {})}
+        # recomputation times a run fitted: kept unless newer entries replaced them
+        replaced = {rc_mark(k) for k in newer.entries}
+        rc_fitted = [m for m in meta.get(RC_FITTED, []) if m not in replaced]
+        rc_fitted += [m for m in newer.meta.get(RC_FITTED, []) if m not in rc_fitted]
         meta.update({k: v for k, v in newer.meta.items() if k != "history"})
         if history:
             meta["history"] = history
@@ -193,6 +206,9 @@ class Profile:
             meta["calibrated_from"] = absorbed
         if runs:
             meta["runtime_runs"] = runs
+        meta.pop(RC_FITTED, None)
+        if rc_fitted:
+            meta[RC_FITTED] = sorted(rc_fitted)
         return Profile(devices=devices, entries=entries, meta=meta, overheads=overheads)
 
     def with_entries(self, entries: Iterable[ProfileEntry]) -> Profile:

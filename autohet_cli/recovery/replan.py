@@ -261,11 +261,9 @@ def replan(
                 time_limit_s=time_limit_s,
                 inputs=dict(old.inputs),
                 contingency=contingency,
-                # A plan that recomputed activations (to fit) keeps doing so on fewer
-                # GPUs; otherwise the planner decides where memory binds.
-                recompute=True
-                if any(s.recompute for p in old.pipelines for s in p.stages)
-                else None,
+                # The planner decides where memory binds, per stage and GPU type (an
+                # old plan's flags were for other GPUs).
+                recompute=None,
             )
         except InfeasibleError as exc:
             infeasible = exc

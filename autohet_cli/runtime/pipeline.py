@@ -39,6 +39,33 @@ from autohet_cli.runtime.timing import StepMarks
 from autohet_cli.runtime.topology import BACKWARD, FORWARD, RankInfo
 from autohet_cli.settings import COMPUTE_DTYPES
 
+Context = contextlib.AbstractContextManager[Any]
+
+
+def autocast_contexts(
+    device_type: str, dtype: torch.dtype, *, recompute: bool
+) -> tuple[Context, Context]:
+    """(each forward's, the whole step's) autocast contexts of a stage computing in
+    ``dtype`` (fp32: neither).
+
+    - Plain stage: each forward under autocast, the step inside a disabled autocast
+      (``PipelineSchedule.run``), so autocast's cache of 16-bit weight copies lives
+      for the step and its micro-batches share one copy of each weight.
+    - Recompute stage: autocast without its cache. A checkpointed forward keeps
+      nothing for backward, but a cache would hold every layer's copy until the
+      forward's context exits (the whole stage's weights at once); without it each
+      weight is cast as it is used and freed, and the re-run in backward holds one
+      layer's copies, which is what the cost model charges (``transient_bytes``).
+    """
+    if dtype == torch.float32:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    if recompute:
+        return torch.autocast(
+            device_type, dtype=dtype, cache_enabled=False
+        ), contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype), torch.autocast(device_type, enabled=False)
+
+
 RESIDUAL_DTYPE = torch.float32  # what a stage computes on between its layers
 
 

@@ -59,7 +59,7 @@ from autohet_cli.runtime.optim import (
     counted_parameters,
     set_lr,
 )
-from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, comm_dtype
+from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, autocast_contexts, comm_dtype
 from autohet_cli.runtime.stage import build_stage, normalize_grads, trainable_parameters
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
 
@@ -209,18 +209,15 @@ class Trainer:
 
     def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
         """Around a step: autocast's weight copies shared by its micro-batches
-        (``PipelineSchedule.run``). Not for a recompute stage, whose forward keeps
-        no copy and whose re-run casts one layer at a time: a cache held for the
-        step would keep every layer's."""
-        if self._precision() == torch.float32 or self.stage.recompute:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, enabled=False)
+        (``PipelineSchedule.run``); see ``autocast_contexts``."""
+        return autocast_contexts(
+            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+        )[1]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        dtype = self._precision()
-        if dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.runtime.device.type, dtype=dtype)
+        return autocast_contexts(
+            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+        )[0]
 
     # ----------------------------------------------------------------- the loop
 

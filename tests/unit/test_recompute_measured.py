@@ -76,12 +76,12 @@ def test_bad_recomputation_times_name_the_field(change: dict[str, Any], message:
         profile_from_dict(doc, "p.yaml")
 
 
-def _recomputing(plan: Plan, profile: Profile) -> Plan:
-    """``plan`` with every stage recomputing, predicted from ``profile``."""
+def _recomputing(plan: Plan, profile: Profile, flag: bool = True) -> Plan:
+    """``plan`` with every stage recomputing (or none), predicted from ``profile``."""
     flagged = replace(
         plan,
         pipelines=tuple(
-            replace(p, stages=tuple(replace(s, recompute=True) for s in p.stages))
+            replace(p, stages=tuple(replace(s, recompute=flag) for s in p.stages))
             for p in plan.pipelines
         ),
     )
@@ -116,30 +116,55 @@ def test_a_recompute_run_refits_the_recomputation_times_not_the_plain_ones() -> 
             assert s_new.predicted.bwd_ms == pytest.approx(2 * s_old.predicted.bwd_ms)
 
 
-def test_a_plain_run_carries_its_ratios_to_measured_recomputation_times() -> None:
-    """Measured recomputation times follow the plain run's evidence of the card's
-    speed; a recompute run later refits them alone."""
-    first, _ = calibrate(
-        Profile(),
-        compare(
-            _recomputing(_plan(), Profile()),
-            _report(_recomputing(_plan(), Profile()), 1.5, mem_bytes=1 << 20, step_extra_ms=0.0),
-            None,
-        ),
-        MODEL,
-        run_id="rc",
-        global_batch_size=8,
-    )
-    plan = _plan(first)
+def test_a_plain_run_leaves_recomputation_times_a_recompute_run_fitted() -> None:
+    """Recomputation times a recompute run fitted stay as it measured them; a later
+    plain run refits the plain times only (and merging keeps the mark)."""
+    rc_plan = _recomputing(_plan(), Profile())
+    rc_check = compare(rc_plan, _report(rc_plan, 1.5, mem_bytes=1 << 20, step_extra_ms=0.0), None)
+    first, _ = calibrate(Profile(), rc_check, MODEL, run_id="rc", global_batch_size=8)
+    assert first.meta["recompute_calibrated"]
+    plan = _recomputing(_plan(), first, flag=False)
     check = compare(plan, _report(plan, 3.0, mem_bytes=1 << 20, step_extra_ms=0.0), None)
     refit, rows = calibrate(first, check, MODEL, run_id="plain", global_batch_size=8)
     assert rows and not any(r["recompute"] for r in rows)
+    assert refit.meta["recompute_calibrated"] == first.meta["recompute_calibrated"]
     for key, e in refit.entries.items():
         was = first.entries[key]
         for lt, old in zip(e.layers, was.layers, strict=True):
             assert lt.fwd_ms == pytest.approx(3 * old.fwd_ms)
-            assert lt.recompute_fwd_ms == pytest.approx(3 * old.rc_fwd_ms)
-            assert lt.recompute_bwd_ms == pytest.approx(3 * old.rc_bwd_ms)
+            assert lt.recompute_fwd_ms == pytest.approx(old.rc_fwd_ms)
+            assert lt.recompute_bwd_ms == pytest.approx(old.rc_bwd_ms)
+    assert (
+        first.merged_with(refit).meta["recompute_calibrated"] == refit.meta["recompute_calibrated"]
+    )
+    # a fresh probe of the same entries voids the mark
+    assert "recompute_calibrated" not in refit.merged_with(Profile(entries=refit.entries)).meta
+
+
+def test_a_plain_run_scales_the_probes_recomputation_times() -> None:
+    """Times the probe measured (no recompute run yet) follow the plain run's
+    evidence of the card's speed; derived ones stay derived."""
+    tp, mbs = _plan().tensor_parallel, _plan().training.micro_batch_size
+    probed = CostTables(MODEL, None, TRAINING).entry("cpu", tp, mbs)
+    measured = replace(
+        probed,
+        source="measured",
+        dtype="fp32",
+        layers=tuple(
+            replace(lt, recompute_fwd_ms=2 * lt.fwd_ms, recompute_bwd_ms=4 * lt.bwd_ms)
+            for lt in probed.layers
+        ),
+    )
+    profile = Profile(entries={measured.key: measured})
+    plan = _recomputing(_plan(), profile, flag=False)
+    check = compare(plan, _report(plan, 3.0, mem_bytes=1 << 20, step_extra_ms=0.0), None)
+    refit, _ = calibrate(profile, check, MODEL, run_id="plain", global_batch_size=8)
+    e = refit.entries[measured.key]
+    for lt, old in zip(e.layers, measured.layers, strict=True):
+        assert lt.recompute_fwd_ms == pytest.approx(3 * old.rc_fwd_ms)
+    derived, _ = calibrate(Profile(), check, MODEL, run_id="plain", global_batch_size=8)
+    assert derived.entries
+    assert all(lt.recompute_fwd_ms is None for e in derived.entries.values() for lt in e.layers)
 
 
 def test_spread_carries_the_recomputation_ratio_to_probed_sizes() -> None:

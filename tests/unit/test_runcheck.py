@@ -133,6 +133,25 @@ def test_out_of_memory_retries_at_the_next_smaller_micro_batch(
     assert len(prof.meta["calibrated_from"]) == 3
 
 
+def test_a_worker_killed_by_a_signal_is_not_taken_for_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Triage guesses "(out of memory?)" for any killed worker; only torch's own
+    out-of-memory error retries at a smaller micro-batch."""
+    sizes = []
+
+    def fake(plan: Plan, *a: Any, **k: Any) -> dict[str, Any]:
+        sizes.append(plan.training.micro_batch_size)
+        raise AutohetError("rank 0 on h: killed by signal 11 (out of memory?)")
+
+    monkeypatch.setattr(runcheck, "_run", fake)
+    check_host(
+        HOST, CLUSTER, TINY, _probe((1, 2, 4)), seq_len=64, tps=[1, 2], mbs_candidates=[1, 2, 4],
+        options=RunCheckOptions(), say=lambda _m: None,
+    )  # fmt: skip
+    assert sizes == [4, 4, 4]  # each shape once, at the size chosen
+
+
 def test_a_host_without_autohet_keeps_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     def fake(plan: Plan, *a: Any, **k: Any) -> dict[str, Any]:
         raise PreflightError("h: autohet is not importable by python3")

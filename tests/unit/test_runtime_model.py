@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from autohet_cli.models import get_model
 from autohet_cli.plan import Device
@@ -21,7 +23,7 @@ from autohet_cli.runtime.model_api import (
     load_model_fn,
     local_layers,
 )
-from autohet_cli.runtime.pipeline import PipelineSchedule
+from autohet_cli.runtime.pipeline import PipelineSchedule, autocast_contexts
 from autohet_cli.runtime.stage import StageModule, tie_parameters
 from autohet_cli.runtime.topology import RankInfo, one_f_one_b
 
@@ -215,8 +217,8 @@ def _bf16_run(cast_once: bool) -> tuple[dict[str, torch.Tensor], int, int]:
         loss_fn=parts.loss_fn,
         global_batch_size=2 * m,
         device=torch.device("cpu"),
-        autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-        cast_once=(lambda: torch.autocast("cpu", enabled=False))
+        autocast=lambda: autocast_contexts("cpu", torch.bfloat16, recompute=False)[0],
+        cast_once=(lambda: autocast_contexts("cpu", torch.bfloat16, recompute=False)[1])
         if cast_once
         else contextlib.nullcontext,
     )
@@ -249,3 +251,42 @@ def test_one_weight_copy_per_step_under_autocast_with_the_same_gradients() -> No
         assert torch.equal(once[name], each[name]), name
     assert n_once == weights  # one copy of each cast weight, shared
     assert n_each >= 3 * n_once  # three micro-batches in flight each kept their own
+
+
+class _Casts(TorchDispatchMode):
+    """Weak references to the 16-bit matrices cast while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[weakref.ref[torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if (
+            func is torch.ops.aten._to_copy.default
+            and out.dtype == torch.bfloat16
+            and out.ndim == 2
+        ):
+            self.refs.append(weakref.ref(out))
+        return out
+
+
+def test_a_recompute_stage_forward_keeps_no_weight_copy() -> None:
+    """A recompute stage runs autocast without its cache: its checkpointed forward
+    frees each cast weight after use (with the cache every layer's copy stayed
+    until the forward's context exited: the whole stage's weights at once)."""
+    stage, _ = stage_of("gpt-tiny", 1, 5)
+    stage.recompute = True
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    alive = {}
+    for recompute in (True, False):
+        mode = _Casts()
+        forward, _ = autocast_contexts("cpu", torch.bfloat16, recompute=recompute)
+        with mode, forward:
+            stage(x)
+            alive[recompute] = sum(1 for r in mode.refs if r() is not None)
+        assert mode.refs  # weights were cast
+    assert alive[True] == 0 and alive[False] > 0
+    assert autocast_contexts("cpu", torch.float32, recompute=False)[0].__class__ is (
+        contextlib.nullcontext
+    )
