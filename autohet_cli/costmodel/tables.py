@@ -97,14 +97,13 @@ class LayerTable:
             0.0,
             *accumulate(lt.bwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
         ]
-        comm = list(tp_comm_ms)
         self._rfwd = [
             0.0,
-            *accumulate(lt.rc_fwd_ms + c for lt, c in zip(layers, comm, strict=True)),
+            *accumulate(lt.rc_fwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
         ]
         self._rbwd = [
             0.0,
-            *accumulate(lt.rc_bwd_ms + 2 * c for lt, c in zip(layers, comm, strict=True)),
+            *accumulate(lt.rc_bwd_ms + 2 * c for lt, c in zip(layers, tp_comm_ms, strict=True)),
         ]
         self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
         self._params = [0, *accumulate(lt.num_params for lt in layers)]

@@ -266,11 +266,6 @@ def spread(profile: Profile, original: Profile) -> Profile:
     out: list[ProfileEntry] = []
     for k, e in refitted:
         base = original.entries[k]
-        ratios = [
-            _sum_ratio(e.layers, base.layers, term) for term in ("fwd_ms", "bwd_ms", "update_ms")
-        ]
-        rc = [_sum_ratio(e.layers, base.layers, term) for term in ("rc_fwd_ms", "rc_bwd_ms")]
-        measured_rc = _has_rc(e) or _has_rc(base)
         for k2, e2 in profile.entries.items():
             same = (k2.model, k2.gpu_type, k2.tensor_parallel, k2.seq_len) == (
                 k.model,
@@ -279,8 +274,7 @@ def spread(profile: Profile, original: Profile) -> Profile:
                 k.seq_len,
             )
             if same and k2 != k and e2.source == "measured" and e2.dtype == e.dtype:
-                carried = [*rc, ratios[2]] if measured_rc else None
-                out.append(_scaled(e2, ratios, e2.dtype, recompute=carried))
+                out.append(_carried(e2, e, base))
     return profile.with_entries(out)
 
 
@@ -302,13 +296,18 @@ def carry_to_tp(profile: Profile, original: Profile, tps: Sequence[int]) -> Prof
             continue
         if refit.dtype != e.dtype:
             continue
-        ratios = [
-            _sum_ratio(refit.layers, base.layers, t) for t in ("fwd_ms", "bwd_ms", "update_ms")
-        ]
-        rc = [_sum_ratio(refit.layers, base.layers, t) for t in ("rc_fwd_ms", "rc_bwd_ms")]
-        carried = [*rc, ratios[2]] if _has_rc(refit) or _has_rc(base) else None
-        out.append(_scaled(e, ratios, e.dtype, recompute=carried))
+        out.append(_carried(e, refit, base))
     return profile.with_entries(out)
+
+
+def _carried(target: ProfileEntry, refit: ProfileEntry, base: ProfileEntry) -> ProfileEntry:
+    """``target`` scaled per term by how a run refitted ``base`` into ``refit``
+    (summed over layers); recomputation times only where one of them measured them,
+    so derived ones stay derived."""
+    ratios = [_sum_ratio(refit.layers, base.layers, t) for t in ("fwd_ms", "bwd_ms", "update_ms")]
+    rc = [_sum_ratio(refit.layers, base.layers, t) for t in ("rc_fwd_ms", "rc_bwd_ms")]
+    carried = [*rc, ratios[2]] if _has_rc(refit) or _has_rc(base) else None
+    return _scaled(target, ratios, target.dtype, recompute=carried)
 
 
 def _has_rc(entry: ProfileEntry) -> bool:

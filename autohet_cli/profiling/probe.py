@@ -770,8 +770,13 @@ def time_layer(
         _sync(dev)
         return t1 - t0, time.perf_counter() - t1
 
-    def medians(fwd_fn: Callable[[], torch.Tensor], until_s: float) -> tuple[float, float, int]:
-        once = sum(iteration(fwd_fn))  # the first: slower than steady state
+    def medians(
+        fwd_fn: Callable[[], torch.Tensor], until_s: float, once: float | None = None
+    ) -> tuple[float, float, int]:
+        """Median forward and backward ms until ``until_s``; ``once``: the seconds of
+        a first iteration already run (else one is run here: slower than steady state)."""
+        if once is None:
+            once = sum(iteration(fwd_fn))
         for _ in range(warmup):  # as many as the share allows beside one timed iteration
             if once * 2 > until_s - time.perf_counter():
                 break
@@ -793,7 +798,8 @@ def time_layer(
     backward(out)
     del out
     _sync(dev)
-    fwd, bwd, reps = medians(forward, start + 0.6 * share_s)
+    once = time.perf_counter() - start  # the hooked first run: the plain timing's warm-up
+    fwd, bwd, reps = medians(forward, start + 0.6 * share_s, once)
     rc_fwd, rc_bwd, _ = medians(rc_forward, start + share_s)
     module.zero_grad(set_to_none=True)
     return {

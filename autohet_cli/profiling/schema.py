@@ -48,7 +48,7 @@ RC_FITTED = "recompute_calibrated"
 
 
 def rc_mark(k: EntryKey) -> str:
-    """An entry's name in ``RC_FITTED`` (``profiling.calibrate.rc_mark``)."""
+    """An entry's name in ``RC_FITTED``."""
     return f"{k.model}|{k.gpu_type}|tp{k.tensor_parallel}|mbs{k.micro_batch_size}|{k.seq_len}"
 
 

@@ -175,6 +175,21 @@ def test_schedule_loop_follows_one_f_one_b(num_stages: int, stage_index: int, m:
         (first, last), (4, 6)
     )
     stage, parts = stage_of("gpt-tiny", *layers)
+    schedule = _schedule(stage, parts, num_stages, stage_index, layers, m)
+    schedule.run(_batches(m))
+    assert schedule.trace == one_f_one_b(num_stages, stage_index, m)
+
+
+def _schedule(
+    stage: StageModule,
+    parts: ModelParts,
+    num_stages: int,
+    stage_index: int,
+    layers: tuple[int, int],
+    m: int,
+    **contexts: Any,
+) -> PipelineSchedule:
+    """The 1F1B loop of one stage of pipeline 0, its neighbours faked."""
     info = RankInfo(
         rank=0,
         pipeline=0,
@@ -187,18 +202,20 @@ def test_schedule_loop_follows_one_f_one_b(num_stages: int, stage_index: int, m:
         num_microbatches=m,
         device=Device(host="localhost", gpu=0),
     )
-    schedule = PipelineSchedule(
+    return PipelineSchedule(
         stage=stage,
         info=info,
         p2p=FakeP2P((2, 16, 64)),  # type: ignore[arg-type]
         loss_fn=parts.loss_fn,
         global_batch_size=2 * m,
         device=torch.device("cpu"),
+        **contexts,
     )
+
+
+def _batches(m: int) -> list[Any]:
     corpus = SyntheticCorpus(vocab_size=256, seq_len=16, seed=0)
-    batches = corpus.microbatches(0, batch_size=2 * m, sample_range=(0, 2 * m), micro_batch_size=2)
-    schedule.run(batches)
-    assert schedule.trace == one_f_one_b(num_stages, stage_index, m)
+    return corpus.microbatches(0, batch_size=2 * m, sample_range=(0, 2 * m), micro_batch_size=2)
 
 
 def _bf16_run(cast_once: bool) -> tuple[dict[str, torch.Tensor], int, int]:
@@ -206,17 +223,13 @@ def _bf16_run(cast_once: bool) -> tuple[dict[str, torch.Tensor], int, int]:
     gradients, the distinct 16-bit weight copies autograd kept, and the weights."""
     stage, parts = stage_of("gpt-tiny", 0, 2)
     m = 4
-    info = RankInfo(
-        rank=0, pipeline=0, stage=0, tp_rank=0, num_stages=3, tp_size=1, layer_start=0,
-        layer_end=2, num_microbatches=m, device=Device(host="localhost", gpu=0),
-    )  # fmt: skip
-    schedule = PipelineSchedule(
-        stage=stage,
-        info=info,
-        p2p=FakeP2P((2, 16, 64)),  # type: ignore[arg-type]
-        loss_fn=parts.loss_fn,
-        global_batch_size=2 * m,
-        device=torch.device("cpu"),
+    schedule = _schedule(
+        stage,
+        parts,
+        3,
+        0,
+        (0, 2),
+        m,
         autocast=lambda: autocast_contexts("cpu", torch.bfloat16, recompute=False)[0],
         cast_once=(lambda: autocast_contexts("cpu", torch.bfloat16, recompute=False)[1])
         if cast_once
@@ -230,10 +243,8 @@ def _bf16_run(cast_once: bool) -> tuple[dict[str, torch.Tensor], int, int]:
             copies.add(t.untyped_storage().data_ptr())
         return t
 
-    corpus = SyntheticCorpus(vocab_size=256, seq_len=16, seed=0)
-    batches = corpus.microbatches(0, batch_size=2 * m, sample_range=(0, 2 * m), micro_batch_size=2)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        schedule.run(batches)
+        schedule.run(_batches(m))
     grads = {n: p.grad.clone() for n, p in stage.named_parameters() if p.grad is not None}
     # every matrix but the embedding's (layer 0: a lookup, not cast)
     cast = sum(1 for n, p in stage.named_parameters() if p.ndim == 2 and layer_of(n) != 0)
