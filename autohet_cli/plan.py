@@ -2,7 +2,10 @@
 
 A plan says, for every data-parallel replica (pipeline), how many micro-batches
 it takes and which devices hold which half-open layer range at which TP
-degree. It is immutable once written as ``plans/<name>.v<N>.yaml``: a new plan
+degree. Each stage has its own TP degree (a V100 stage may need TP 2 where an
+A100 stage runs alone); the plan-level ``tensor_parallel`` is the largest of
+them, kept so that readers of plans written before per-stage degrees still find
+the number they used. It is immutable once written as ``plans/<name>.v<N>.yaml``: a new plan
 (a re-plan, a recovery) is a new version, and ``parent`` links it to the old.
 Loading validates everything the launcher and runtime rely on, so a
 hand-edited plan fails here with the field named, not later on a GPU.
@@ -130,6 +133,11 @@ class Plan:
     def hosts(self) -> list[str]:
         return list(dict.fromkeys(d.host for d in self.devices()))
 
+    @property
+    def tp_degrees(self) -> tuple[int, ...]:
+        """The distinct stage TP degrees, ascending (one value: a uniform plan)."""
+        return tuple(sorted({s.tensor_parallel for p in self.pipelines for s in p.stages}))
+
     def validate(self, where: str = "plan") -> None:
         """Every invariant the runtime relies on; errors name the field."""
         t = self.training
@@ -171,6 +179,13 @@ class Plan:
         seen: dict[Device, str] = {}
         for i, p in enumerate(self.pipelines):
             _validate_pipeline(self, p, f"{where}: pipelines[{i}]", seen)
+        largest = max(s.tensor_parallel for p in self.pipelines for s in p.stages)
+        if largest != self.tensor_parallel:
+            raise PlanError(
+                f"{where}: tensor_parallel: {self.tensor_parallel}, but the largest stage "
+                f"tensor_parallel is {largest}; the plan-level value must be the largest "
+                "stage's (stages carry their own)"
+            )
 
 
 def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]) -> None:
@@ -187,10 +202,10 @@ def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]
                 "be non-empty: stages cover the model's layers in order, exactly once"
             )
         expect = s.layer_end
-        if s.tensor_parallel != plan.tensor_parallel:
+        if not 1 <= s.tensor_parallel <= plan.tensor_parallel:
             raise PlanError(
-                f"{sat}.tensor_parallel: {s.tensor_parallel} differs from the plan's "
-                f"tensor_parallel {plan.tensor_parallel} (TP is symmetric across replicas)"
+                f"{sat}.tensor_parallel: must be 1 to the plan's tensor_parallel "
+                f"{plan.tensor_parallel} (the largest stage's), got {s.tensor_parallel}"
             )
         if len(s.devices) != s.tensor_parallel:
             raise PlanError(

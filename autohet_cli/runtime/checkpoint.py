@@ -90,7 +90,12 @@ from autohet_cli.runtime.ckpt_files import (
 )
 from autohet_cli.runtime.ckpt_remote import RemoteCopy, Uploader, UploadJob, remote_url
 from autohet_cli.runtime.ckpt_schedule import CheckpointHook
-from autohet_cli.runtime.ckpt_state import checkpoint_failure, rename_optimizer, tied_aliases
+from autohet_cli.runtime.ckpt_state import (
+    checkpoint_failure,
+    keep_written,
+    rename_optimizer,
+    tied_aliases,
+)
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
 
@@ -248,6 +253,12 @@ class Checkpointer:
                 shutil.rmtree(d, ignore_errors=True)
         dist.barrier(group=self.group)
         state, _ = self._state()
+        runtime = self.trainer.runtime
+        state = keep_written(
+            state,
+            lambda layers: runtime.topology.writes_layout(runtime.info.rank, layers),
+            self.trainer.parts.tied,
+        )
         dcp_save(
             state,
             storage_writer=FileSystemWriter(tmp, overwrite=True),

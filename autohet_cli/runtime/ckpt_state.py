@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
 from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.ckpt_files import CheckpointError
+from autohet_cli.runtime.model_api import layer_of
 
 # --------------------------------------------------------------------- tied names
 
@@ -46,6 +47,34 @@ def rename_optimizer(flat: Mapping[str, Any], aliases: Mapping[str, str]) -> dic
                 key = f"{kind}.{new}{rest[len(old) :]}"
                 break
         out[key] = value
+    return out
+
+
+def keep_written(
+    state: dict[str, Any], writes: Callable[[tuple[int, ...]], bool], tied: Sequence[Sequence[str]]
+) -> dict[str, Any]:
+    """``state`` without the model and optimizer entries of parameters this rank does
+    not write (``writes(layers)`` False: ``Topology.writes_layout``). A model entry
+    is its own layer's (each name of a tied group is stored under itself); a tied
+    parameter's optimizer state is filed under its group's first name by every
+    holder of any of the group's layers (``rename_optimizer``), so all those
+    layers decide it."""
+    group_layers = {n: tuple(layer_of(x) for x in g) for g in tied for n in g}
+
+    def kept(name: str, *, group: bool) -> bool:
+        try:
+            own = (layer_of(name),)
+        except ValueError:
+            return True  # not a layer's entry: everyone's
+        return writes(group_layers.get(name, own) if group else own)
+
+    out = dict(state)
+    out["model"] = {k: v for k, v in state["model"].items() if kept(k, group=False)}
+    out["optimizer"] = {
+        k: v
+        for k, v in state["optimizer"].items()
+        if kept(k.partition(".")[2].rpartition(".")[0], group=True)
+    }
     return out
 
 

@@ -100,8 +100,8 @@ class Runtime:
         me = self.info.rank
         for sync in self.topology.sync_groups(tied):
             pg = self.group(sync.ranks)
-            if me in sync.ranks:
-                self.sync_groups.append((sync, pg))
+            if me in sync.members:  # a full-gradient sync's member reduces only via rank 0
+                self.sync_groups.append((sync, pg if me in sync.ranks else None))
 
 
 def pick_device(choice: str, env: WorkerEnv) -> torch.device:

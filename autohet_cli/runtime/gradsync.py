@@ -7,8 +7,14 @@ the global batch, whatever the batch shares: a plain SUM all-reduce per segment,
 no re-weighting. A rank joins the groups of the segments it holds; a parameter
 tied across layers joins the group of every rank holding any copy of it instead.
 Buckets run in the order ``Topology.sync_groups`` gives, the same on every rank.
-They reduce in fp32 (``settings.GRAD_REDUCE_DTYPE``, what the cost model charges):
-the gradients of fp32 master weights, never rounded to 16 bits before summing.
+A segment held by stages of different TP degrees syncs through the full gradient
+(``SyncGroup.full``; ``topology`` says why): DTensor gathers it over the stage's TP
+group, TP rank 0 of each holding stage all-reduces it, broadcasts the sum to its
+TP group, and DTensor keeps each rank's shard of it. It runs in slices of at most
+``FULL_SYNC_BYTES`` so that a rank never holds more than that much of a full
+gradient beyond its own shards. They reduce in fp32 (``settings.GRAD_REDUCE_DTYPE``,
+what the cost model charges): the gradients of fp32 master weights, never rounded
+to 16 bits before summing.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.model_api import layer_of
@@ -28,11 +35,15 @@ from autohet_cli.settings import GRAD_REDUCE_DTYPE
 REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
 
 
+FULL_SYNC_BYTES = 64 * 2**20  # of fp32 full gradient per slice of a full-gradient sync
+
+
 @dataclass(slots=True, kw_only=True)
 class Bucket:
     key: str
-    group: ProcessGroup
+    group: ProcessGroup | None  # None: a full-gradient member that is not its stage's TP rank 0
     params: list[nn.Parameter]
+    full: bool = False
 
 
 class GradSync:
@@ -46,10 +57,14 @@ class GradSync:
         known = {sync.key for sync, _ in runtime.sync_groups}
         unknown = sorted(set(by_key) - known)
         assert not unknown, f"parameters in no sync group: {unknown}"
+        self.tp_group = runtime.tp_group
+        # TP rank 0 of this rank's stage, the source of a full-gradient sync's broadcast.
+        info = runtime.info
+        self.tp_root = runtime.peer(runtime.topology.rank_of(info.pipeline, info.stage, 0))
         self.buckets = [
-            Bucket(key=sync.key, group=pg, params=by_key[sync.key])
+            Bucket(key=sync.key, group=pg, params=by_key[sync.key], full=sync.full)
             for sync, pg in runtime.sync_groups
-            if pg is not None and sync.key in by_key
+            if (pg is not None or sync.full) and sync.key in by_key
         ]
 
     @torch.no_grad()
@@ -57,6 +72,9 @@ class GradSync:
         """Sum every bucket's gradients over its group, in place."""
         pending = []
         for bucket in self.buckets:
+            if bucket.full:
+                self._full_sync(bucket)
+                continue
             grads = [local_tensor(p.grad) for p in bucket.params if p.grad is not None]
             assert len(grads) == len(bucket.params), f"{bucket.key}: missing gradients"
             flat = torch.cat([g.reshape(-1).to(REDUCE_DTYPE) for g in grads])
@@ -64,10 +82,57 @@ class GradSync:
             pending.append((work, flat, grads))
         for work, flat, grads in pending:
             work.wait()
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
+            _unflatten(flat, grads)
+
+    def _full_sync(self, bucket: Bucket) -> None:
+        """Gather, reduce over the holding stages' TP rank 0, broadcast, keep the shard."""
+        assert all(p.grad is not None for p in bucket.params), f"{bucket.key}: missing gradients"
+        for params in _slices(bucket.params):
+            fulls = [_full(p.grad) for p in params]
+            flat = torch.cat([f.reshape(-1).to(REDUCE_DTYPE) for f in fulls])
+            if bucket.group is not None:
+                dist.all_reduce(flat, group=bucket.group)
+            if self.tp_group is not None:
+                dist.broadcast(flat, src=self.tp_root, group=self.tp_group)
+            _unflatten(flat, fulls)
+            for p, full in zip(params, fulls, strict=True):
+                grad = p.grad
+                if isinstance(grad, DTensor):
+                    shard = distribute_tensor(
+                        full, grad.device_mesh, grad.placements, src_data_rank=None
+                    )
+                    local_tensor(grad).copy_(local_tensor(shard))
+                else:
+                    assert grad is not None
+                    if grad is not full:
+                        grad.copy_(full)
+
+
+def _full(grad: Tensor | None) -> Tensor:
+    """The full gradient: gathered over the TP group for a DTensor (a collective)."""
+    assert grad is not None
+    return grad.full_tensor() if isinstance(grad, DTensor) else grad
+
+
+def _slices(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Consecutive runs of parameters of at most FULL_SYNC_BYTES of full fp32 gradient."""
+    out: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in params:
+        n = p.numel() * 4  # numel of a DTensor is its full size
+        if out[-1] and size + n > FULL_SYNC_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += n
+    return out
+
+
+def _unflatten(flat: Tensor, grads: list[Tensor]) -> None:
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def _segment_key(segments: tuple[tuple[int, int], ...], layer: int) -> str:

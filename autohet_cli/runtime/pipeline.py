@@ -19,8 +19,10 @@ Stage boundaries carry tensors of ``ModelParts.activation_shape`` in the compute
 dtype (``comm_dtype``: bf16 under a bf16 plan on a GPU, as the cost model charges;
 ``autohet_cli.settings`` states the decision); the receiver widens them to fp32,
 where the residual stream lives under autocast, and sends their gradients back in
-the compute dtype too. Each TP rank of a stage talks to the same TP rank of its
-neighbours, the boundary activations being replicated across a stage's TP ranks.
+the compute dtype too. The boundary activations are replicated across a stage's
+TP ranks, so each rank receives from one rank of its neighbour and sends to the
+ranks that receive from it (``Topology.prev_rank``/``send_next``): the same TP rank
+when neighbours have one degree, ``k mod a`` when they differ.
 """
 
 from __future__ import annotations
@@ -88,8 +90,14 @@ class P2P:
         shape: tuple[int, ...],
         device: torch.device,
         dtype: torch.dtype = RESIDUAL_DTYPE,
+        send_prev: tuple[int, ...] | None = None,
+        send_next: tuple[int, ...] | None = None,
     ) -> None:
-        self.prev, self.next = prev_rank, next_rank  # global ranks; None at the ends
+        # Global ranks received from (None at the ends) and sent to (by default the
+        # same neighbour; stages of different TP degrees send to several or none).
+        self.prev, self.next = prev_rank, next_rank
+        self.to_prev = _peers(prev_rank) if send_prev is None else send_prev
+        self.to_next = _peers(next_rank) if send_next is None else send_next
         self.shape, self.device, self.dtype = shape, device, dtype
         self.marks: StepMarks | None = None  # set by the trainer for each step it times
 
@@ -102,13 +110,15 @@ class P2P:
         recv_next: bool = False,
     ) -> tuple[Tensor | None, Tensor | None]:
         ops, from_prev, from_next = [], None, None
-        if send_prev is not None and self.prev is not None:
-            ops.append(dist.P2POp(dist.isend, self._wire(send_prev), self.prev))
+        if send_prev is not None:
+            wire = self._wire(send_prev)
+            ops += [dist.P2POp(dist.isend, wire, peer) for peer in self.to_prev]
         if recv_prev and self.prev is not None:
             from_prev = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, from_prev, self.prev))
-        if send_next is not None and self.next is not None:
-            ops.append(dist.P2POp(dist.isend, self._wire(send_next), self.next))
+        if send_next is not None:
+            wire = self._wire(send_next)
+            ops += [dist.P2POp(dist.isend, wire, peer) for peer in self.to_next]
         if recv_next and self.next is not None:
             from_next = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, from_next, self.next))
@@ -141,6 +151,10 @@ class P2P:
 
     def send_backward_recv_forward(self, t: Tensor | None) -> Tensor | None:
         return self._exchange(send_prev=t, recv_prev=True)[0]
+
+
+def _peers(rank: int | None) -> tuple[int, ...]:
+    return () if rank is None else (rank,)
 
 
 Microbatch = tuple[Tensor, Tensor]

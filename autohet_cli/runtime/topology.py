@@ -14,12 +14,30 @@ Rank order
     ``LOCAL_RANK``-th device of that host in plan order (``slot_for_host``); the
     runtime then exchanges logical ranks once at start-up.
 
+Stages of different TP degrees
+    Each stage has its own TP degree. A stage's boundary activations (and their
+    gradients) are replicated over its TP ranks, so a rank needs them from any one
+    rank of its neighbour: TP rank ``k`` of a stage of degree ``b`` receives from
+    TP rank ``k mod a`` of its neighbour of degree ``a``, and a sender sends to every
+    rank that maps to it (none, when it has more ranks than the receiver). With
+    equal degrees that is rank ``k`` to rank ``k``, as before.
+
 Segments and gradient sync
     Cut the layer range at every stage boundary of every pipeline. Each resulting
-    segment is held, in every pipeline, by exactly one stage; the TP rank ``k`` of
-    those stages (one per pipeline) all-reduce the segment's gradients. Parameters
-    tied across layers (a GPT's embedding and head) are synced over every rank
-    that holds any of the tied layers, each rank contributing its copy once.
+    segment is held, in every pipeline, by exactly one stage. Where those stages
+    have one TP degree, the TP rank ``k`` of each (one per pipeline) all-reduce
+    the segment's gradients: their shards line up. Where the degrees differ, the
+    shards do not, and the segment syncs through the full gradient (``SyncGroup
+    .full``): each holding stage gathers it over its TP group, TP rank 0 of every
+    holding stage all-reduces it, and each broadcasts the sum back to its TP
+    group, which keeps its own shard. Why not reshard: a TP-1 stage holds plain
+    tensors that do not say along which dimension another stage shards them;
+    the full gradient needs no such knowledge (DTensor gathers and re-shards it),
+    and it moves the same bytes through each host's NIC as the sharded rings do
+    (the t rings of a TP group carry 1/t each); the gather and the broadcast stay
+    inside a host. Parameters tied across layers (a GPT's embedding and head) are
+    synced over every stage that holds any of the tied layers, each contributing
+    its copy once, by the same two rules.
 
 Batch shares
     Pipeline ``p`` takes the contiguous slice of the global batch that starts after
@@ -68,12 +86,23 @@ class RankInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncGroup:
-    """Ranks that all-reduce the gradients of ``layers`` (or of one tied parameter)."""
+    """Ranks that all-reduce the gradients of ``layers`` (or of one tied parameter).
+
+    ``full``: the holding stages have different TP degrees; ``ranks`` (TP rank 0 of
+    each holding stage) all-reduce the full gradient, and ``members`` (every rank of
+    those stages) gather it before and receive the sum after, over their TP group.
+    Otherwise ``members == ranks``: TP rank ``tp_rank`` of each holding stage."""
 
     key: str  # "segment:a-b" or "tied:<parameter name>"
     layers: tuple[int, ...]
     tp_rank: int
     ranks: tuple[int, ...]
+    full: bool = False
+    members: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            object.__setattr__(self, "members", self.ranks)
 
 
 class Topology:
@@ -122,14 +151,47 @@ class Topology:
             for s in range(len(pipe.stages))
         ]
 
+    def _degree(self, pipeline: int, stage: int) -> int:
+        return self.plan.pipelines[pipeline].stages[stage].tensor_parallel
+
     def prev_rank(self, rank: int) -> int | None:
-        """The same TP rank of the previous stage of this rank's pipeline."""
+        """The rank of the previous stage this rank receives activations from
+        (TP rank ``k mod a`` of a previous stage of degree ``a``)."""
         i = self.ranks[rank]
-        return None if i.is_first_stage else self.rank_of(i.pipeline, i.stage - 1, i.tp_rank)
+        if i.is_first_stage:
+            return None
+        return self.rank_of(
+            i.pipeline, i.stage - 1, i.tp_rank % self._degree(i.pipeline, i.stage - 1)
+        )
 
     def next_rank(self, rank: int) -> int | None:
+        """The rank of the next stage this rank receives gradients from."""
         i = self.ranks[rank]
-        return None if i.is_last_stage else self.rank_of(i.pipeline, i.stage + 1, i.tp_rank)
+        if i.is_last_stage:
+            return None
+        return self.rank_of(
+            i.pipeline, i.stage + 1, i.tp_rank % self._degree(i.pipeline, i.stage + 1)
+        )
+
+    def send_next(self, rank: int) -> tuple[int, ...]:
+        """The ranks of the next stage this rank sends its activations to."""
+        i = self.ranks[rank]
+        if i.is_last_stage:
+            return ()
+        n = self._degree(i.pipeline, i.stage + 1)
+        return tuple(
+            self.rank_of(i.pipeline, i.stage + 1, k) for k in range(i.tp_rank, n, i.tp_size)
+        )
+
+    def send_prev(self, rank: int) -> tuple[int, ...]:
+        """The ranks of the previous stage this rank sends input gradients to."""
+        i = self.ranks[rank]
+        if i.is_first_stage:
+            return ()
+        n = self._degree(i.pipeline, i.stage - 1)
+        return tuple(
+            self.rank_of(i.pipeline, i.stage - 1, k) for k in range(i.tp_rank, n, i.tp_size)
+        )
 
     # ----------------------------------------------------------------- gradient sync
 
@@ -148,32 +210,50 @@ class Topology:
             i.rank for i in self.ranks if i.tp_rank == tp_rank and any(i.holds(x) for x in wanted)
         )
 
+    def _groups_for(self, key: str, layers: tuple[int, ...]) -> list[SyncGroup]:
+        """The sync groups of parameters held by the stages holding any of ``layers``."""
+        wanted = set(layers)
+        holding = [i for i in self.ranks if any(i.holds(x) for x in wanted)]
+        degrees = {i.tp_size for i in holding}
+        if len(degrees) == 1:
+            return [
+                SyncGroup(key=key, layers=layers, tp_rank=k, ranks=self.holders(layers, k))
+                for k in range(degrees.pop())
+            ]
+        return [
+            SyncGroup(
+                key=key,
+                layers=layers,
+                tp_rank=0,
+                ranks=tuple(i.rank for i in holding if i.tp_rank == 0),
+                full=True,
+                members=tuple(i.rank for i in holding),
+            )
+        ]
+
+    def writes_layout(self, rank: int, layers: Iterable[int]) -> bool:
+        """Whether ``rank`` saves the parameters of ``layers`` to a checkpoint: all their
+        holders do when they share one TP degree; where degrees differ, only those
+        at the degree of the first holder in rank order. DCP stores one set of chunks
+        per name; a TP-2 stage's two halves and a TP-1 stage's whole tensor of the
+        same name would collide (both start at offset 0). Loading reshards from
+        whichever layout was saved, so every rank still loads every parameter."""
+        wanted = set(layers)
+        holding = [i for i in self.ranks if any(i.holds(x) for x in wanted)]
+        me = self.ranks[rank]
+        return me in holding and me.tp_size == holding[0].tp_size
+
     def sync_groups(self, tied: Iterable[tuple[str, tuple[int, ...]]] = ()) -> list[SyncGroup]:
         """All gradient-sync groups of the plan, in one order every rank agrees on.
 
         ``tied`` lists parameters shared by several layers as (name, layer indices).
         """
-        tp = self.plan.tensor_parallel
-        groups = [
-            SyncGroup(
-                key=f"segment:{a}-{b}",
-                layers=tuple(range(a, b)),
-                tp_rank=k,
-                ranks=self.holders([a], k),
-            )
-            for a, b in self.segments()
-            for k in range(tp)
-        ]
+        groups: list[SyncGroup] = []
+        for a, b in self.segments():
+            # A stage holding any layer of a segment holds all of it: no stage cuts inside.
+            groups += self._groups_for(f"segment:{a}-{b}", tuple(range(a, b)))
         for name, layers in tied:
-            groups += [
-                SyncGroup(
-                    key=f"tied:{name}",
-                    layers=tuple(layers),
-                    tp_rank=k,
-                    ranks=self.holders(layers, k),
-                )
-                for k in range(tp)
-            ]
+            groups += self._groups_for(f"tied:{name}", tuple(layers))
         return groups
 
     # ----------------------------------------------------------------- data

@@ -194,6 +194,8 @@ class Trainer:
         return P2P(
             prev_rank=self.runtime.peer(topo.prev_rank(info.rank)),
             next_rank=self.runtime.peer(topo.next_rank(info.rank)),
+            send_prev=tuple(self.runtime.to_global[r] for r in topo.send_prev(info.rank)),
+            send_next=tuple(self.runtime.to_global[r] for r in topo.send_next(info.rank)),
             shape=shape,
             device=self.runtime.device,
             dtype=comm_dtype(self._precision()),

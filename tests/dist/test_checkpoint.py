@@ -237,6 +237,57 @@ def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Save
     _assert_continues(saved, _losses(metrics), 4)
 
 
+# TP per stage: [0,3) at TP 2 -> [3,6) at TP 1, beside [0,2) TP 1 -> [2,4) TP 2 -> [4,6)
+# TP 1. Layers [0,2), [3,4) and the tied embedding/head are held at two degrees.
+MIXED_TP = [(3, [(0, 3, 2), (3, 6, 1)]), (5, [(0, 2, 1), (2, 4, 2), (4, 6, 1)])]
+
+
+def _torchrun(
+    plan: Plan, saved: Saved, steps: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    _, path = write_plan(plan, saved.plans)
+    n = len(plan.devices())
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    return _run([*launcher, *_args(path, steps, *extra)])
+
+
+def test_resume_under_a_mixed_tp_plan_continues_the_loss_curve(saved: Saved) -> None:
+    """Loading reshards the saved TP-1 layout into stages of TP 1 and TP 2."""
+    root = _copy_root(saved, saved.tmp / "mixed-in-disk")
+    metrics = saved.tmp / "mixed-in.jsonl"
+    proc = _torchrun(
+        make_plan(NAME, MIXED_TP, optimizer="adam"),
+        saved,
+        STEPS,
+        *("--resume", "--checkpoint-dir", str(root)),
+        *("--metrics", str(metrics), "--remote-storage", "none"),
+    )
+    assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
+def test_a_mixed_tp_plan_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
+    """A name held at two TP degrees is saved in one layout (``writes_layout``), so
+    the checkpoint is valid and a one-device plan continues the loss curve."""
+    name = "ckpt-mixed"
+    disk = saved.tmp / "mixed-out-disk"
+    common = ("--checkpoint-dir", str(disk), "--remote-storage", "none")
+    first = saved.tmp / "mixed-out-first.jsonl"
+    _torchrun(
+        make_plan(name, MIXED_TP, optimizer="adam"),
+        saved,
+        4,
+        *("--checkpoint-every", "2", "--metrics", str(first), *common),
+    )
+    for step, loss in _losses(first).items():
+        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
+    _, path = write_plan(make_plan(name, [(8, [(0, NUM_LAYERS)])], optimizer="adam"), saved.plans)
+    metrics = saved.tmp / "mixed-out.jsonl"
+    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
+    assert f"resumed from {disk / name / 'default' / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
 def test_incomplete_checkpoint_is_refused_and_resume_falls_back(saved: Saved) -> None:
     root = _copy_root(saved, saved.tmp / "incomplete-disk")
     (root / NS / STEP_4 / "COMPLETE").unlink()

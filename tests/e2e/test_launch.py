@@ -24,7 +24,13 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cluster_file(farm: SshdFarm, path: Path, remote_storage: str | None = None) -> Path:
+def _cluster_file(
+    farm: SshdFarm,
+    path: Path,
+    remote_storage: str | None = None,
+    gpus: dict[str, int] | None = None,
+) -> Path:
+    """``gpus``: CPU "GPUs" per host name where not 1."""
     hosts = []
     for h in farm.hosts:
         hosts.append(
@@ -37,7 +43,7 @@ def _cluster_file(farm: SshdFarm, path: Path, remote_storage: str | None = None)
                 "python": sys.executable,
                 "workdir": str(h.root / "work"),
                 "checkpoint_dir": str(h.checkpoint_dir),
-                "gpus": {"type": "cpu", "count": 1},
+                "gpus": {"type": "cpu", "count": (gpus or {}).get(h.name, 1)},
             }
         )
     doc = {
@@ -52,22 +58,26 @@ def _cluster_file(farm: SshdFarm, path: Path, remote_storage: str | None = None)
     return path
 
 
-# (micro-batches, ((layer start, layer end, host), ...)) per pipeline.
-Layout = tuple[tuple[int, tuple[tuple[int, int, str], ...]], ...]
+# (micro-batches, ((layer start, layer end, host[, tp]), ...)) per pipeline.
+Layout = tuple[tuple[int, tuple[tuple[int, int, str] | tuple[int, int, str, int], ...]], ...]
 # Two asymmetric pipelines over three hosts: 2 stages (uneven split) and 1 stage.
 THREE_HOSTS: Layout = ((5, ((0, 2, "fake-2"), (2, 6, "fake-3"))), (3, ((0, 6, "fake-4"),)))
 
 
 def _plan(tmp: Path, cluster: Path, layout: Layout = THREE_HOSTS) -> Path:
-    """A gpt-tiny plan of ``layout`` on one CPU device per host, made for ``cluster``."""
+    """A gpt-tiny plan of ``layout`` on CPU devices (a stage of TP t takes the next t
+    of its host), made for ``cluster``."""
+    used: dict[str, int] = {}
 
-    def st(a: int, b: int, host: str) -> Stage:
+    def st(a: int, b: int, host: str, tp: int = 1) -> Stage:
+        first = used.get(host, 0)
+        used[host] = first + tp
         return Stage(
             layer_start=a,
             layer_end=b,
             gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=host, gpu=0),),
+            tensor_parallel=tp,
+            devices=tuple(Device(host=host, gpu=first + k) for k in range(tp)),
         )
 
     plan = Plan(
@@ -81,7 +91,7 @@ def _plan(tmp: Path, cluster: Path, layout: Layout = THREE_HOSTS) -> Path:
             seq_len=64,
             precision="fp32",
         ),
-        tensor_parallel=1,
+        tensor_parallel=max(s[3] if len(s) > 3 else 1 for _, st_ in layout for s in st_),
         pipelines=tuple(
             Pipeline(num_microbatches=m, stages=tuple(st(*s) for s in stages))
             for m, stages in layout
@@ -155,6 +165,24 @@ def test_asymmetric_plan_trains_20_steps_over_three_hosts(farm3: SshdFarm, tmp_p
         assert f"[{host}]" in out or host in out
     runs = list((tmp_path / "runs").glob("e2e.v1/*/events.json"))
     assert runs and json.loads(runs[0].read_text())["status"] == "finished"
+    assert not _workers_alive(farm3)
+
+
+# TP per stage over three hosts: TP 2 on fake-2's two devices feeding TP 1 on fake-3,
+# beside a one-stage TP-1 pipeline on fake-4. Layers [0, 3) and the tied embedding
+# and head are held at TP 2 and TP 1, so they sync through the full gradient.
+MIXED_TP: Layout = ((5, ((0, 3, "fake-2", 2), (3, 6, "fake-3"))), (3, ((0, 6, "fake-4"),)))
+
+
+def test_mixed_tp_plan_trains_over_three_hosts(farm3: SshdFarm, tmp_path: Path) -> None:
+    cluster = _cluster_file(farm3, tmp_path / "cluster.yaml", gpus={"fake-2": 2})
+    plan = _plan(tmp_path, cluster, MIXED_TP)
+    proc = _launch(plan, tmp_path, "--steps", "20", "--train-arg=--lr=0.003")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    losses = [float(m.group(1)) for m in re.finditer(r"step \d+ loss ([0-9.]+)", out)]
+    assert len(losses) >= 20
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02, losses
     assert not _workers_alive(farm3)
 
 

@@ -247,14 +247,22 @@ INVALID: dict[str, tuple[Mutation, str]] = {
         _set("pipelines.1.stages.1.devices", [_dev("rtx3090-0", -1), _dev("rtx3090-0", 3)]),
         "p.yaml: pipelines[1].stages[1].devices: gpu index must be >= 0",
     ),
-    "stage TP differs from the plan's": (
+    "stage TP disagrees with its devices": (
         _set("pipelines.1.stages.1.tensor_parallel", 1),
-        "p.yaml: pipelines[1].stages[1].tensor_parallel: 1 differs from the plan's "
-        "tensor_parallel 2",
+        "p.yaml: pipelines[1].stages[1].devices: 2 devices for tensor_parallel 1",
     ),
-    "plan TP differs from the stages'": (
+    "stage TP above the plan's": (
+        _set("pipelines.1.stages.1.tensor_parallel", 4),
+        "p.yaml: pipelines[1].stages[1].tensor_parallel: must be 1 to the plan's "
+        "tensor_parallel 2 (the largest stage's), got 4",
+    ),
+    "plan TP is not the largest stage's": (
         _set("tensor_parallel", 4),
-        "p.yaml: pipelines[0].stages[0].tensor_parallel: 2 differs",
+        "p.yaml: tensor_parallel: 4, but the largest stage tensor_parallel is 2",
+    ),
+    "stage TP of zero": (
+        _set("pipelines.0.stages.0.tensor_parallel", 0),
+        "p.yaml: pipelines[0].stages[0].tensor_parallel: must be 1 to the plan's",
     ),
     "micro-batches do not sum to the global batch": (
         _set("pipelines.0.num_microbatches", 4),

@@ -87,6 +87,85 @@ def test_tied_parameter_syncs_over_every_holder_of_any_tied_layer() -> None:
     assert tied == {0: (0, 2, 4), 1: (1, 3, 5)}
 
 
+# TP per stage. Pipeline 0: [0,3) TP 2 (ranks 0,1), [3,6) TP 1 (rank 2).
+# Pipeline 1: [0,2) TP 1 (rank 3), [2,4) TP 2 (ranks 4,5), [4,6) TP 1 (rank 6).
+PER_STAGE = make_plan(
+    (3, [stage(0, 3, 0, 1), stage(3, 6, 2)]),
+    (5, [stage(0, 2, 3), stage(2, 4, 4, 5), stage(4, 6, 6)]),
+    tp=2,
+)
+
+
+def test_neighbours_of_different_tp_degrees_map_rank_k_to_k_mod_degree() -> None:
+    topo = Topology(PER_STAGE)
+    # Activations: a receiver takes them from TP rank k mod (sender's degree) ...
+    assert [topo.prev_rank(r) for r in range(7)] == [None, None, 0, None, 3, 3, 4]
+    # ... and every sender sends to exactly the receivers that take from it.
+    assert [topo.send_next(r) for r in range(7)] == [(2,), (), (), (4, 5), (6,), (), ()]
+    # Gradients go back the same way.
+    assert [topo.next_rank(r) for r in range(7)] == [2, 2, None, 4, 6, 6, None]
+    assert [topo.send_prev(r) for r in range(7)] == [(), (), (0, 1), (), (3,), (), (4, 5)]
+    for r in range(7):
+        assert all(topo.prev_rank(t) == r for t in topo.send_next(r))
+        assert all(topo.next_rank(t) == r for t in topo.send_prev(r))
+
+
+def test_equal_degrees_keep_rank_to_rank_neighbours() -> None:
+    topo = Topology(MIXED)
+    assert [topo.send_next(r) for r in range(6)] == [(), (), (4,), (5,), (), ()]
+    assert [topo.send_prev(r) for r in range(6)] == [(), (), (), (), (2,), (3,)]
+
+
+def test_segments_held_at_different_degrees_sync_through_the_full_gradient() -> None:
+    groups = Topology(PER_STAGE).sync_groups([("layers.0.wte.weight", (0, 5))])
+    got = {(g.key, g.tp_rank): (g.full, g.ranks, g.members) for g in groups}
+    assert got == {
+        # TP 2 and TP 1: reduced by each stage's TP rank 0, gathered/broadcast by all.
+        ("segment:0-2", 0): (True, (0, 3), (0, 1, 3)),
+        # TP 2 in both pipelines: shards line up, rank k with rank k.
+        ("segment:2-3", 0): (False, (0, 4), (0, 4)),
+        ("segment:2-3", 1): (False, (1, 5), (1, 5)),
+        ("segment:3-4", 0): (True, (2, 4), (2, 4, 5)),
+        ("segment:4-6", 0): (False, (2, 6), (2, 6)),
+        # Every stage holding layer 0 or 5 contributes its copy once.
+        ("tied:layers.0.wte.weight", 0): (True, (0, 2, 3, 6), (0, 1, 2, 3, 6)),
+    }
+
+
+def test_checkpoint_writes_one_layout_per_name() -> None:
+    topo = Topology(PER_STAGE)
+
+    def writers(*layers: int) -> list[int]:
+        return [r for r in range(7) if topo.writes_layout(r, layers)]
+
+    assert writers(0) == [0, 1]  # TP 2 (first holder) and TP 1: the TP-2 halves only
+    assert writers(2) == [0, 1, 4, 5]  # TP 2 in both pipelines: every replica
+    assert writers(3) == [2]  # TP 1 first, beside TP 2
+    assert writers(4) == [2, 6]
+    assert writers(0, 5) == [0, 1]  # a tied group: its first holder's degree
+
+
+def test_keep_written_filters_model_and_optimizer_entries_by_name() -> None:
+    from autohet_cli.runtime.ckpt_state import keep_written
+
+    state = {
+        "model": {"layers.0.wte.weight": 1, "layers.5.lm_head.weight": 2, "layers.3.b": 3},
+        "optimizer": {
+            "state.layers.0.wte.weight.exp_avg": 4,
+            "param_groups.layers.0.wte.weight.lr": 5,
+            "state.layers.3.b.exp_avg": 6,
+        },
+        "step": 7,
+    }
+    tied = [("layers.0.wte.weight", "layers.5.lm_head.weight")]
+    # A rank writing layers 3 and 5 only, not 0: the head's own model entry stays,
+    # the tied optimizer state (filed under layer 0's name) goes with layer 0.
+    kept = keep_written(state, lambda layers: 0 not in layers, tied)
+    assert kept["model"] == {"layers.5.lm_head.weight": 2, "layers.3.b": 3}
+    assert kept["optimizer"] == {"state.layers.3.b.exp_avg": 6}
+    assert kept["step"] == 7
+
+
 def test_sample_ranges_are_contiguous_in_plan_order() -> None:
     plan = make_plan((1, [stage(0, 6, 0)]), (2, [stage(0, 6, 1)]), (5, [stage(0, 6, 2)]), mbs=3)
     topo = Topology(plan)
