@@ -101,7 +101,7 @@ def run(
         cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
     )
     _check(proc, plan.name)
-    return collect(out, plan)
+    return collect(out, plan, clipped=False)  # transformers' weights, synthetic tokens
 
 
 def transformers_loss(model: object, batch_size: int) -> float:
