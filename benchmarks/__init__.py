@@ -5,6 +5,8 @@
 - ``planner_speed``: planner wall time from 16 to 1024 GPUs.
 - ``planner_quality``: our plans' tokens/s against the baselines on mixed clusters
   with Sailor's measured profiles.
+- ``metis_neo``: GPT-Neo-2.7B on 8 A100-40 + 8 V100-16 against the Metis plan
+  (TP degree per GPU type against one degree).
 - ``profile_hosts``: `autohet profile run` on 3 real-sshd loopback hosts, serial vs
   parallel.
 - ``runtime_overhead``: the worker runtime's step time against torch DDP and
@@ -24,6 +26,7 @@ BENCHMARKS = (
     "megatron_check",
     "planner_speed",
     "planner_quality",
+    "metis_neo",
     "profile_hosts",
     "runtime_overhead",
     "llama_runtime",

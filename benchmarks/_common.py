@@ -67,10 +67,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def describe(pipelines: Sequence[Pipeline]) -> str:
-    """Pipelines grouped by shape: ``3x[A100-40:26] m=5`` (GPU type:layers per stage)."""
+    """Pipelines grouped by shape: ``3x[A100-40:26] m=5`` (GPU type:layers per stage;
+    ``V100-16/tp2:3`` for a stage at TP 2)."""
     shapes: Counter[str] = Counter()
     for p in pipelines:
-        stages = "|".join(f"{s.gpu_type}:{s.num_layers}" for s in p.stages)
+        stages = "|".join(
+            f"{s.gpu_type}{f'/tp{s.tensor_parallel}' if s.tensor_parallel > 1 else ''}:"
+            f"{s.num_layers}"
+            for s in p.stages
+        )
         shapes[f"[{stages}] m={p.num_microbatches}"] += 1
     return " ".join(f"{k}x{shape}" for shape, k in shapes.items())
 

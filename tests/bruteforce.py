@@ -3,9 +3,10 @@
 It searches AutoHet's whole plan space and scores plans with the same
 ``costmodel.evaluate.evaluate`` the planner minimises:
 
-- one TP degree t per plan; a TP group is t GPUs of one host (a host with n GPUs
-  offers n // t groups); any number of pipelines (data-parallel replicas), each
-  an ordered list of TP groups (its stages: any hosts and types, order matters);
+- a TP degree per GPU type (``per_type_tp``; else one degree t per plan); a TP
+  group is t GPUs of one host (a host with n GPUs offers n // t groups); any
+  number of pipelines (data-parallel replicas), each an ordered list of TP groups
+  (its stages: any hosts and types, order matters);
 - each pipeline splits the layers into contiguous, non-empty, half-open ranges;
 - a micro-batch size dividing the global batch B; each pipeline takes >= 1
   micro-batch and they sum to M = B / mbs; GPUs may stay idle;
@@ -167,24 +168,32 @@ def _dp(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | N
 
 
 class _Space:
-    """One (TP degree, micro-batch size): the hosts' TP groups, bounds and caches."""
+    """One (TP degree per GPU type, micro-batch size): the hosts' TP groups, bounds
+    and caches. ``tp``: one degree for every type, or a degree per type."""
 
     def __init__(
         self,
         cluster: Cluster,
         tables: CostTables,
-        tp: int,
+        tp: int | Mapping[str, int],
         mbs: int,
         M: int,
         recompute: bool = False,
     ) -> None:
-        self.cluster, self.tables, self.tp, self.mbs, self.M = cluster, tables, tp, mbs, M
+        degree = {h.gpu_type: tp if isinstance(tp, int) else tp[h.gpu_type] for h in cluster.hosts}
+        self.cluster, self.tables, self.mbs, self.M = cluster, tables, mbs, M
         self.recompute = recompute
         self._flags: dict[tuple[Seq, Bounds], list[tuple[bool, ...] | None]] = {}
-        hosts = [h for h in cluster.hosts if h.num_gpus // tp >= 1]
+        hosts = [h for h in cluster.hosts if h.num_gpus // degree[h.gpu_type] >= 1]
         self.hosts = hosts
-        self.caps = [h.num_gpus // tp for h in hosts]
-        self.lt = [tables.table(h.gpu_type, tp, mbs, h.intra_node_gbps) for h in hosts]
+        self.tps = [degree[h.gpu_type] for h in hosts]
+        self.tp = max(self.tps, default=1)  # the plan-level degree
+        self.degrees = tuple(sorted(degree.items()))
+        self.caps = [h.num_gpus // t for h, t in zip(hosts, self.tps, strict=True)]
+        self.lt = [
+            tables.table(h.gpu_type, t, mbs, h.intra_node_gbps)
+            for h, t in zip(hosts, self.tps, strict=True)
+        ]
         L = self.L = tables.model.num_layers
         self.splits = {
             S: [(0, *cuts, L) for cuts in combinations(range(1, L), S - 1)] for S in range(1, L + 1)
@@ -252,8 +261,10 @@ class _Space:
         rc_costs = self._stage_costs(seq, bounds, [True] * S) if self.recompute else costs
         flags = self.flags(seq, bounds)
         hosts = [self.hosts[h] for h in seq]
+        copies = [-(-self.tps[seq[s + 1]] // self.tps[seq[s]]) for s in range(S - 1)]
         sends = [
             costs[s].output_bytes
+            * copies[s]
             / (self.cluster.link_gbps(hosts[s].name, hosts[s + 1].name) * 1e9 / 8)
             * 1e3
             for s in range(S - 1)
@@ -295,8 +306,9 @@ class _Space:
 
     def composition_sync_lb(self, comp: Sequence[Seq]) -> float:
         """Every segment's ring runs inside one host (only a host every pipeline
-        uses) or over some link between the composition's hosts, times TP; the
-        segments cover the model, and a pipeline of S stages syncs them on S stages."""
+        uses) or over some link between the composition's hosts, times TP (the
+        smallest degree: a full-gradient sync moves at least that); the segments
+        cover the model, and a pipeline of S stages syncs them on S stages."""
         P = len(comp)
         if P < 2:
             return 0.0
@@ -305,7 +317,8 @@ class _Space:
         per_byte = [ring_allreduce_ms(1.0, P, self.hosts[h].intra_node_gbps) for h in common]
         links = [self._link(a, b) for a in used for b in used if a < b]
         if links:
-            per_byte.append(self.tp * ring_allreduce_ms(1.0, P, max(links)))
+            least = min(self.tps[h] for h in used)
+            per_byte.append(least * ring_allreduce_ms(1.0, P, max(links)))
         return min(per_byte) * self.grad_prefix[-1] / min(len(s) for s in comp)
 
     def sync_lb(self, shapes: Sequence[tuple[Seq, Bounds]]) -> float:
@@ -326,7 +339,7 @@ class _Space:
                 gbps = self.hosts[hosts[0]].intra_node_gbps
             else:
                 gbps = min(self._link(x, y) for x in hosts for y in hosts if x < y)
-                nbytes *= self.tp
+                nbytes *= min(self.tps[h] for h in hosts)
             t = ring_allreduce_ms(nbytes, P, gbps)
             for p, s in holders:
                 busy[p][s] += t
@@ -376,10 +389,8 @@ class _Space:
                         layer_start=bounds[s],
                         layer_end=bounds[s + 1],
                         gpu_type=host.gpu_type,
-                        tensor_parallel=self.tp,
-                        devices=tuple(
-                            Device(host=host.name, gpu=g * self.tp + i) for i in range(self.tp)
-                        ),
+                        tensor_parallel=(t := self.tps[h]),
+                        devices=tuple(Device(host=host.name, gpu=g * t + i) for i in range(t)),
                         recompute=chosen[s],
                     )
                 )
@@ -438,10 +449,26 @@ def _spaces(
     tp_candidates: Sequence[int],
     mbs_candidates: Sequence[int],
     recompute: bool = False,
+    per_type_tp: bool = False,
 ) -> Iterator[_Space]:
-    for tp in tp_candidates:
-        if not any(h.num_gpus >= tp for h in cluster.hosts):
-            continue
+    """One degree for all types; or with ``per_type_tp`` every combination of a
+    degree per type (a type's degree no host of it can hold leaves it idle, which
+    every combination can do anyway, so those are skipped)."""
+    degrees: list[int | dict[str, int]]
+    if per_type_tp:
+        types = sorted({h.gpu_type for h in cluster.hosts})
+        options = [
+            [
+                t
+                for t in tp_candidates
+                if any(h.num_gpus >= t for h in cluster.hosts if h.gpu_type == g)
+            ]
+            for g in types
+        ]
+        degrees = [dict(zip(types, c, strict=True)) for c in product(*options)]
+    else:
+        degrees = [t for t in tp_candidates if any(h.num_gpus >= t for h in cluster.hosts)]
+    for tp in degrees:
         for mbs in mbs_candidates:
             if global_batch_size % mbs == 0:
                 yield _Space(cluster, tables, tp, mbs, global_batch_size // mbs, recompute)
@@ -456,12 +483,22 @@ def brute_force(
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
     prune: bool = True,
     recompute: bool = False,
+    per_type_tp: bool = True,
 ) -> Optimum | None:
     """The exact minimum of ``evaluate(...).iteration_ms`` over the whole space
-    (None when no plan fits in memory); ``recompute``: stages may recompute."""
+    (None when no plan fits in memory); ``recompute``: stages may recompute;
+    ``per_type_tp``: each GPU type has its own TP degree (else one for all)."""
     queue: list[tuple[float, int, _Space, tuple[Seq, ...]]] = []
     total = 0
-    spaces = _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates, recompute)
+    spaces = _spaces(
+        cluster,
+        tables,
+        global_batch_size,
+        tp_candidates,
+        mbs_candidates,
+        recompute,
+        per_type_tp,
+    )
     for space in spaces:
         for comp in space.compositions():
             total += 1
@@ -505,7 +542,7 @@ def brute_force(
     value, space, pipelines, ev = best
     return Optimum(
         iteration_ms=value,
-        tp=space.tp,
+        tp=max(s.tensor_parallel for p in pipelines for s in p.stages),
         mbs=space.mbs,
         pipelines=pipelines,
         eval=ev,
@@ -529,13 +566,16 @@ def naive_brute_force(
     tp_candidates: Sequence[int] = (1, 2, 4, 8),
     mbs_candidates: Sequence[int] = (1, 2, 4, 8),
     recompute: bool = False,
+    per_type_tp: bool = True,
 ) -> float | None:
     """No decomposition, no bound: every multiset of shapes with every composition
     of M is one whole-plan ``evaluate``. Only for the tiniest cases. With
     ``recompute`` every stage also tries every flag (2**stages plans per split), so
     that ``_Space.flags``'s shortcut is checked, not assumed."""
     best = INF
-    spaces = _spaces(cluster, tables, global_batch_size, tp_candidates, mbs_candidates)
+    spaces = _spaces(
+        cluster, tables, global_batch_size, tp_candidates, mbs_candidates, per_type_tp=per_type_tp
+    )
     for space in spaces:
         for comp in space.compositions():
             for shapes in space.layer_splits(comp):

@@ -12,7 +12,16 @@ pipeline, and those stages' TP ranks all-reduce its gradients (ring,
 syncs its segments one after the other; different stages run in parallel, so
 the sync phase lasts as long as the busiest stage. When the ring crosses hosts,
 the t ranks of a TP group share their host's NIC, so together they move the
-segment's full gradient through it.
+segment's full gradient through it. A segment whose holding stages have
+different TP degrees syncs through the full gradient (runtime.topology): each
+TP group gathers it inside its host (ring all-gather), one rank per stage
+all-reduces it (the same NIC bytes as t rings of 1/t), then broadcasts it back
+inside its host; the slowest gather and broadcast count.
+
+Sends between stages: a stage's boundary activations are replicated over its TP
+ranks, and every rank of the receiving stage gets one copy from one sender
+(TP rank k from rank k mod a), so a sender of degree a sends ceil(b / a) copies to
+a receiver of degree b, one after the other.
 
 Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
 activations of the micro-batches in flight (stage s of S holds min(S - s, m)
@@ -185,7 +194,8 @@ def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> Sta
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:
     latency = tables.p2p_latency_ms(a.gpu_type, b.gpu_type)
-    return latency + transfer_ms(nbytes, cluster.link_gbps(a.host, b.host))
+    copies = -(-b.tensor_parallel // a.tensor_parallel)
+    return latency + transfer_ms(nbytes * copies, cluster.link_gbps(a.host, b.host))
 
 
 def _grad_sync_ms(
@@ -196,29 +206,81 @@ def _grad_sync_ms(
     if len(pipelines) < 2:
         return out
     cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
-    ref = pipelines[0].stages[0]
     for a, b in zip(cuts, cuts[1:], strict=False):
         holders = [(pi, _holder(p, a)) for pi, p in enumerate(pipelines)]
         stages = [pipelines[pi].stages[si] for pi, si in holders]
-        hosts = {s.host for s in stages}
-        tp = ref.tensor_parallel
-        table = tables.table(
-            stages[0].gpu_type, tp, mbs, cluster.host(stages[0].host).intra_node_gbps
-        )
-        nbytes = table.params(a, b) * tables.training.grad_bytes_per_param
-        if len(hosts) == 1:
-            gbps = cluster.host(next(iter(hosts))).intra_node_gbps
-            measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, len(pipelines))
+        if len({s.tensor_parallel for s in stages}) == 1:
+            t = _sharded_sync_ms(stages, a, b, cluster, tables, mbs, len(pipelines))
         else:
-            names = sorted(hosts)
-            gbps = min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
-            nbytes *= tp  # the TP group's rings share the host NIC
-            measured = None
-        t = ring_allreduce_ms(nbytes, len(pipelines), gbps) if measured is None else measured
+            t = _full_sync_ms(stages, a, b, cluster, tables, mbs, len(pipelines))
         t *= max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
         for pi, si in holders:
             out[pi][si] += t
     return out
+
+
+def _sharded_sync_ms(
+    stages: Sequence[Stage],
+    a: int,
+    b: int,
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    participants: int,
+) -> float:
+    """Holders of one degree t: t rings, TP rank k with TP rank k."""
+    tp = stages[0].tensor_parallel
+    nbytes = _segment_bytes(stages[0], a, b, cluster, tables, mbs)
+    hosts = {s.host for s in stages}
+    if len(hosts) == 1:
+        measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, participants)
+        if measured is not None:
+            return measured
+        return ring_allreduce_ms(nbytes, participants, cluster.host(stages[0].host).intra_node_gbps)
+    return ring_allreduce_ms(nbytes * tp, participants, _slowest(hosts, cluster))
+
+
+def _full_sync_ms(
+    stages: Sequence[Stage],
+    a: int,
+    b: int,
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    participants: int,
+) -> float:
+    """Holders of different degrees: gather in each TP group, one ring over the
+    stages' TP rank 0, broadcast back in each TP group."""
+    full = max(_segment_bytes(s, a, b, cluster, tables, mbs) * s.tensor_parallel for s in stages)
+    inside = max(
+        (
+            # ring all-gather of (t-1)/t, then a broadcast of the whole, inside the host
+            transfer_ms(full * (s.tensor_parallel - 1) / s.tensor_parallel + full, gbps)
+            for s in stages
+            if s.tensor_parallel > 1
+            for gbps in [cluster.host(s.host).intra_node_gbps]
+        ),
+        default=0.0,
+    )
+    hosts = {s.host for s in stages}
+    if len(hosts) == 1:
+        gbps = cluster.host(stages[0].host).intra_node_gbps
+    else:
+        gbps = _slowest(hosts, cluster)
+    return inside + ring_allreduce_ms(full, participants, gbps)
+
+
+def _segment_bytes(
+    s: Stage, a: int, b: int, cluster: Cluster, tables: CostTables, mbs: int
+) -> float:
+    """Gradient bytes of layers [a, b) on one GPU of stage ``s``."""
+    table = tables.table(s.gpu_type, s.tensor_parallel, mbs, cluster.host(s.host).intra_node_gbps)
+    return table.params(a, b) * tables.training.grad_bytes_per_param
+
+
+def _slowest(hosts: set[str], cluster: Cluster) -> float:
+    names = sorted(hosts)
+    return min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
 
 
 def _holder(p: Pipeline, layer: int) -> int:

@@ -169,7 +169,7 @@ def to_plan(
         num_layers=model.num_layers,
         architecture=model,
         training=training,
-        tensor_parallel=best.tp,
+        tensor_parallel=max(st.tensor_parallel for p in pipelines for st in p.stages),
         pipelines=pipelines,
         prediction=prediction_of(ev),
         solver=SolverInfo(
@@ -188,7 +188,7 @@ def to_plan(
                 unmeasured={
                     t
                     for t in cluster.gpu_types()
-                    if measured_only and not tables.is_measured(t, best.tp, best.mbs)
+                    if measured_only and not tables.is_measured(t, best.degree(t), best.mbs)
                 },
             )
         ),
@@ -315,12 +315,13 @@ def idle_devices(
         free = [g for g in range(h.num_gpus) if g not in used.get(h.name, set())]
         if not free:
             continue
-        if h.num_gpus < best.tp or (h.name in used and len(free) < best.tp):
-            why = f"tensor_parallel {best.tp} needs {best.tp} GPUs of one host; these are left over"
+        tp = best.degree(h.gpu_type)
+        if h.num_gpus < tp or (h.name in used and len(free) < tp):
+            why = f"tensor_parallel {tp} needs {tp} GPUs of one host; these are left over"
         elif h.gpu_type not in types_used and h.gpu_type in unmeasured:
             why = (
                 f"--measured-only: the profile has no measurement of {h.gpu_type} at "
-                f"tensor_parallel {best.tp}, micro-batch size {best.mbs}"
+                f"tensor_parallel {tp}, micro-batch size {best.mbs}"
             )
         elif h.gpu_type not in types_used:
             why = (
@@ -362,7 +363,7 @@ def contingency_plans(
         b = res.best
         out[h.name] = {
             "feasible": True,
-            "tensor_parallel": b.tp,
+            "tensor_parallel": max(s.tensor_parallel for p in b.pipelines for s in p.stages),
             "micro_batch_size": b.mbs,
             "iteration_time_s": round(b.eval.iteration_ms / 1e3, 6),
             "pipelines": [pipelines_entry(p) for p in b.pipelines],

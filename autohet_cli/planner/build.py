@@ -26,12 +26,12 @@ from autohet_cli.planner.groups import DeviceClass, Template
 Score = Callable[[PlanEval], float]
 
 
-def class_groups(c: DeviceClass, cluster: Cluster, tp: int) -> list[tuple[Device, ...]]:
+def class_groups(c: DeviceClass) -> list[tuple[Device, ...]]:
+    """The class's TP groups of ``c.tp`` consecutive GPUs, host by host."""
     out = []
     for host, n in zip(c.hosts, c.groups_per_host, strict=True):
         for g in range(n):
-            out.append(tuple(Device(host=host, gpu=g * tp + i) for i in range(tp)))
-    del cluster
+            out.append(tuple(Device(host=host, gpu=g * c.tp + i) for i in range(c.tp)))
     return out
 
 
@@ -41,8 +41,6 @@ def place(
     microbatches: Sequence[int],
     extra: Sequence[int],
     classes: Sequence[DeviceClass],
-    cluster: Cluster,
-    tp: int,
     first_block: int,
     num_layers: int,
     *,
@@ -58,7 +56,7 @@ def place(
     all-reduce inside a host instead; the search tries both. A stage recomputes
     its activations when ``recompute`` or its GPU type is in ``recompute_types``.
     """
-    pools = [iter(class_groups(c, cluster, tp)) for c in classes]
+    pools = [iter(class_groups(c)) for c in classes]
     pipelines = []
     for (tpl, k), ns, m, r in zip(parts, blocks, microbatches, extra, strict=True):
         bounds = _bounds(ns, first_block, num_layers)
@@ -82,7 +80,7 @@ def place(
                         layer_start=bounds[s],
                         layer_end=bounds[s + 1],
                         gpu_type=classes[c].gpu_type,
-                        tensor_parallel=tp,
+                        tensor_parallel=classes[c].tp,
                         devices=devices,
                         recompute=recompute or classes[c].gpu_type in recompute_types,
                     )

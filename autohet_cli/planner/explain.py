@@ -290,7 +290,7 @@ def explain_text(
     lines = [
         f"Plan {plan.name} v{plan.version}: {plan.model_name}, global batch "
         f"{plan.training.global_batch_size} x seq {plan.training.seq_len}, micro-batch "
-        f"{plan.training.micro_batch_size}, tensor parallel {plan.tensor_parallel}, "
+        f"{plan.training.micro_batch_size}, tensor parallel {_degrees(plan)}, "
         f"{len(plan.pipelines)} pipeline(s)",
         "",
     ]
@@ -435,3 +435,17 @@ def summary_json(
         "idle": [dict(x) for x in plan.idle],
         **(sources_json(plan, sources) if sources is not None else {}),
     }
+
+
+def _degrees(plan: Plan) -> str:
+    """``2``, or the degree per GPU type (``1 on A100-40, 2 on V100-16``) where
+    stages differ; ``per stage`` where one type has several."""
+    if len(plan.tp_degrees) == 1:
+        return str(plan.tp_degrees[0])
+    by_type: dict[str, set[int]] = {}
+    for p in plan.pipelines:
+        for s in p.stages:
+            by_type.setdefault(s.gpu_type, set()).add(s.tensor_parallel)
+    if any(len(v) > 1 for v in by_type.values()):
+        return "per stage (" + ", ".join(str(t) for t in plan.tp_degrees) + ")"
+    return ", ".join(f"{next(iter(v))} on {g}" for g, v in by_type.items())

@@ -1,11 +1,12 @@
 """Device groupings: the discrete half of the planner's search (pure).
 
 Notation. A *class* c is a set of interchangeable hosts (same GPU type, memory
-and intra-host bandwidth). With TP degree t, a host with n GPUs offers
-floor(n/t) *TP groups*; class c offers G_c of them. A *template* is the ordered
-list of classes of a pipeline's stages; a *grouping* is (t, micro-batch size,
-[(template, k)]): k identical pipelines per template, using at most G_c groups
-of each class (the rest idle).
+and intra-host bandwidth) at one TP degree t_c (each GPU type has its own degree
+in a search context). A host with n GPUs offers floor(n/t_c) *TP groups*; class
+c offers G_c of them. A *template* is the ordered list of classes of a
+pipeline's stages; a *grouping* is (degrees, micro-batch size, [(template, k)]):
+k identical pipelines per template, using at most G_c groups of each class (the
+rest idle).
 
 The continuous half (layer split, batch shares) is solved by SCIP per grouping
 (milp.py). This module generates groupings and bounds them from below so that
@@ -14,7 +15,7 @@ the search never sends a hopeless grouping to the solver.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations, permutations, product
 from typing import Any
@@ -31,7 +32,8 @@ class DeviceClass:
     mem_bytes: int
     intra_node_gbps: float
     hosts: tuple[str, ...]
-    groups_per_host: tuple[int, ...]  # for the TP degree of the grouping
+    groups_per_host: tuple[int, ...]  # TP groups of ``tp`` GPUs per host
+    tp: int = 1
 
     @property
     def num_groups(self) -> int:
@@ -42,14 +44,20 @@ class DeviceClass:
         return f"{self.gpu_type}#{self.index}"
 
 
-def device_classes(cluster: Cluster, tp: int) -> list[DeviceClass]:
-    """Classes with at least one TP group at degree ``tp`` (order: first appearance)."""
+def device_classes(cluster: Cluster, tp: int | Mapping[str, int]) -> list[DeviceClass]:
+    """Classes with at least one TP group at their degree (order: first appearance).
+
+    ``tp``: one degree for every GPU type, or a degree per GPU type (a type left
+    out of the mapping is left out of the classes)."""
     keyed: dict[tuple[str, int, float], list[Host]] = {}
     for h in cluster.hosts:
         keyed.setdefault((h.gpu_type, h.gpu_mem_bytes, h.intra_node_gbps), []).append(h)
     out: list[DeviceClass] = []
     for (gpu, mem, intra), hosts in keyed.items():
-        usable = [h for h in hosts if h.num_gpus >= tp]
+        degree = tp if isinstance(tp, int) else tp.get(gpu)
+        if degree is None:
+            continue
+        usable = [h for h in hosts if h.num_gpus >= degree]
         if usable:
             out.append(
                 DeviceClass(
@@ -58,7 +66,8 @@ def device_classes(cluster: Cluster, tp: int) -> list[DeviceClass]:
                     mem_bytes=mem,
                     intra_node_gbps=intra,
                     hosts=tuple(h.name for h in usable),
-                    groups_per_host=tuple(h.num_gpus // tp for h in usable),
+                    groups_per_host=tuple(h.num_gpus // degree for h in usable),
+                    tp=degree,
                 )
             )
     return out
@@ -180,7 +189,7 @@ class Template:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Grouping:
-    tp: int
+    tp: int  # the largest degree of its classes
     mbs: int
     parts: tuple[tuple[Template, int], ...]  # (template, number of pipelines)
     lower_bound_ms: float = 0.0

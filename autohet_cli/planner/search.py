@@ -1,6 +1,11 @@
 """The grouping search: bound, order, solve with SCIP, refine, keep the best (pure).
 
-For every TP degree and micro-batch size, each device class gets a few pipeline
+A search context is a micro-batch size and a TP degree per GPU type: one degree
+for all (as Megatron would), or a different one per type (a V100-16 stage at TP 2
+beside A100 stages at TP 1, as Metis and Sailor plan). Per-type degrees multiply
+the contexts, so where their combinations are many (``MAX_DEGREE_COMBOS``) each
+type keeps its two best degrees, judged by the type's best estimate on its own
+(``_standalone_ms``). In every context, each device class gets a few pipeline
 shapes (depth, count) that fit its memory; their combinations, plus mixed
 pipelines spanning every class, are the groupings. Each grouping gets a valid
 lower bound (groups.lower_bound_ms) and a quick estimate (balanced split,
@@ -14,9 +19,9 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain
+from itertools import chain, product
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import deadline_in, overrun_s
@@ -48,6 +53,14 @@ MAX_OPTIONS_PER_CLASS = 8
 REFINE_TOP = 3
 ENUMERATE_SHARE = 0.4  # of the time limit, at most, for building and bounding groupings
 MAX_SOLVES = 24  # groupings handed to SCIP at most; the rest count in the bound gap
+MAX_DEGREE_COMBOS = 9  # per-type degree combinations per micro-batch size tried in full
+DEGREES_PER_TYPE = 2  # beyond that, each GPU type's best degrees combined
+# Per-type contexts are enumerated, most promising first, until they have given
+# MIXED_SHARE times the groupings of the one-degree contexts (at least MIXED_FLOOR):
+# on big clusters each context costs ~0.5 s of estimates, and the planner speed
+# targets leave room for about half as many again.
+MIXED_SHARE = 0.5
+MIXED_FLOOR = 5000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,11 +94,18 @@ class SearchRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     pipelines: list[Pipeline]
-    tp: int
+    tp: int  # the largest stage degree
     mbs: int
     eval: PlanEval
     score: float
     solver_gap: float = 0.0
+
+    def degree(self, gpu_type: str) -> int:
+        """The TP degree of this candidate's stages on ``gpu_type`` (``tp`` if none)."""
+        used = {
+            s.tensor_parallel for p in self.pipelines for s in p.stages if s.gpu_type == gpu_type
+        }
+        return max(used, default=self.tp)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -103,7 +123,7 @@ class SearchResult:
 
 @dataclass(slots=True)
 class _Context:
-    tp: int
+    tp: int  # the largest degree of its classes
     mbs: int
     classes: list[DeviceClass]
     stats: list[BlockStats]
@@ -112,6 +132,14 @@ class _Context:
     splits: dict[tuple[tuple[int, ...], int, float], SplitResult | None] = field(
         default_factory=dict
     )
+
+    @property
+    def label(self) -> str:
+        """``tp=2``, or the degree per GPU type where they differ."""
+        degrees = dict.fromkeys((c.gpu_type, c.tp) for c in self.classes)
+        if len({t for _, t in degrees}) <= 1:
+            return f"tp={self.tp}"
+        return "tp=" + ",".join(f"{g}:{t}" for g, t in degrees)
 
 
 def scorer(cluster: Cluster, objective: str) -> Callable[[list[Pipeline], PlanEval], float]:
@@ -140,7 +168,14 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     note = progress or (lambda _f, _m: None)
     score = scorer(req.cluster, req.objective)
     queue: list[tuple[float, int, Grouping, _Context]] = []
-    for ctx in _contexts(req):
+    uniform = mixed = 0  # groupings enumerated in one-degree and per-type contexts
+    contexts = _contexts(req)
+    for n, (ctx, per_type) in enumerate(contexts):
+        if per_type and mixed >= max(MIXED_FLOOR, MIXED_SHARE * uniform):
+            left = sum(1 for _, pt in contexts[n:] if pt)
+            note(0.0, f"per-type TP degrees: {left} less promising combinations not searched")
+            break
+        before = len(queue)
         M = req.global_batch_size // ctx.mbs
         options = [
             _trim(homogeneous_options(c.num_groups, d)) if d else []
@@ -161,6 +196,10 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
             g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
             est = _estimate(req, ctx, parts, M)
             heapq.heappush(queue, (est, len(queue), g, ctx))
+        if per_type:
+            mixed += len(queue) - before
+        else:
+            uniform += len(queue) - before
         if queue and time.monotonic() > start + ENUMERATE_SHARE * req.time_limit_s:
             note(0.0, "time limit: stopped enumerating groupings early")
             break
@@ -189,7 +228,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
             bounds.append(g.lower_bound_ms)
             bounds.extend(item[2].lower_bound_ms for item in queue)
             break
-        note(done / total, f"tp={g.tp} mbs={g.mbs} {_describe(g, ctx)}")
+        note(done / total, f"{ctx.label} mbs={g.mbs} {_describe(g, ctx)}")
         explored += 1
         try:
             cand, dual = _solve_grouping(req, ctx, g, remaining, score)
@@ -272,50 +311,117 @@ def _refine_best(
     return best
 
 
-def _contexts(req: SearchRequest) -> list[_Context]:
+def _contexts(req: SearchRequest) -> list[tuple[_Context, bool]]:
+    """(context, per-type degrees?): one degree for every type first (in degree,
+    then micro-batch order), then the per-type combinations (``_degree_combos``),
+    most promising first."""
     out = []
     max_gpus = max(h.num_gpus for h in req.cluster.hosts)
+    batch_sizes = [m for m in req.mbs_candidates if req.global_batch_size % m == 0]
     for tp in req.tp_candidates:
         if tp > max_gpus:
             continue
-        every_class = device_classes(req.cluster, tp)
-        for mbs in req.mbs_candidates:
-            if req.global_batch_size % mbs:
-                continue
-            classes = _allowed_classes(req, every_class, tp, mbs)
-            if not classes:
-                continue
-            stats = [
-                block_stats(
-                    req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps),
-                    req.model,
-                    recompute=req.recomputes(c.gpu_type),
-                )
-                for c in classes
-            ]
-            caps = [float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type)) for c in classes]
-            params = min(
-                req.tables.table(c.gpu_type, tp, mbs, c.intra_node_gbps).params(
-                    0, req.model.num_layers
-                )
-                for c in classes
-            )
-            out.append(
-                _Context(
-                    tp=tp, mbs=mbs, classes=classes, stats=stats, caps=caps, params_per_gpu=params
-                )
-            )
+        for mbs in batch_sizes:
+            ctx = _context(req, tp, mbs)
+            if ctx is not None:
+                out.append((ctx, False))
+    combos = [
+        (rank, i, mbs, degrees)
+        for i, mbs in enumerate(batch_sizes)
+        for rank, degrees in _degree_combos(req, mbs)
+    ]
+    for _, _, mbs, degrees in sorted(combos, key=lambda x: x[:2]):
+        ctx = _context(req, degrees, mbs)
+        if ctx is not None:
+            out.append((ctx, True))
     return out
 
 
-def _allowed_classes(
-    req: SearchRequest, classes: list[DeviceClass], tp: int, mbs: int
-) -> list[DeviceClass]:
-    """All classes, or with ``measured_only`` those measured at (tp, mbs), renumbered
-    so that a class's index stays its position (templates index by it)."""
+def _context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int) -> _Context | None:
+    classes = _allowed_classes(req, device_classes(req.cluster, degrees), mbs)
+    if not classes:
+        return None
+    stats = [
+        block_stats(
+            req.tables.table(c.gpu_type, c.tp, mbs, c.intra_node_gbps),
+            req.model,
+            recompute=req.recomputes(c.gpu_type),
+        )
+        for c in classes
+    ]
+    caps = [float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type)) for c in classes]
+    params = min(
+        req.tables.table(c.gpu_type, c.tp, mbs, c.intra_node_gbps).params(0, req.model.num_layers)
+        for c in classes
+    )
+    return _Context(
+        tp=max(c.tp for c in classes),
+        mbs=mbs,
+        classes=classes,
+        stats=stats,
+        caps=caps,
+        params_per_gpu=params,
+    )
+
+
+def _degree_combos(req: SearchRequest, mbs: int) -> list[tuple[int, dict[str, int]]]:
+    """Per-GPU-type TP degrees that are not all equal (those are the uniform
+    contexts), each with a rank (the sum of its degrees' ranks in their types: 0
+    for every type's best degree). All combinations where they are at most
+    MAX_DEGREE_COMBOS; else each type's DEGREES_PER_TYPE best degrees by
+    ``_standalone_ms``, combined."""
+    types = req.cluster.gpu_types()
+    if len(types) < 2:
+        return []
+    allowed = {
+        g: [
+            t
+            for t in req.tp_candidates
+            if any(h.num_gpus >= t for h in req.cluster.hosts if h.gpu_type == g)
+        ]
+        for g in types
+    }
+    count = 1
+    for g in types:
+        count *= len(allowed[g])
+    keep = len(req.tp_candidates) if count <= MAX_DEGREE_COMBOS else DEGREES_PER_TYPE
+    ranked = {
+        g: [t for _, t in sorted((_standalone_ms(req, g, t, mbs), t) for t in ts)][:keep]
+        for g, ts in allowed.items()
+    }
+    combos = []
+    for choice in product(*(range(len(ranked[g])) for g in types)):
+        degrees = {g: ranked[g][i] for g, i in zip(types, choice, strict=True)}
+        if len(set(degrees.values())) > 1:
+            combos.append((sum(choice), degrees))
+    return combos
+
+
+def _standalone_ms(req: SearchRequest, gpu_type: str, tp: int, mbs: int) -> float:
+    """The best estimate of ``gpu_type``'s GPUs training alone at (tp, mbs): inf
+    where they cannot hold the model alone (they may still serve in mixed pipelines,
+    so such degrees rank last, smallest first)."""
+    ctx = _context(req, {gpu_type: tp}, mbs)
+    if ctx is None:
+        return float("inf")
+    M = req.global_batch_size // mbs
+    best = float("inf")
+    for c, d in zip(ctx.classes, _min_depths(req, ctx), strict=True):
+        if d is None:
+            continue
+        for depth, k in _trim(homogeneous_options(c.num_groups, d)):
+            if k <= M:
+                parts = ((Template(classes=(c.index,) * depth), k),)
+                best = min(best, _estimate(req, ctx, parts, M))
+    return best
+
+
+def _allowed_classes(req: SearchRequest, classes: list[DeviceClass], mbs: int) -> list[DeviceClass]:
+    """All classes, or with ``measured_only`` those measured at (their tp, mbs),
+    renumbered so that a class's index stays its position (templates index by it)."""
     if not req.measured_only:
         return classes
-    kept = [c for c in classes if req.tables.is_measured(c.gpu_type, tp, mbs)]
+    kept = [c for c in classes if req.tables.is_measured(c.gpu_type, c.tp, mbs)]
     return [replace(c, index=i) for i, c in enumerate(kept)]
 
 
@@ -406,8 +512,9 @@ def _sync_ms_per_param(
     if optimistic:
         fastest = max([intra, req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()])
         return ring_allreduce_ms(nbytes, d, fastest)
-    if hosts > 1:
-        return ring_allreduce_ms(nbytes * ctx.tp, d, _slowest_link(req.cluster))
+    if hosts > 1:  # a TP group's rings share its host's NIC
+        degree = max(cls.tp for cls, n in zip(ctx.classes, used, strict=True) if n)
+        return ring_allreduce_ms(nbytes * degree, d, _slowest_link(req.cluster))
     return ring_allreduce_ms(nbytes, d, intra)
 
 
@@ -507,8 +614,6 @@ def _solve_grouping(
             shares.microbatches,
             shares.extra,
             ctx.classes,
-            req.cluster,
-            g.tp,
             a,
             req.model.num_layers,
             stage_major=stage_major,
@@ -527,7 +632,7 @@ def _solve_grouping(
     _, pipelines, ev = min(placed, key=lambda x: x[0])
     cand = Candidate(
         pipelines=pipelines,
-        tp=g.tp,
+        tp=max(s.tensor_parallel for p in pipelines for s in p.stages),
         mbs=g.mbs,
         eval=ev,
         score=score(pipelines, ev),

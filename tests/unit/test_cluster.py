@@ -30,6 +30,7 @@ EXAMPLES = ROOT / "profiles" / "clusters"
 ADVERTISED: dict[str, dict[str, int]] = {
     "paper-mix": {"A100-40": 8, "V100-16": 8, "RTX-3090": 8},
     "lab-mix": {"A100-40": 8, "V100-16": 8},
+    "neo-a100-v100": {"A100-40": 8, "V100-16": 8},
     "small-mix": {"A100-40": 2, "V100-16": 2, "RTX-3090": 4},
     "mix-16": {"A100-40": 8, "V100-16": 4, "RTX-3090": 4},
     "mix-64": {"A100-40": 16, "V100-16": 24, "RTX-3090": 24},

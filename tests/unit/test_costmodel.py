@@ -289,6 +289,29 @@ def test_tp_groups_across_hosts_share_the_nic() -> None:
     assert ev.pipelines[0].stages[0].cost.fwd_ms == pytest.approx(4.0)
 
 
+def test_segment_held_at_two_tp_degrees_syncs_through_the_full_gradient() -> None:
+    cluster = make_cluster([("h0", 2), ("h1", 2)])
+    plan = [pipe(2, stage(0, 4, "h0", 0, 1)), pipe(2, stage(0, 4, "h1", 0))]
+    ev = evaluate(plan, cluster, toy_tables(), 1)
+    full = 1e6 * 4 * 2  # the TP-2 stage's 1e6 params per GPU, gathered, in fp32
+    # gather (t-1)/t and broadcast the whole inside h0 (1e9 B/s), then one ring of the
+    # full gradient between the hosts' TP rank 0 (1e8 B/s)
+    inside = (full / 2 + full) / 1e9 * 1e3
+    assert ev.grad_sync_ms == pytest.approx(inside + ring_allreduce_ms(full, 2, INTER_GBPS))
+    assert [s.grad_sync_ms for p in ev.pipelines for s in p.stages] == [ev.grad_sync_ms] * 2
+
+
+def test_a_send_to_a_wider_stage_sends_a_copy_to_each_rank_it_feeds() -> None:
+    cluster = make_cluster([("h0", 3)])
+    tables = toy_tables()
+    widening = [pipe(2, stage(0, 2, "h0", 0), stage(2, 4, "h0", 1, 2))]
+    narrowing = [pipe(2, stage(0, 2, "h0", 0, 1), stage(2, 4, "h0", 2))]
+    wide = evaluate(widening, cluster, tables, 1).pipelines[0].stages[0].send_ms
+    narrow = evaluate(narrowing, cluster, tables, 1).pipelines[0].stages[0].send_ms
+    # layer 1's 1e6 output bytes at 1e9 B/s: two copies one after the other, or one
+    assert wide - narrow == pytest.approx(1.0)
+
+
 def test_closed_form_bounds_the_simulator_with_uneven_forward_shares() -> None:
     # The pipeline.py docstring's counter-example: S = m = 6, f = (0,1,0,0,0,0),
     # b = (1,0,0,0,0,0); the simulator takes 11 ms, a single-share closed form says 7.

@@ -245,3 +245,62 @@ def test_cards_smaller_than_their_reserve_are_said_to_add_nothing() -> None:
             global_batch_size=8, time_limit_s=5, with_baselines=False,
         )  # fmt: skip
     assert "-" not in str(err.value).split("the cluster has")[1].split("B")[0]
+
+
+# ----------------------------------------------------------------- TP degree per GPU type
+
+
+def _request(cluster: str, batch: int, model: str = "OPT-350M") -> SearchRequest:
+    inp = _inputs(cluster, model, model == "OPT-350M")
+    training = training_for(batch, inp.model.default_seq_len, "bf16", "adam")
+    return SearchRequest(
+        cluster=inp.cluster,
+        model=inp.model,
+        tables=tables_for(inp, training),
+        global_batch_size=batch,
+        time_limit_s=TIME_LIMIT_S,
+    )
+
+
+def test_few_degree_combinations_are_all_tried_ranked_by_promise() -> None:
+    from autohet_cli.planner.search import _degree_combos
+
+    # 2 types x degrees {1, 2, 4} (4-GPU hosts): 9 combinations, 6 of them mixed.
+    req = _request("neo-a100-v100", 64, model="GPT-Neo-2.7B")
+    combos = _degree_combos(req, 1)
+    assert len(combos) == 6
+    assert all(len(set(d.values())) == 2 for _, d in combos)
+    assert len({tuple(sorted(d.items())) for _, d in combos}) == 6
+    assert all(rank >= 1 for rank, _ in combos)  # rank 0 would be every type's best
+
+
+def test_many_degree_combinations_keep_each_types_two_best() -> None:
+    from autohet_cli.planner.search import DEGREES_PER_TYPE, _degree_combos
+
+    # 3 types x degrees {1, 2, 4, 8}: 64 combinations; each type keeps 2 degrees.
+    req = _request("mix-16", 64)
+    combos = _degree_combos(req, 1)
+    assert 0 < len(combos) <= DEGREES_PER_TYPE**3
+    for gpu in req.cluster.gpu_types():
+        assert len({d[gpu] for _, d in combos}) <= DEGREES_PER_TYPE
+
+
+def test_plan_header_names_the_degree_of_each_type() -> None:
+    from autohet_cli.planner.explain import _degrees
+    from tests.unit.test_metis_neo import BATCH, CLUSTER, PROFILE
+
+    inp = load_inputs(str(CLUSTER), "GPT-Neo-2.7B", [str(PROFILE)])
+    out = make_plan(
+        name="neo",
+        cluster=inp.cluster,
+        model=inp.model,
+        tables=tables_for(inp, training_for(BATCH, 2048, "bf16", "adam")),
+        global_batch_size=BATCH,
+        time_limit_s=TIME_LIMIT_S,
+    )
+    assert _degrees(out.plan) == "2 on V100-16, 1 on A100-40"
+    assert out.plan.tensor_parallel == 2
+    from autohet_cli.planner.explain import explain_text
+
+    text = explain_text(out.plan, out.eval, inp.cluster)
+    assert "tensor parallel 2 on V100-16, 1 on A100-40" in text

@@ -59,6 +59,9 @@ class Case:
     idle_types: tuple[str, ...] = ()  # GPU types the optimum leaves idle
     oom_types: tuple[str, ...] = ()  # types that cannot hold the whole model alone
     mixed_pipeline: bool = False  # the optimum has a pipeline spanning two types
+    # The optimum has stages of different TP degrees, and one degree for every type
+    # is >= 3% slower.
+    mixed_tp: bool = False
     # The optimum with recomputation is >= 5% faster than without, and recomputes
     # some stages but not all (mixed) or every stage (everywhere).
     recompute_wins: str = ""  # "", "mixed" or "everywhere"
@@ -227,6 +230,29 @@ CASES = [
         profile=(("act_mb_per_block", 100.0),),
         recompute_wins="everywhere",
     ),
+    # TP per GPU type, as Metis plans GPT-Neo on A100-40 + V100-16: the small V100s
+    # need TP 2 to hold 4 of 6 layers (10M-parameter blocks), the A100s run the rest
+    # alone, two such pipelines; one degree for all is 12.7% slower.
+    Case(
+        id="mixed-tp-v100-tp2-a100-tp1",
+        binds_memory=True,
+        hosts=(("a0", "A100-40", 2, 2.6), ("v0", "V100-16", 4, 2.4)),
+        global_batch_size=8,
+        speeds=(("A100-40", 1.0), ("V100-16", 1.5)),
+        profile=(("block_params", 10_000_000), ("tp_overhead", 1.2)),
+        mixed_tp=True,
+        mixed_pipeline=True,
+    ),
+    # ... and with TP that scales well, one pipeline V100 TP 4 -> A100 TP 2 (7.6%).
+    Case(
+        id="mixed-tp-v100-tp4-a100-tp2",
+        binds_memory=True,
+        hosts=(("a0", "A100-40", 2, 2.6), ("v0", "V100-16", 4, 2.2)),
+        global_batch_size=8,
+        speeds=(("A100-40", 1.0), ("V100-16", 1.5)),
+        profile=(("block_params", 10_000_000), ("tp_overhead", 1.05)),
+        mixed_tp=True,
+    ),
     Case(
         id="slow-pair-link",
         hosts=(("a0", "A100-40", 2, None), ("a1", "A100-40", 2, None), ("v0", "V100-16", 2, None)),
@@ -349,6 +375,10 @@ def test_case_shows_what_it_claims(case: Case) -> None:
         assert any(len({s.gpu_type for s in p.stages}) > 1 for p in opt.pipelines), describe(
             opt.pipelines
         )
+    if case.mixed_tp:
+        assert len({s.tensor_parallel for p in opt.pipelines for s in p.stages}) > 1
+        uniform = brute_force(cluster, tables, case.global_batch_size, per_type_tp=False)
+        assert uniform is not None and uniform.iteration_ms >= 1.03 * opt.iteration_ms
     for gpu in case.oom_types:
         host = next(h for h in cluster.hosts if h.gpu_type == gpu)
         stage = Stage(

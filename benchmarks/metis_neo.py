@@ -1,0 +1,108 @@
+"""GPT-Neo-2.7B on 8 A100-40 + 8 V100-16 against the Metis plan (issue 15).
+
+Two hosts of 4x A100-40 and two of 4x V100-16, 100 Gbit/s between hosts, global
+batch 128, sequence 2048, Sailor's measured profiles. Metis plans micro-batch 1,
+two pipelines of 64 micro-batches, each: V100 pairs at TP 2 for layers [0, 5),
+single A100s for the rest. Printed: the iteration time the simulator predicts for
+that plan, for ours (make_plan, TP degree per GPU type), and for ours with one TP
+degree for every stage (what the planner could express before).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from unittest import mock
+
+from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.planner import search as search_module
+from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from benchmarks._common import describe
+
+CLUSTER = "profiles/clusters/neo-a100-v100.yaml"
+PROFILE = "profiles/sailor/GPT-Neo-2.7B.yaml"
+BATCH = 128
+SEQ_LEN = 2048
+
+
+def _stage(a: int, b: int, gpu: str, host: str, gpus: tuple[int, ...]) -> Stage:
+    return Stage(
+        layer_start=a,
+        layer_end=b,
+        gpu_type=gpu,
+        tensor_parallel=len(gpus),
+        devices=tuple(Device(host=host, gpu=g) for g in gpus),
+    )
+
+
+def metis_plan(like: Plan) -> Plan:
+    """The Metis plan as ours would write it, with ``like``'s model and training."""
+    pipelines = tuple(
+        Pipeline(
+            num_microbatches=64,
+            stages=(
+                _stage(0, 3, "V100-16", "v100-0", (2 * j, 2 * j + 1)),
+                _stage(3, 5, "V100-16", "v100-1", (2 * j, 2 * j + 1)),
+                _stage(5, 12, "A100-40", "a100-0", (j,)),
+                _stage(12, 19, "A100-40", "a100-0", (2 + j,)),
+                _stage(19, 26, "A100-40", "a100-1", (j,)),
+                _stage(26, 34, "A100-40", "a100-1", (2 + j,)),
+            ),
+        )
+        for j in (0, 1)
+    )
+    return replace(
+        like,
+        name="metis-neo",
+        version=1,
+        training=replace(like.training, micro_batch_size=1),
+        tensor_parallel=2,
+        pipelines=pipelines,
+        prediction=None,
+        solver=None,
+        baselines={},
+        idle=(),
+        notes=(),
+        contingency={},
+    )
+
+
+def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
+    inputs = load_inputs(CLUSTER, "GPT-Neo-2.7B", [PROFILE])
+    tables = tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
+    with mock.patch.object(
+        search_module,
+        "_degree_combos",
+        (lambda _req, _mbs: []) if one_degree else search_module._degree_combos,
+    ):
+        return make_plan(
+            name="neo",
+            cluster=inputs.cluster,
+            model=inputs.model,
+            tables=tables,
+            global_batch_size=BATCH,
+            time_limit_s=60.0,
+        )
+
+
+def main() -> None:
+    inputs = load_inputs(CLUSTER, "GPT-Neo-2.7B", [PROFILE])
+    tables = tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
+    start = time.perf_counter()
+    ours = plan_neo()
+    took = time.perf_counter() - start
+    uniform = plan_neo(one_degree=True)
+    metis = metis_plan(ours.plan)
+    ev = evaluate(list(metis.pipelines), inputs.cluster, tables, 1)
+    rows = [
+        ("Metis (issue 15)", ev.iteration_ms, metis),
+        ("ours, TP per GPU type", ours.eval.iteration_ms, ours.plan),
+        ("ours, one TP degree", uniform.eval.iteration_ms, uniform.plan),
+    ]
+    print(f"{CLUSTER}, GPT-Neo-2.7B, global batch {BATCH}, seq {SEQ_LEN}, {PROFILE}")
+    print(f"make_plan took {took:.1f} s\n")
+    for label, ms, plan in rows:
+        print(f"{label:24s} {ms / 1e3:8.3f} s/iteration  ({ms / ev.iteration_ms:.3f}x Metis)")
+        print(f"  {describe(list(plan.pipelines))}")
