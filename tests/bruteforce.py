@@ -57,6 +57,7 @@ from autohet_cli.costmodel.evaluate import (
     PlanEval,
     evaluate,
     ring_allreduce_ms,
+    send_copies,
     stage_memory_bytes,
 )
 from autohet_cli.costmodel.tables import CostTables, StageCost
@@ -261,7 +262,7 @@ class _Space:
         rc_costs = self._stage_costs(seq, bounds, [True] * S) if self.recompute else costs
         flags = self.flags(seq, bounds)
         hosts = [self.hosts[h] for h in seq]
-        copies = [-(-self.tps[seq[s + 1]] // self.tps[seq[s]]) for s in range(S - 1)]
+        copies = [send_copies(self.tps[seq[s]], self.tps[seq[s + 1]]) for s in range(S - 1)]
         sends = [
             costs[s].output_bytes
             * copies[s]

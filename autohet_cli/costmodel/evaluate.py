@@ -21,7 +21,9 @@ inside its host; the slowest gather and broadcast count.
 Sends between stages: a stage's boundary activations are replicated over its TP
 ranks, and every rank of the receiving stage gets one copy from one sender
 (TP rank k from rank k mod a), so a sender of degree a sends ceil(b / a) copies to
-a receiver of degree b, one after the other.
+a receiver of degree b, one after the other, and the gradients come back
+ceil(a / b) copies per sender. The simulator has one send time per link for both
+directions, so it charges the larger (``send_copies``).
 
 Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
 activations of the micro-batches in flight (stage s of S holds min(S - s, m)
@@ -194,8 +196,14 @@ def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> Sta
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:
     latency = tables.p2p_latency_ms(a.gpu_type, b.gpu_type)
-    copies = -(-b.tensor_parallel // a.tensor_parallel)
+    copies = send_copies(a.tensor_parallel, b.tensor_parallel)
     return latency + transfer_ms(nbytes * copies, cluster.link_gbps(a.host, b.host))
+
+
+def send_copies(a: int, b: int) -> int:
+    """Copies one rank sends, one after the other, between neighbours of TP degrees
+    ``a`` and ``b``: ceil(b/a) activations forward, ceil(a/b) gradients back."""
+    return max(-(-b // a), -(-a // b))
 
 
 def _grad_sync_ms(

@@ -315,7 +315,7 @@ def idle_devices(
         free = [g for g in range(h.num_gpus) if g not in used.get(h.name, set())]
         if not free:
             continue
-        tp = best.degree(h.gpu_type)
+        tp = best.degree(h.gpu_type) if h.gpu_type in types_used else 1
         if h.num_gpus < tp or (h.name in used and len(free) < tp):
             why = f"tensor_parallel {tp} needs {tp} GPUs of one host; these are left over"
         elif h.gpu_type not in types_used and h.gpu_type in unmeasured:

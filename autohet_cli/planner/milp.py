@@ -59,6 +59,9 @@ class SplitInputs:
     send_ms: Sequence[float]  # per boundary
     sync_ms_per_param: float
     expected_microbatches: int
+    # per class: what a stage's per-GPU parameters are multiplied by in the sync
+    # term (its TP degree where the rate is per full parameter; empty: 1)
+    sync_scale: Sequence[float] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,7 +150,8 @@ def solve_split(
             + n * st.block_upd_ms
             + (st.tail_upd_ms if tail else 0.0)
         )
-        model.addCons(Z >= inp.sync_ms_per_param * params)
+        scale = inp.sync_scale[c] if inp.sync_scale else 1.0
+        model.addCons(Z >= inp.sync_ms_per_param * scale * params)
     model.addCons(quicksum(ns) == inp.num_blocks)
     # Symmetry: neighbouring middle stages of one class may swap block counts
     # without changing time; the later keeps fewer micro-batches in flight, so

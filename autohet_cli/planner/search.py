@@ -25,7 +25,13 @@ from itertools import chain, product
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import deadline_in, overrun_s
-from autohet_cli.costmodel.evaluate import PlanEval, evaluate, ring_allreduce_ms, transfer_ms
+from autohet_cli.costmodel.evaluate import (
+    PlanEval,
+    evaluate,
+    ring_allreduce_ms,
+    send_copies,
+    transfer_ms,
+)
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
@@ -129,7 +135,7 @@ class _Context:
     stats: list[BlockStats]
     caps: list[float]
     params_per_gpu: int
-    splits: dict[tuple[tuple[int, ...], int, float], SplitResult | None] = field(
+    splits: dict[tuple[tuple[int, ...], int, float, bool], SplitResult | None] = field(
         default_factory=dict
     )
 
@@ -169,11 +175,12 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     score = scorer(req.cluster, req.objective)
     queue: list[tuple[float, int, Grouping, _Context]] = []
     uniform = mixed = 0  # groupings enumerated in one-degree and per-type contexts
-    contexts = _contexts(req)
+    contexts, incomplete = _contexts(req)  # incomplete: some degree combinations left out
     for n, (ctx, per_type) in enumerate(contexts):
         if per_type and mixed >= max(MIXED_FLOOR, MIXED_SHARE * uniform):
             left = sum(1 for _, pt in contexts[n:] if pt)
             note(0.0, f"per-type TP degrees: {left} less promising combinations not searched")
+            incomplete = True
             break
         before = len(queue)
         M = req.global_batch_size // ctx.mbs
@@ -251,7 +258,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     search_gap = max(0.0, (best.score - lb) / best.score)
     if timed_out:
         status = "time_limit"
-    elif best.solver_gap <= 1e-3 and hopeless == 0:
+    elif best.solver_gap <= 1e-3 and hopeless == 0 and not incomplete:
         status = "optimal"  # every grouping solved or pruned by its lower bound
     else:
         status = "heuristic"  # some groupings were judged hopeless by estimate
@@ -311,10 +318,10 @@ def _refine_best(
     return best
 
 
-def _contexts(req: SearchRequest) -> list[tuple[_Context, bool]]:
+def _contexts(req: SearchRequest) -> tuple[list[tuple[_Context, bool]], bool]:
     """(context, per-type degrees?): one degree for every type first (in degree,
     then micro-batch order), then the per-type combinations (``_degree_combos``),
-    most promising first."""
+    most promising first; and whether combinations were left out."""
     out = []
     max_gpus = max(h.num_gpus for h in req.cluster.hosts)
     batch_sizes = [m for m in req.mbs_candidates if req.global_batch_size % m == 0]
@@ -325,16 +332,18 @@ def _contexts(req: SearchRequest) -> list[tuple[_Context, bool]]:
             ctx = _context(req, tp, mbs)
             if ctx is not None:
                 out.append((ctx, False))
-    combos = [
-        (rank, i, mbs, degrees)
-        for i, mbs in enumerate(batch_sizes)
-        for rank, degrees in _degree_combos(req, mbs)
-    ]
+    combos = []
+    trimmed = False
+    for i, mbs in enumerate(batch_sizes):
+        ranked, left_out = _ranked_combos(req, mbs)
+        trimmed = trimmed or left_out
+        combos += [(rank, i, mbs, degrees) for rank, degrees in ranked]
     for _, _, mbs, degrees in sorted(combos, key=lambda x: x[:2]):
         ctx = _context(req, degrees, mbs)
-        if ctx is not None:
+        # --measured-only may drop a type, leaving one degree: a uniform context
+        if ctx is not None and len({c.tp for c in ctx.classes}) > 1:
             out.append((ctx, True))
-    return out
+    return out, trimmed
 
 
 def _context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int) -> _Context | None:
@@ -365,6 +374,11 @@ def _context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int) -> 
 
 
 def _degree_combos(req: SearchRequest, mbs: int) -> list[tuple[int, dict[str, int]]]:
+    return _ranked_combos(req, mbs)[0]
+
+
+def _ranked_combos(req: SearchRequest, mbs: int) -> tuple[list[tuple[int, dict[str, int]]], bool]:
+    """``_degree_combos`` and whether some type's degrees were left out."""
     """Per-GPU-type TP degrees that are not all equal (those are the uniform
     contexts), each with a rank (the sum of its degrees' ranks in their types: 0
     for every type's best degree). All combinations where they are at most
@@ -372,7 +386,7 @@ def _degree_combos(req: SearchRequest, mbs: int) -> list[tuple[int, dict[str, in
     ``_standalone_ms``, combined."""
     types = req.cluster.gpu_types()
     if len(types) < 2:
-        return []
+        return [], False
     allowed = {
         g: [
             t
@@ -394,7 +408,7 @@ def _degree_combos(req: SearchRequest, mbs: int) -> list[tuple[int, dict[str, in
         degrees = {g: ranked[g][i] for g, i in zip(types, choice, strict=True)}
         if len(set(degrees.values())) > 1:
             combos.append((sum(choice), degrees))
-    return combos
+    return combos, any(len(ranked[g]) < len(allowed[g]) for g in types)
 
 
 def _standalone_ms(req: SearchRequest, gpu_type: str, tp: int, mbs: int) -> float:
@@ -447,26 +461,29 @@ def _slowest_link(cluster: Cluster) -> float:
 
 
 def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
+    """Per link of a template: latency + the boundary bytes times the copies a rank
+    sends between the two degrees (``evaluate.send_copies``)."""
     out = []
     slow = _slowest_link(req.cluster)
+    pairs = list(zip(tpl.classes, tpl.classes[1:], strict=False))
     latency = [
         req.tables.p2p_latency_ms(ctx.classes[a].gpu_type, ctx.classes[b].gpu_type)
-        for a, b in zip(tpl.classes, tpl.classes[1:], strict=False)
+        for a, b in pairs
+    ]
+    nbytes = [
+        ctx.stats[a].out_bytes * send_copies(ctx.classes[a].tp, ctx.classes[b].tp) for a, b in pairs
     ]
     if tpl.hosts:  # host-aligned: the links between the stage hosts are known
         return [
             latency[s]
-            + transfer_ms(
-                ctx.stats[tpl.classes[s]].out_bytes,
-                req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]),
-            )
+            + transfer_ms(nbytes[s], req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]))
             for s in range(tpl.num_stages - 1)
         ]
-    for i, (a, b) in enumerate(zip(tpl.classes, tpl.classes[1:], strict=False)):
+    for i, (a, b) in enumerate(pairs):
         c = ctx.classes[a]
         same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
         gbps = c.intra_node_gbps if same_host else slow
-        out.append(latency[i] + transfer_ms(ctx.stats[a].out_bytes, gbps))
+        out.append(latency[i] + transfer_ms(nbytes[i], gbps))
     return out
 
 
@@ -477,12 +494,28 @@ def _sync_ms_per_param(
     *,
     optimistic: bool = False,
 ) -> float:
-    """Ring all-reduce ms per parameter of one stage, across all pipelines.
+    """Ring all-reduce ms per parameter a GPU of a stage holds (``_sync_rate``'s
+    rate; across hosts, where it is per full parameter, a lower bound)."""
+    return _sync_rate(req, ctx, parts, optimistic=optimistic)[0]
+
+
+def _sync_rate(
+    req: SearchRequest,
+    ctx: _Context,
+    parts: Sequence[tuple[Template, int]],
+    *,
+    optimistic: bool = False,
+) -> tuple[float, bool]:
+    """Ring all-reduce ms per parameter of one stage, across all pipelines, and
+    whether it is per *full* parameter (to be multiplied by the class's TP degree
+    times its per-GPU parameters).
 
     Placement fills hosts in order, so a grouping whose groups fit on one host
-    syncs over that host's links; otherwise over the slowest inter-host link.
-    ``optimistic`` takes the fastest link any segment could use instead, which
-    keeps lower bounds valid whatever the placement.
+    syncs over that host's links, per parameter a GPU holds; otherwise over the
+    slowest inter-host link, where a TP group's rings share its host's NIC (and a
+    full-gradient sync between degrees moves the full gradient too): per full
+    parameter. ``optimistic`` takes the fastest link any segment could use, per
+    parameter a GPU holds, which keeps lower bounds valid whatever the placement.
     """
     d = sum(k for _, k in parts)
     nbytes = req.tables.training.grad_bytes_per_param
@@ -508,14 +541,13 @@ def _sync_ms_per_param(
             for tpl, _ in parts
             for h in tpl.hosts
         )
-        return ring_allreduce_ms(nbytes, d, slowest_intra)
+        return ring_allreduce_ms(nbytes, d, slowest_intra), False
     if optimistic:
         fastest = max([intra, req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()])
-        return ring_allreduce_ms(nbytes, d, fastest)
-    if hosts > 1:  # a TP group's rings share its host's NIC
-        degree = max(cls.tp for cls, n in zip(ctx.classes, used, strict=True) if n)
-        return ring_allreduce_ms(nbytes * degree, d, _slowest_link(req.cluster))
-    return ring_allreduce_ms(nbytes, d, intra)
+        return ring_allreduce_ms(nbytes, d, fastest), False
+    if hosts > 1:
+        return ring_allreduce_ms(nbytes, d, _slowest_link(req.cluster)), True
+    return ring_allreduce_ms(nbytes, d, intra), False
 
 
 def _allreduce_gbps(req: SearchRequest, gpu_type: str, nominal_gbps: float) -> float:
@@ -536,6 +568,7 @@ def _estimate(
     upd = 0.0
     params = 0.0
     shapes = []
+    rate, per_full = _sync_rate(req, ctx, parts)
     for tpl, k in parts:
         st = [ctx.stats[c] for c in tpl.classes]
         inv = sum(1.0 / s.block_ms for s in st)
@@ -544,7 +577,10 @@ def _estimate(
         c_ms = max((n + fixed) / inv, 2 * max(sends, default=0.0))
         shapes.append((k, c_ms, c_ms * tpl.num_stages + 2 * sum(sends)))
         upd = max(upd, max(s.total_upd_ms for s in st) / tpl.num_stages)
-        params = max(params, max(s.block_params for s in st) * n / tpl.num_stages)
+        held = [
+            ctx.stats[c].block_params * (ctx.classes[c].tp if per_full else 1) for c in tpl.classes
+        ]
+        params = max(params, max(held) * n / tpl.num_stages)
     pipes = sum(k for k, _, _ in shapes)
     t_ms = (M - pipes + sum(k * f / c for k, c, f in shapes)) / sum(k / c for k, c, _ in shapes)
     t_ms = max(t_ms, max(f for _, _, f in shapes))
@@ -555,7 +591,7 @@ def _estimate(
         ms[j] += 1
         left -= shapes[j][0]
     t_ms = max((m - 1) * c + f for (_, c, f), m in zip(shapes, ms, strict=True))
-    total = t_ms + upd + _sync_ms_per_param(req, ctx, parts) * params
+    total = t_ms + upd + rate * params
     if req.objective == "cost":
         used = {c for tpl, _ in parts for c in tpl.classes}
         price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
@@ -575,7 +611,7 @@ def _solve_grouping(
     a, b = block_range(req.model)
     M = req.global_batch_size // g.mbs
     cap = min(remaining, max(0.2, req.time_limit_s / 40))
-    sync = _sync_ms_per_param(req, ctx, g.parts)
+    sync, per_full = _sync_rate(req, ctx, g.parts)
     rates = [
         k * tpl.num_stages / min(ctx.stats[c].total_ms for c in tpl.classes) for tpl, k in g.parts
     ]
@@ -587,7 +623,7 @@ def _solve_grouping(
     for _ in range(2):
         splits = []
         for (tpl, _k), m in zip(g.parts, m_hat, strict=True):
-            split = _split(req, ctx, tpl, m, sync, b - a, cap)
+            split = _split(req, ctx, tpl, m, sync, b - a, cap, per_full=per_full)
             if split is None:
                 return None, None
             splits.append(split)
@@ -649,8 +685,10 @@ def _split(
     sync: float,
     num_blocks: int,
     cap: float,
+    *,
+    per_full: bool = False,
 ) -> SplitResult | None:
-    key = (tpl.classes, m_hat, round(sync, 12))
+    key = (tpl.classes, m_hat, round(sync, 12), per_full)
     if key not in ctx.splits:
         ctx.splits[key] = solve_split(
             SplitInputs(
@@ -661,6 +699,7 @@ def _split(
                 num_blocks=num_blocks,
                 send_ms=_sends(req, ctx, tpl),
                 sync_ms_per_param=sync,
+                sync_scale=[float(c.tp) if per_full else 1.0 for c in ctx.classes],
                 expected_microbatches=m_hat,
             ),
             time_limit_s=cap,

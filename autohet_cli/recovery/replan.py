@@ -516,6 +516,8 @@ def keep_survivors(
     plan = replace(
         old,
         version=0,
+        # the widest stage may have been on a lost host
+        tensor_parallel=max(s.tensor_parallel for p in pipelines for s in p.stages),
         pipelines=tuple(pipelines),
         solver=SolverInfo(status=KEPT, gap=0.0, time_s=0.0, objective=_objective(old)),
         baselines={},

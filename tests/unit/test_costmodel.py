@@ -301,15 +301,19 @@ def test_segment_held_at_two_tp_degrees_syncs_through_the_full_gradient() -> Non
     assert [s.grad_sync_ms for p in ev.pipelines for s in p.stages] == [ev.grad_sync_ms] * 2
 
 
-def test_a_send_to_a_wider_stage_sends_a_copy_to_each_rank_it_feeds() -> None:
+def test_sends_between_degrees_count_the_copies_one_rank_sends() -> None:
     cluster = make_cluster([("h0", 3)])
     tables = toy_tables()
     widening = [pipe(2, stage(0, 2, "h0", 0), stage(2, 4, "h0", 1, 2))]
     narrowing = [pipe(2, stage(0, 2, "h0", 0, 1), stage(2, 4, "h0", 2))]
     wide = evaluate(widening, cluster, tables, 1).pipelines[0].stages[0].send_ms
     narrow = evaluate(narrowing, cluster, tables, 1).pipelines[0].stages[0].send_ms
-    # layer 1's 1e6 output bytes at 1e9 B/s: two copies one after the other, or one
-    assert wide - narrow == pytest.approx(1.0)
+    # layer 1's 1e6 output bytes at 1e9 B/s, two copies one after the other: forward
+    # to the wider stage, or backward to the wider one; charged alike both ways
+    assert wide == pytest.approx(narrow)
+    uniform = [pipe(2, stage(0, 2, "h0", 0), stage(2, 4, "h0", 1))]
+    one = evaluate(uniform, cluster, tables, 1).pipelines[0].stages[0].send_ms
+    assert wide - one == pytest.approx(1.0)
 
 
 def test_closed_form_bounds_the_simulator_with_uneven_forward_shares() -> None:

@@ -403,6 +403,30 @@ def test_kept_plan_keeps_surviving_pipelines_and_reshares_the_batch() -> None:
                 assert other.pipeline_ms >= ev.pipeline_ms - 1e-6
 
 
+def test_kept_plan_takes_the_largest_degree_left() -> None:
+    """The V100 pipeline ran at TP 2; losing its host leaves TP-1 stages only, and
+    the kept plan's plan-level degree follows (it must equal the largest stage's)."""
+    v100_tp2 = Pipeline(
+        num_microbatches=4,
+        stages=(
+            Stage(
+                layer_start=0,
+                layer_end=26,
+                gpu_type="V100-16",
+                tensor_parallel=2,
+                devices=(Device(host="v100-0", gpu=0), Device(host="v100-0", gpu=1)),
+            ),
+        ),
+    )
+    old = replace(make_old(OLD_PIPES), tensor_parallel=2, pipelines=(v100_tp2, *OLD_PIPES[1:]))
+    old.validate()
+    survivors = inputs().cluster.without({"v100-0"})
+    kept = keep_survivors(old, survivors, {"v100-0"}, tables())
+    assert kept is not None
+    assert kept.tensor_parallel == 1
+    kept.validate()
+
+
 def spare_cluster() -> Cluster:
     host = {"gpus": {"type": "V100-16", "count": 2}, "spot": True}
     return cluster_from_dict(
