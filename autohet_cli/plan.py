@@ -264,6 +264,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
             "seq_len": t.seq_len,
             "precision": t.precision,
             "optimizer": t.optimizer,
+            **({"zero1": True} if t.zero1 else {}),
         },
         "tensor_parallel": p.tensor_parallel,
         "pipelines": [pipelines_entry(pl) for pl in p.pipelines],
@@ -330,7 +331,10 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
     tr = as_mapping(d["training"], f"{where}: training")
     tat = f"{where}: training"
     check_keys(
-        tr, tat, ["global_batch_size", "micro_batch_size", "seq_len"], ["precision", "optimizer"]
+        tr,
+        tat,
+        ["global_batch_size", "micro_batch_size", "seq_len"],
+        ["precision", "optimizer", "zero1"],
     )
     try:
         training = TrainingSettings(
@@ -339,6 +343,7 @@ def plan_from_dict(raw: Any, where: str) -> Plan:
             seq_len=get(tr, "seq_len", int, tat),
             precision=get(tr, "precision", str, tat, "bf16"),
             optimizer=get(tr, "optimizer", str, tat, "adam"),
+            zero1=coerce(tr["zero1"], bool, f"{tat}.zero1") if "zero1" in tr else False,
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None

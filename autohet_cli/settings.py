@@ -44,6 +44,9 @@ class TrainingSettings:
     seq_len: int
     precision: str = "bf16"
     optimizer: str = "adam"
+    # ZeRO-1: optimizer state sharded over the pipelines that hold the same layers
+    # (runtime.zero); written to plans only when true.
+    zero1: bool = False
 
     def __post_init__(self) -> None:
         for name in ("global_batch_size", "micro_batch_size", "seq_len"):

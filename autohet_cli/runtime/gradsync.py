@@ -25,11 +25,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
+from autohet_cli.runtime.zero import ShardedBucket, ZeroState
 from autohet_cli.settings import GRAD_REDUCE_DTYPE
 
 REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
@@ -47,13 +48,27 @@ class Bucket:
 
 
 class GradSync:
-    def __init__(self, stage: StageModule, runtime: Runtime, tied: list[tuple[str, ...]]) -> None:
+    """``zero``: the buckets of one-degree segments held by several pipelines are
+    sharded (``runtime.zero``, ZeRO-1): reduce-scattered here, all-gathered after
+    the optimizer step (``self.zero``)."""
+
+    def __init__(
+        self,
+        stage: StageModule,
+        runtime: Runtime,
+        tied: list[tuple[str, ...]],
+        *,
+        zero: bool = False,
+        optimizer: str = "adam",
+    ) -> None:
         tie_key = {name: f"tied:{names[0]}" for names in tied for name in names}
         segments = runtime.topology.segments()
         by_key: dict[str, list[nn.Parameter]] = {}
+        names: dict[str, list[str]] = {}
         for name, param in trainable_parameters(stage):
             key = tie_key.get(name) or _segment_key(segments, layer_of(name))
             by_key.setdefault(key, []).append(param)
+            names.setdefault(key, []).append(name)
         known = {sync.key for sync, _ in runtime.sync_groups}
         unknown = sorted(set(by_key) - known)
         assert not unknown, f"parameters in no sync group: {unknown}"
@@ -61,15 +76,34 @@ class GradSync:
         # TP rank 0 of this rank's stage, the source of a full-gradient sync's broadcast.
         info = runtime.info
         self.tp_root = runtime.peer(runtime.topology.rank_of(info.pipeline, info.stage, 0))
-        self.buckets = [
-            Bucket(key=sync.key, group=pg, params=by_key[sync.key], full=sync.full)
-            for sync, pg in runtime.sync_groups
-            if (pg is not None or sync.full) and sync.key in by_key
-        ]
+        self.buckets: list[Bucket] = []
+        sharded: list[ShardedBucket] = []
+        for sync, pg in runtime.sync_groups:
+            if sync.key not in by_key or (pg is None and not sync.full):
+                continue
+            if zero and pg is not None and not sync.full and not sync.key.startswith("tied:"):
+                sharded.append(
+                    ShardedBucket(
+                        key=sync.key,
+                        group=pg,
+                        members=len(sync.ranks),
+                        index=sync.ranks.index(info.rank),
+                        names=names[sync.key],
+                        params=by_key[sync.key],
+                    )
+                )
+                continue
+            self.buckets.append(
+                Bucket(key=sync.key, group=pg, params=by_key[sync.key], full=sync.full)
+            )
+        self.zero = ZeroState(sharded, optimizer) if zero else None
 
     @torch.no_grad()
     def all_reduce(self) -> None:
-        """Sum every bucket's gradients over its group, in place."""
+        """Sum every bucket's gradients over its group, in place (a sharded bucket's
+        into this rank's slices only)."""
+        if self.zero is not None:
+            self.zero.reduce_scatter()
         pending = []
         for bucket in self.buckets:
             if bucket.full:
@@ -98,14 +132,23 @@ class GradSync:
             for p, full in zip(params, fulls, strict=True):
                 grad = p.grad
                 if isinstance(grad, DTensor):
-                    shard = distribute_tensor(
-                        full, grad.device_mesh, grad.placements, src_data_rank=None
-                    )
-                    local_tensor(grad).copy_(local_tensor(shard))
+                    local_tensor(grad).copy_(_my_shard(full, grad))
                 else:
                     assert grad is not None
                     if grad is not full:
                         grad.copy_(full)
+
+
+def _my_shard(full: Tensor, like: DTensor) -> Tensor:
+    """This rank's part of ``full`` laid out like ``like`` (DTensor's even chunks,
+    ``torch.chunk``'s). By hand, not ``distribute_tensor(src_data_rank=None)``: that
+    argument needs torch 2.7, and the runtime supports older releases."""
+    out = full
+    for dim, placement in enumerate(like.placements):
+        if isinstance(placement, Shard):
+            size = like.device_mesh.size(dim)
+            out = torch.chunk(out, size, dim=placement.dim)[like.device_mesh.get_local_rank(dim)]
+    return out
 
 
 def _full(grad: Tensor | None) -> Tensor:

@@ -19,7 +19,7 @@ differently, so this is written here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,17 +82,37 @@ def build_optimizer(
     weight_decay: float,
     betas: tuple[float, float],
     momentum: float,
-) -> torch.optim.Optimizer:
+    skip: Set[int] = frozenset(),
+) -> torch.optim.Optimizer | None:
     """AdamW (plan optimizer ``adam``) or SGD; weight decay on matrices only (nanoGPT):
-    biases and norm gains (1-D) are in a group without decay."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for _, p in trainable_parameters(stage):
-        (decay if p.ndim >= 2 else no_decay).append(p)
+    biases and norm gains (1-D) are in a group without decay. ``skip``: ids of
+    parameters another optimizer steps (ZeRO-1 slices, ``runtime.zero``); None when
+    that leaves nothing."""
+    params = [(p, p.ndim >= 2) for _, p in trainable_parameters(stage) if id(p) not in skip]
+    return optimizer_for(
+        params, kind=kind, lr=lr, weight_decay=weight_decay, betas=betas, momentum=momentum
+    )
+
+
+def optimizer_for(
+    params: Sequence[tuple[nn.Parameter, bool]],
+    *,
+    kind: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    momentum: float,
+) -> torch.optim.Optimizer | None:
+    """The optimizer over (parameter, takes weight decay) pairs: a decay group, then
+    a no-decay group, each only where it has parameters (DCP's optimizer state dict
+    cannot load an empty group); None without parameters."""
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p, d in params if d], "weight_decay": weight_decay},
+        {"params": [p for p, d in params if not d], "weight_decay": 0.0},
     ]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        return None
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum)
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
@@ -139,15 +159,17 @@ def clip_grad_norm(
     counted: Sequence[nn.Parameter],
     max_norm: float,
     device: torch.device,
+    extra: Sequence[nn.Parameter] = (),
 ) -> float:
-    """The global gradient norm (before clipping); scales every gradient when above
-    ``max_norm`` (> 0), exactly as ``torch.nn.utils.clip_grad_norm_`` would on one process."""
+    """The global gradient norm (before clipping); scales every gradient (the stage's
+    and ``extra``'s: ZeRO-1 slices) when above ``max_norm`` (> 0), exactly as
+    ``torch.nn.utils.clip_grad_norm_`` would on one process."""
     squares = sum_of_squares(counted, device)
     dist.all_reduce(squares)
     norm = float(squares.sqrt().item())
     if max_norm > 0:
         coef = min(max_norm / (norm + CLIP_EPS), 1.0)
-        for _, p in trainable_parameters(stage):
+        for p in [p for _, p in trainable_parameters(stage)] + list(extra):
             if p.grad is not None:
                 local_tensor(p.grad).mul_(coef)
     return norm

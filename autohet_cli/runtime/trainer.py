@@ -57,6 +57,7 @@ from autohet_cli.runtime.optim import (
     build_optimizer,
     clip_grad_norm,
     counted_parameters,
+    optimizer_for,
     set_lr,
 )
 from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, autocast_contexts, comm_dtype
@@ -120,19 +121,52 @@ class Trainer:
             load_hf_weights(self.stage, spec, config.init_from)
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
-        self.grad_sync = GradSync(self.stage, self.runtime, self.tied)
-        self.optimizer = build_optimizer(
+        kind = plan.training.optimizer
+        self.grad_sync = GradSync(
             self.stage,
-            kind=plan.training.optimizer,
-            lr=config.lr,
-            weight_decay=config.weight_decay,
-            betas=config.betas,
-            momentum=config.momentum,
+            self.runtime,
+            self.tied,
+            zero=plan.training.zero1,
+            optimizer=kind if kind == "adam" or config.momentum else "plain-sgd",
+        )
+        self.zero = self.grad_sync.zero
+        hyper: dict[str, Any] = {
+            "kind": kind,
+            "lr": config.lr,
+            "weight_decay": config.weight_decay,
+            "betas": config.betas,
+            "momentum": config.momentum,
+        }
+        sharded = self.zero.sharded if self.zero else frozenset()
+        self.optimizer = build_optimizer(self.stage, skip=sharded, **hyper)
+        # ZeRO-1: this rank's slices of the sharded buckets, stepped by their own
+        # optimizer (not the model's parameters, so not in get_state_dict's view).
+        self.zero_optimizer = (
+            optimizer_for(
+                [(piece, self.zero.decay_of()[id(piece)]) for piece in self.zero.slice_params],
+                **hyper,
+            )
+            if self.zero
+            else None
+        )
+        self.lr = config.lr  # the rate of the last step taken (ZeRO-1 checkpoints)
+        # The hyperparameters a replicated optimizer files per parameter (decay group,
+        # no-decay group), for ZeRO-1 checkpoints to carry the same entries.
+        template = optimizer_for(
+            [(torch.nn.Parameter(torch.zeros(1)), d) for d in (True, False)], **hyper
+        )
+        assert template is not None
+        self._zero_groups = tuple(
+            {k: v for k, v in g.items() if k != "params"} for g in template.param_groups
         )
         info = self.runtime.info
-        self.counted = counted_parameters(
-            self.stage, pipeline=info.pipeline, tp_rank=info.tp_rank, tied=self.tied
-        )
+        self.counted = [
+            p
+            for p in counted_parameters(
+                self.stage, pipeline=info.pipeline, tp_rank=info.tp_rank, tied=self.tied
+            )
+            if id(p) not in sharded
+        ] + (self.zero.counted(info.tp_rank) if self.zero else [])
         self.scaler = LossScaler() if self._precision() == torch.float16 else None
         t = plan.training
         self.data: Batches = build_batches(
@@ -265,7 +299,11 @@ class Trainer:
         start = time.perf_counter()
         marks = StepMarks(self.clock, self.step, keep_ops=self.step in self.trace_steps)
         self.schedule.p2p.marks = marks
-        self.optimizer.zero_grad(set_to_none=True)
+        for opt in (self.optimizer, self.zero_optimizer):
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+        for _, p in trainable_parameters(self.stage):  # parameters no optimizer here steps
+            p.grad = None
         microbatches = self._microbatches(self.step)
         if self.scaler is not None:
             self.schedule.loss_scale = self.scaler.scale
@@ -277,17 +315,23 @@ class Trainer:
         opt_start = self.clock.mark()
         marks.span("sync", sync_start, opt_start)
         skipped = False
+        slices = self.zero.slice_params if self.zero else []
         if self.scaler is not None:
-            params = [p for _, p in trainable_parameters(self.stage)]
+            params = [p for _, p in trainable_parameters(self.stage)] + slices
             skipped = self.scaler.unscale_and_check(params, self.runtime.device)
         grad_norm = None
         lr = self.lr_schedule.at(self.step)
         if not skipped:
             grad_norm = clip_grad_norm(
-                self.stage, self.counted, self.config.grad_clip, self.runtime.device
+                self.stage, self.counted, self.config.grad_clip, self.runtime.device, slices
             )
-            set_lr(self.optimizer, lr)
-            self.optimizer.step()
+            self.lr = lr
+            for opt in (self.optimizer, self.zero_optimizer):
+                if opt is not None:
+                    set_lr(opt, lr)
+                    opt.step()
+            if self.zero is not None:
+                self.zero.all_gather()
         marks.span("optimizer", opt_start, self.clock.mark())
         loss, peaks = self._world_report(loss_share)
         self.timings.add(marks.finish())
@@ -374,10 +418,23 @@ class Trainer:
         between plans; what checkpoints use (``runtime.checkpoint``). ``run`` is
         ``run_state()`` as one JSON string (one checkpoint entry whatever it holds).
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
 
         options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
-        model, optimizer = get_state_dict(self.stage, self.optimizer, options=options)
+        optimizer: dict[str, Any]
+        if self.optimizer is None:  # ZeRO-1 slices hold every parameter's state
+            model, optimizer = get_model_state_dict(self.stage, options=options), {}
+        else:
+            model, optimizer = get_state_dict(self.stage, self.optimizer, options=options)
+        if self.zero is not None:
+            if not flat_optimizer:
+                raise ValueError("a ZeRO-1 plan's optimizer state exists flat only")
+            entries = self.zero.state_entries(self.zero_optimizer, self._zero_groups, self.lr)
+            optimizer = {**optimizer, **entries}
         return {
             "model": model,
             "optimizer": optimizer,
@@ -392,20 +449,36 @@ class Trainer:
         Refuses a checkpoint whose data differ from this run's: the same step would
         then see other samples than the interrupted run.
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         saved = json.loads(state["run"]) if state.get("run") else None
         if saved is not None:
             run_state.check_same_data(saved.get("data") or {}, self.run_state()["data"])
             self.decay_end = run_state.resumed_decay_end(self, saved)
         flat = "state" not in state["optimizer"]
-        set_state_dict(
-            self.stage,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=StateDictOptions(flatten_optimizer_state_dict=flat),
-        )
+        optim = state["optimizer"]
+        if self.zero is not None:
+            assert flat
+            self.zero.load_entries(self.zero_optimizer, optim)
+            mine = self.zero.names()
+            optim = {
+                k: v for k, v in optim.items() if k.partition(".")[2].rpartition(".")[0] not in mine
+            }
+        options = StateDictOptions(flatten_optimizer_state_dict=flat)
+        if self.optimizer is None:
+            set_model_state_dict(self.stage, state["model"], options=options)
+        else:
+            set_state_dict(
+                self.stage,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=optim,
+                options=options,
+            )
         self.step = int(state["step"])
         if self.scaler is not None and state.get("loss_scale"):
             self.scaler.scale = float(state["loss_scale"])

@@ -288,6 +288,45 @@ def test_a_mixed_tp_plan_saves_what_one_device_resumes_exactly(saved: Saved) -> 
     _assert_continues(saved, _losses(metrics), 4)
 
 
+ZERO_LAYOUT = [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])]
+
+
+def test_resume_under_zero1_continues_the_loss_curve(saved: Saved) -> None:
+    """A checkpoint of replicated optimizer state loads into ZeRO-1 slices."""
+    root = _copy_root(saved, saved.tmp / "zero-in-disk")
+    metrics = saved.tmp / "zero-in.jsonl"
+    proc = _torchrun(
+        make_plan(NAME, ZERO_LAYOUT, optimizer="adam", zero1=True),
+        saved,
+        STEPS,
+        *("--resume", "--checkpoint-dir", str(root)),
+        *("--metrics", str(metrics), "--remote-storage", "none"),
+    )
+    assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
+def test_zero1_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
+    """ZeRO-1 slices are written per parameter, in full, by one member each."""
+    name = "ckpt-zero"
+    disk = saved.tmp / "zero-out-disk"
+    common = ("--checkpoint-dir", str(disk), "--remote-storage", "none")
+    first = saved.tmp / "zero-out-first.jsonl"
+    _torchrun(
+        make_plan(name, ZERO_LAYOUT, optimizer="adam", zero1=True),
+        saved,
+        4,
+        *("--checkpoint-every", "2", "--metrics", str(first), *common),
+    )
+    for step, loss in _losses(first).items():
+        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
+    _, path = write_plan(make_plan(name, [(8, [(0, NUM_LAYERS)])], optimizer="adam"), saved.plans)
+    metrics = saved.tmp / "zero-out.jsonl"
+    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
+    assert f"resumed from {disk / name / 'default' / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
 def test_incomplete_checkpoint_is_refused_and_resume_falls_back(saved: Saved) -> None:
     root = _copy_root(saved, saved.tmp / "incomplete-disk")
     (root / NS / STEP_4 / "COMPLETE").unlink()

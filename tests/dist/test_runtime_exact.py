@@ -55,7 +55,13 @@ Layout = list[tuple[int, list[tuple[int, ...]]]]
 
 
 def make_plan(
-    name: str, layout: Layout, *, tp: int = 1, optimizer: str = "sgd", recompute_first: bool = False
+    name: str,
+    layout: Layout,
+    *,
+    tp: int = 1,
+    optimizer: str = "sgd",
+    recompute_first: bool = False,
+    zero1: bool = False,
 ) -> Plan:
     """Plan over host ``localhost`` with GPU indices numbered in plan order
     (``recompute_first``: every pipeline's first stage recomputes activations)."""
@@ -90,6 +96,7 @@ def make_plan(
             seq_len=SEQ_LEN,
             precision="fp32",
             optimizer=optimizer,
+            zero1=zero1,
         ),
         tensor_parallel=tp,
         pipelines=pipelines,
@@ -253,6 +260,24 @@ def test_plan_shape_matches_single_process(
     plan = make_plan(shape, layout, tp=tp, recompute_first=shape in RECOMPUTE)
     run = run_plan(plan, tmp_path)
     assert_matches(run, reference_sgd)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("shape", ["asymmetric-pipelines", "combined", "mixed-tp"])
+def test_zero1_plan_matches_single_process(
+    shape: str, reference_sgd: RunResult, tmp_path: Path
+) -> None:
+    """ZeRO-1 (optimizer state sharded over the pipelines holding a segment): replicas
+    that cut layers differently, TP 2, and segments held at two degrees (not sharded)."""
+    layout, tp = SHAPES[shape]
+    run = run_plan(make_plan(f"zero-{shape}", layout, tp=tp, zero1=True), tmp_path)
+    assert_matches(run, reference_sgd)
+
+
+@pytest.mark.timeout(200)
+def test_adamw_zero1_plan_matches_single_process(reference_adam: RunResult, tmp_path: Path) -> None:
+    plan = make_plan("zero-adam", COMBINED, tp=2, optimizer="adam", zero1=True)
+    assert_matches(run_plan(plan, tmp_path), reference_adam, adam_lr=LR["adam"])
 
 
 @pytest.mark.timeout(200)

@@ -1,0 +1,285 @@
+"""ZeRO-1: optimizer state sharded over the replicas that hold the same parameters.
+
+With ``training.zero1`` in the plan, each gradient-sync bucket whose holders share
+one TP degree (``Topology.sync_groups``: TP rank k of the stage holding a layer
+segment in every pipeline) is split into equal contiguous slices of its flat
+parameters, one per member of the group. Per step:
+
+1. reduce-scatter of the bucket's fp32 gradients: member i receives the summed
+   gradient of slice i only (the same bytes as half an all-reduce);
+2. clipping counts each slice once, and the optimizer steps this rank's slices
+   only: their optimizer state (Adam's two moments) lives on this rank alone,
+   1/P of the bucket's;
+3. all-gather of the updated slices: every member holds the whole bucket again
+   (the other half of an all-reduce's bytes).
+
+The slices are views of the parameters' own storage, so stepping them updates the
+model in place and the all-gather writes the other members' slices. AdamW and SGD
+are elementwise, so stepping slices is stepping the whole parameter: the numbers
+are those of the replicated optimizer. Replicas may cut layers differently and
+take uneven batch shares: the buckets are the segments every holder agrees on.
+Buckets held at different TP degrees (full-gradient sync) and tied weights are not
+sharded (one all-reduce, replicated state, as without ZeRO).
+
+Why not ``torch.distributed.optim.ZeroRedundancyOptimizer``: it shards whole
+parameters over one process group, while a rank here sits in one group per layer
+segment, each with other members; and FSDP shards the weights too (ZeRO-3), with
+its own wrapping of the stage. Slicing the flat buckets GradSync already builds is
+a few dozen lines.
+
+Checkpoints stay per parameter (``state.<name>.exp_avg``, full tensors in the
+parameter's own layout), so they load under any plan, with or without ZeRO: the
+state of parameter j of a bucket is written by member ``j mod P``, each state
+tensor assembled by one all-gather of the bucket's slices (transient memory: one
+fp32 bucket, what its gradient took during the step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor, Shard
+
+from autohet_cli.runtime.stage import local_tensor
+from autohet_cli.settings import GRAD_REDUCE_DTYPE
+
+REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
+STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
+
+
+def slice_bounds(numels: Sequence[int], members: int, index: int) -> tuple[int, int, int]:
+    """(chunk, start, end) of member ``index``'s slice of a flat bucket (pure)."""
+    total = sum(numels)
+    chunk = -(-total // members) if total else 0
+    start = min(total, index * chunk)
+    return chunk, start, min(total, start + chunk)
+
+
+def pieces(numels: Sequence[int], start: int, end: int) -> list[tuple[int, int, int]]:
+    """(parameter j, lo, hi): the part [lo, hi) of flat parameter j inside [start, end)."""
+    out, offset = [], 0
+    for j, n in enumerate(numels):
+        lo, hi = max(start, offset), min(end, offset + n)
+        if lo < hi:
+            out.append((j, lo - offset, hi - offset))
+        offset += n
+    return out
+
+
+@dataclass(slots=True, kw_only=True)
+class ShardedBucket:
+    """This rank's slice of one sync bucket."""
+
+    key: str
+    group: ProcessGroup
+    members: int
+    index: int
+    names: list[str]
+    params: list[nn.Parameter]
+    numels: list[int] = field(default_factory=list)
+    chunk: int = 0
+    start: int = 0
+    end: int = 0
+    # (parameter index, lo, hi, slice parameter viewing the parameter's storage)
+    slices: list[tuple[int, int, int, nn.Parameter]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.numels = [local_tensor(p).numel() for p in self.params]
+        self.chunk, self.start, self.end = slice_bounds(self.numels, self.members, self.index)
+        for j, lo, hi in pieces(self.numels, self.start, self.end):
+            flat = local_tensor(self.params[j]).detach().view(-1)
+            self.slices.append((j, lo, hi, nn.Parameter(flat[lo:hi])))
+
+    @torch.no_grad()
+    def reduce_scatter(self) -> None:
+        """Summed gradient of this rank's slice into the slices' ``grad``; the
+        parameters' full gradients are dropped (nothing reads them again)."""
+        grads = []
+        for p in self.params:
+            assert p.grad is not None, f"{self.key}: missing gradients"
+            grads.append(local_tensor(p.grad).reshape(-1).to(REDUCE_DTYPE))
+        flat = torch.zeros(self.chunk * self.members, dtype=REDUCE_DTYPE, device=grads[0].device)
+        torch.cat(grads, out=flat[: sum(self.numels)])
+        for p in self.params:
+            p.grad = None
+        mine = torch.empty(self.chunk, dtype=REDUCE_DTYPE, device=flat.device)
+        dist.reduce_scatter_tensor(mine, flat, group=self.group)
+        offset = 0
+        for _, lo, hi, piece in self.slices:
+            piece.grad = mine[offset : offset + hi - lo].to(piece.dtype)
+            offset += hi - lo
+
+    @torch.no_grad()
+    def all_gather(self) -> None:
+        """Every member's updated slice into every member's parameters."""
+        full = self.gather([piece for *_, piece in self.slices])
+        offset = 0
+        for p, n in zip(self.params, self.numels, strict=True):
+            local_tensor(p).view(-1).copy_(full[offset : offset + n])
+            offset += n
+
+    def gather(self, mine: Sequence[Tensor]) -> Tensor:
+        """The whole flat bucket from every member's slice (``mine``: this rank's,
+        in slice order); a collective of the group."""
+        device = local_tensor(self.params[0]).device
+        buf = torch.zeros(self.chunk, dtype=REDUCE_DTYPE, device=device)
+        offset = 0
+        for t in mine:
+            buf[offset : offset + t.numel()].copy_(t.reshape(-1))
+            offset += t.numel()
+        full = torch.empty(self.chunk * self.members, dtype=REDUCE_DTYPE, device=device)
+        dist.all_gather_into_tensor(full, buf, group=self.group)
+        return full
+
+    def writer(self, j: int) -> int:
+        """The member that writes parameter j's optimizer state to checkpoints."""
+        return j % self.members
+
+
+class ZeroState:
+    """The sharded buckets of one rank and their optimizer state in checkpoints."""
+
+    def __init__(self, buckets: list[ShardedBucket], kind: str) -> None:
+        self.buckets, self.kind = buckets, kind
+        self.sharded = {id(p) for b in buckets for p in b.params}
+
+    @property
+    def slice_params(self) -> list[nn.Parameter]:
+        return [piece for b in self.buckets for *_, piece in b.slices]
+
+    def decay_of(self) -> dict[int, bool]:
+        """Slice parameter id -> whether its parameter takes weight decay (matrices)."""
+        return {
+            id(piece): b.params[j].ndim >= 2 for b in self.buckets for j, _, _, piece in b.slices
+        }
+
+    def counted(self, tp_rank: int) -> list[nn.Parameter]:
+        """Slices whose gradients count in the global norm: each slice is one member's
+        (counted there once), except a TP-replicated parameter's, which every TP
+        rank's group holds alike: counted on TP rank 0 only."""
+        out = []
+        for b in self.buckets:
+            for j, _, _, piece in b.slices:
+                p = b.params[j]
+                sharded = isinstance(p, DTensor) and any(
+                    isinstance(pl, Shard) for pl in p.placements
+                )
+                if sharded or tp_rank == 0:
+                    out.append(piece)
+        return out
+
+    def reduce_scatter(self) -> None:
+        for b in self.buckets:
+            b.reduce_scatter()
+
+    def all_gather(self) -> None:
+        for b in self.buckets:
+            b.all_gather()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_entries(
+        self,
+        optimizer: torch.optim.Optimizer | None,
+        groups: Sequence[Mapping[str, Any]],
+        lr: float,
+    ) -> dict[str, Any]:
+        """Flat optimizer entries (``state.<name>.<key>``, ``param_groups.<name>.<hp>``)
+        of the parameters this rank writes, full tensors in each parameter's layout.
+        ``groups``: the (decay, no-decay) hyperparameters a replicated optimizer
+        would file; ``lr``: the last step's rate. A collective of every group."""
+        out: dict[str, Any] = {}
+        for b in self.buckets:
+            step = self._step(b, optimizer)
+            for key in STATE_KEYS.get(self.kind, ()):
+                mine = [_state(optimizer, piece, key) for *_, piece in b.slices]
+                full = b.gather(mine)
+                offset = 0
+                for j, (name, p, n) in enumerate(zip(b.names, b.params, b.numels, strict=True)):
+                    if b.writer(j) == b.index:
+                        value = full[offset : offset + n].clone().view(local_tensor(p).shape)
+                        out[f"state.{name}.{key}"] = _like(value.to(p.dtype), p)
+                    offset += n
+            for j, (name, p) in enumerate(zip(b.names, b.params, strict=True)):
+                if b.writer(j) != b.index:
+                    continue
+                if step is not None:
+                    out[f"state.{name}.step"] = step.clone()
+                hyper = {**groups[0 if p.ndim >= 2 else 1], "lr": lr}
+                for hp, v in hyper.items():
+                    out[f"param_groups.{name}.{hp}"] = v
+        return out
+
+    def _step(self, b: ShardedBucket, optimizer: torch.optim.Optimizer | None) -> Tensor | None:
+        """Adam's step count, agreed over the group (a member may hold no slice)."""
+        if self.kind != "adam":
+            return None
+        local = 0.0
+        for *_, piece in b.slices:
+            st = optimizer.state.get(piece, {}) if optimizer is not None else {}
+            if "step" in st:
+                local = float(st["step"])
+        t = torch.tensor([local], dtype=torch.float64, device=local_tensor(b.params[0]).device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=b.group)
+        return torch.tensor(float(t.item()), dtype=torch.float32)
+
+    def load_entries(
+        self, optimizer: torch.optim.Optimizer | None, flat: Mapping[str, Any]
+    ) -> None:
+        """Inverse of ``state_entries``: the writers' full tensors (loaded by DCP into
+        the entries ``state_entries`` returned) summed over the group, each member
+        keeping its slices' part."""
+        for b in self.buckets:
+            device = local_tensor(b.params[0]).device
+            total = b.chunk * b.members
+            states: dict[str, Tensor] = {}
+            for key in STATE_KEYS.get(self.kind, ()):
+                full = torch.zeros(total, dtype=REDUCE_DTYPE, device=device)
+                offset = 0
+                for j, (name, n) in enumerate(zip(b.names, b.numels, strict=True)):
+                    if b.writer(j) == b.index:
+                        value = flat[f"state.{name}.{key}"]
+                        full[offset : offset + n] = local_tensor(value).reshape(-1)
+                    offset += n
+                dist.all_reduce(full, group=b.group)
+                states[key] = full
+            step = torch.zeros(1, dtype=torch.float64, device=device)
+            for j, name in enumerate(b.names):
+                if b.writer(j) == b.index and f"state.{name}.step" in flat:
+                    step[0] = float(flat[f"state.{name}.step"])
+            dist.all_reduce(step, op=dist.ReduceOp.MAX, group=b.group)
+            offset = b.start
+            for _, lo, hi, piece in b.slices:
+                st: dict[str, Any] = {
+                    k: v[offset : offset + hi - lo].to(piece.dtype).clone()
+                    for k, v in states.items()
+                }
+                if self.kind == "adam":
+                    st["step"] = torch.tensor(float(step.item()), dtype=torch.float32)
+                assert optimizer is not None  # a rank with slices has their optimizer
+                optimizer.state[piece] = st
+                offset += hi - lo
+
+    def names(self) -> set[str]:
+        return {name for b in self.buckets for name in b.names}
+
+
+def _state(optimizer: torch.optim.Optimizer | None, piece: nn.Parameter, key: str) -> Tensor:
+    st = optimizer.state.get(piece, {}) if optimizer is not None else {}
+    value = st.get(key)
+    return value if isinstance(value, Tensor) else torch.zeros_like(piece)
+
+
+def _like(value: Tensor, p: nn.Parameter) -> Tensor:
+    """``value`` (this rank's local shape) in the parameter's layout."""
+    if isinstance(p, DTensor):
+        return DTensor.from_local(
+            value, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+        )
+    return value
