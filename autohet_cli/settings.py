@@ -83,6 +83,12 @@ class TrainingSettings:
         return _STATE_BYTES[(self.precision, self.optimizer)]
 
     @property
+    def optimizer_bytes_per_param(self) -> int:
+        """The optimizer's own state in ``state_bytes_per_param``: Adam's two fp32
+        moments, SGD's fp32 momentum (what ZeRO-1 shards)."""
+        return 8 if self.optimizer == "adam" else 4
+
+    @property
     def grad_bytes_per_param(self) -> int:
         """What the data-parallel all-reduce moves per parameter (fp32, see above)."""
         return GRAD_REDUCE_BYTES

@@ -7,6 +7,8 @@
   with Sailor's measured profiles.
 - ``metis_neo``: GPT-Neo-2.7B on 8 A100-40 + 8 V100-16 against the Metis plan
   (TP degree per GPU type against one degree).
+- ``opt30b``: OPT-30B where memory binds, by default, with ZeRO-1 and with
+  recomputation.
 - ``profile_hosts``: `autohet profile run` on 3 real-sshd loopback hosts, serial vs
   parallel.
 - ``runtime_overhead``: the worker runtime's step time against torch DDP and
@@ -27,6 +29,7 @@ BENCHMARKS = (
     "planner_speed",
     "planner_quality",
     "metis_neo",
+    "opt30b",
     "profile_hosts",
     "runtime_overhead",
     "llama_runtime",

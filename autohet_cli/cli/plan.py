@@ -73,6 +73,16 @@ def plan(
             show_default=False,
         ),
     ] = None,
+    zero1: Annotated[
+        bool,
+        typer.Option(
+            "--zero1",
+            help="ZeRO-1: shard the optimizer state over the pipelines that hold the same "
+            "layers (each keeps 1/P of Adam's moments and steps 1/P of the update; the "
+            "gradient all-reduce becomes a reduce-scatter plus an all-gather of the same "
+            "bytes). Plans with fewer, wider stages then fit",
+        ),
+    ] = False,
     measured_only: Annotated[
         bool,
         typer.Option(
@@ -118,6 +128,7 @@ def plan(
         inputs.model.default_seq_len if seq_len is None else seq_len,
         precision,
         optimizer,
+        zero1=zero1,
     )
     tables = tables_for(inputs, training)
     with progress_bar("planning", enabled=not as_json) as report:

@@ -25,6 +25,12 @@ a receiver of degree b, one after the other, and the gradients come back
 ceil(a / b) copies per sender. The simulator has one send time per link for both
 directions, so it charges the larger (``send_copies``).
 
+ZeRO-1 (``training.zero1``, runtime.zero): the optimizer state of a segment held
+at one TP degree by P > 1 pipelines is split over them, so each holder keeps
+1/P of it and steps 1/P of its update; the gradient reduce-scatter and the
+parameter all-gather move the bytes of the all-reduce they replace, so the sync
+time is unchanged. Tied weights (embedding and head) stay replicated.
+
 Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
 activations of the micro-batches in flight (stage s of S holds min(S - s, m)
 under 1F1B), send/receive buffers and a fixed runtime reserve. A stage that
@@ -36,7 +42,7 @@ backward, and its backward includes the re-run forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autohet_cli.cluster import Cluster
@@ -125,6 +131,11 @@ def evaluate(
         [_stage_cost(s, cluster, tables, micro_batch_size) for s in p.stages] for p in pipelines
     ]
     sync = _grad_sync_ms(pipelines, cluster, tables, micro_batch_size)
+    sharded = _zero_sharded(pipelines, cluster, tables, micro_batch_size)
+    costs = [
+        [_without_sharded(c, sharded[pi][si]) for si, c in enumerate(pc)]
+        for pi, pc in enumerate(costs)
+    ]
     evals = []
     for pi, (p, pcosts) in enumerate(zip(pipelines, costs, strict=True)):
         sends = [
@@ -144,7 +155,8 @@ def evaluate(
                 grad_sync_ms=sync[pi][s],
                 mem_bytes=stage_memory_bytes(
                     c, tables, p.stages[s].gpu_type, s, len(p.stages), p.num_microbatches
-                ),
+                )
+                - int(sharded[pi][s] * tables.training.optimizer_bytes_per_param),
                 mem_capacity_bytes=cluster.host(p.stages[s].host).gpu_mem_bytes,
             )
             for s, c in enumerate(pcosts)
@@ -289,6 +301,41 @@ def _segment_bytes(
 def _slowest(hosts: set[str], cluster: Cluster) -> float:
     names = sorted(hosts)
     return min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
+
+
+def _zero_sharded(
+    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, mbs: int
+) -> list[list[float]]:
+    """Per (pipeline, stage): parameters per GPU whose optimizer state ZeRO-1 takes
+    off it (each holder of a sharded segment keeps 1/P of the state)."""
+    out = [[0.0] * len(p.stages) for p in pipelines]
+    P = len(pipelines)
+    if not tables.training.zero1 or P < 2:
+        return out
+    model = tables.model
+    kinds = [layer.kind for layer in model.layers()]
+    tied = {i for i, k in enumerate(kinds) if k in ("embedding", "head")}
+    tied = tied if model.tied_embeddings else set()
+    cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        holders = [(pi, _holder(p, a)) for pi, p in enumerate(pipelines)]
+        stages = [pipelines[pi].stages[si] for pi, si in holders]
+        if len({s.tensor_parallel for s in stages}) > 1:
+            continue  # synced through the full gradient, not sharded
+        for (pi, si), st in zip(holders, stages, strict=True):
+            table = tables.table(
+                st.gpu_type, st.tensor_parallel, mbs, cluster.host(st.host).intra_node_gbps
+            )
+            params = sum(table.params(i, i + 1) for i in range(a, b) if i not in tied)
+            out[pi][si] += params * (1 - 1 / P)
+    return out
+
+
+def _without_sharded(c: StageCost, sharded_params: float) -> StageCost:
+    """A stage's update time when ZeRO-1 steps only its share of ``sharded_params``."""
+    if sharded_params <= 0 or c.num_params <= 0:
+        return c
+    return replace(c, update_ms=c.update_ms * (1 - sharded_params / c.num_params))
 
 
 def _holder(p: Pipeline, layer: int) -> int:

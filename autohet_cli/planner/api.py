@@ -415,7 +415,7 @@ def measured_only_message(req: SearchRequest, reason: str | None, model_ref: str
 
 
 def training_for(
-    global_batch_size: int, seq_len: int, precision: str, optimizer: str
+    global_batch_size: int, seq_len: int, precision: str, optimizer: str, *, zero1: bool = False
 ) -> TrainingSettings:
     return TrainingSettings(
         global_batch_size=global_batch_size,
@@ -423,4 +423,5 @@ def training_for(
         seq_len=seq_len,
         precision=precision,
         optimizer=optimizer,
+        zero1=zero1,
     )

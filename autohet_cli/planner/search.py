@@ -59,6 +59,10 @@ MAX_OPTIONS_PER_CLASS = 8
 REFINE_TOP = 3
 ENUMERATE_SHARE = 0.4  # of the time limit, at most, for building and bounding groupings
 MAX_SOLVES = 24  # groupings handed to SCIP at most; the rest count in the bound gap
+# ... and of per-type-degree groupings, on top: their estimates are rougher (a segment
+# held at two degrees syncs through the full gradient), so they get their own budget
+# rather than taking solves from the one-degree groupings.
+MAX_MIXED_SOLVES = 8
 MAX_DEGREE_COMBOS = 9  # per-type degree combinations per micro-batch size tried in full
 DEGREES_PER_TYPE = 2  # beyond that, each GPU type's best degrees combined
 # Per-type contexts are enumerated, most promising first, until they have given
@@ -135,7 +139,7 @@ class _Context:
     stats: list[BlockStats]
     caps: list[float]
     params_per_gpu: int
-    splits: dict[tuple[tuple[int, ...], int, float, bool], SplitResult | None] = field(
+    splits: dict[tuple[tuple[int, ...], int, float, bool, int], SplitResult | None] = field(
         default_factory=dict
     )
 
@@ -174,6 +178,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     note = progress or (lambda _f, _m: None)
     score = scorer(req.cluster, req.objective)
     queue: list[tuple[float, int, Grouping, _Context]] = []
+    solves = {False: 0, True: 0}  # groupings solved: one degree, per-type degrees
     uniform = mixed = 0  # groupings enumerated in one-degree and per-type contexts
     contexts, incomplete = _contexts(req)  # incomplete: some degree combinations left out
     for n, (ctx, per_type) in enumerate(contexts):
@@ -225,7 +230,11 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
         if best is not None and req.objective == "time" and g.lower_bound_ms >= best.score:
             pruned += 1
             continue
-        if best is not None and (est > best.score * HOPELESS or explored >= MAX_SOLVES):
+        kind = len({c.tp for c in ctx.classes}) > 1  # a per-type-degree grouping
+        if best is not None and (
+            est > best.score * HOPELESS
+            or solves[kind] >= (MAX_MIXED_SOLVES if kind else MAX_SOLVES)
+        ):
             hopeless += 1
             bounds.append(g.lower_bound_ms)
             continue
@@ -237,6 +246,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
             break
         note(done / total, f"{ctx.label} mbs={g.mbs} {_describe(g, ctx)}")
         explored += 1
+        solves[kind] += 1
         try:
             cand, dual = _solve_grouping(req, ctx, g, remaining, score)
         except TimeLimitReached:  # a simulation ran into the deadline
@@ -441,8 +451,22 @@ def _allowed_classes(req: SearchRequest, classes: list[DeviceClass], mbs: int) -
 
 def _min_depths(req: SearchRequest, ctx: _Context) -> list[int | None]:
     a, b = block_range(req.model)
-    state = req.tables.training.state_bytes_per_param
-    return [min_depth(st, cap, state, b - a) for st, cap in zip(ctx.stats, ctx.caps, strict=True)]
+    return [
+        min_depth(st, cap, _state_bytes(req, c.num_groups), b - a)
+        for st, cap, c in zip(ctx.stats, ctx.caps, ctx.classes, strict=True)
+    ]
+
+
+def _state_bytes(req: SearchRequest, replicas: int) -> int:
+    """Bytes per parameter a GPU keeps for its stage's weights, gradients and
+    optimizer state, with ZeRO-1 (``training.zero1``) over ``replicas`` pipelines:
+    the optimizer's part split over them (tied weights and segments held at
+    different degrees are not sharded; the exact evaluation counts those, so a
+    split this admits may still be refused there)."""
+    t = req.tables.training
+    if not t.zero1 or replicas < 2:
+        return t.state_bytes_per_param
+    return int(t.state_bytes_per_param - t.optimizer_bytes_per_param * (1 - 1 / replicas))
 
 
 def _trim(options: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -623,7 +647,9 @@ def _solve_grouping(
     for _ in range(2):
         splits = []
         for (tpl, _k), m in zip(g.parts, m_hat, strict=True):
-            split = _split(req, ctx, tpl, m, sync, b - a, cap, per_full=per_full)
+            split = _split(
+                req, ctx, tpl, m, sync, b - a, cap, per_full=per_full, replicas=g.num_pipelines
+            )
             if split is None:
                 return None, None
             splits.append(split)
@@ -687,15 +713,16 @@ def _split(
     cap: float,
     *,
     per_full: bool = False,
+    replicas: int = 1,
 ) -> SplitResult | None:
-    key = (tpl.classes, m_hat, round(sync, 12), per_full)
+    key = (tpl.classes, m_hat, round(sync, 12), per_full, replicas)
     if key not in ctx.splits:
         ctx.splits[key] = solve_split(
             SplitInputs(
                 template=tpl,
                 stats=ctx.stats,
                 mem_cap_bytes=ctx.caps,
-                state_bytes_per_param=req.tables.training.state_bytes_per_param,
+                state_bytes_per_param=_state_bytes(req, replicas),
                 num_blocks=num_blocks,
                 send_ms=_sends(req, ctx, tpl),
                 sync_ms_per_param=sync,

@@ -285,3 +285,28 @@ def test_launch_refuses_a_plan_made_for_another_cluster_file(tmp_path: Path) -> 
     res = autohet("launch", plan, "--dry-run", "--force", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "torch.distributed.run" in res.stdout
+
+
+def test_zero1_plans_carry_the_flag_and_estimate_the_smaller_optimizer_state(
+    tmp_path: Path,
+) -> None:
+    res = autohet(*PLAN_SMALL_JSON, "--zero1", "--name", "z", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    path = tmp_path / str(out["plan_path"])
+    plan = load_plan(path)
+    assert plan.training.zero1 and len(plan.pipelines) > 1
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    assert data["training"]["zero1"] is True
+    sharded = json.loads(autohet("estimate", str(path), "--json", cwd=tmp_path).stdout)
+    assert sharded["iteration_time_s"] == pytest.approx(out["iteration_time_s"], rel=1e-6)
+    del data["training"]["zero1"]
+    replicated = tmp_path / "replicated.yaml"
+    replicated.write_text(yaml.safe_dump(data))
+    res = autohet("estimate", str(replicated), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    plain = json.loads(res.stdout)
+    # the same plan keeps all of Adam's moments on every replica without ZeRO-1
+    assert plain["memory_peak_fraction"] > sharded["memory_peak_fraction"]

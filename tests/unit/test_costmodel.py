@@ -316,6 +316,24 @@ def test_sends_between_degrees_count_the_copies_one_rank_sends() -> None:
     assert wide - one == pytest.approx(1.0)
 
 
+def test_zero1_shards_the_optimizer_state_of_untied_layers_over_the_replicas() -> None:
+    cluster = make_cluster([("h0", 1), ("h1", 1)])
+    plan = [pipe(2, stage(0, 4, "h0", 0)), pipe(2, stage(0, 4, "h1", 0))]
+    plain = evaluate(plan, cluster, toy_tables(), 1)
+    zero = CostTables(TOY, toy_tables().profile, replace(TRAINING, zero1=True))
+    ev = evaluate(plan, cluster, zero, 1)
+    # layers 1 and 2 (500k parameters; the tied embedding and head stay replicated):
+    # half of their Adam moments (8 bytes a parameter) leave each GPU, and half of
+    # their update
+    assert plain.pipelines[0].stages[0].mem_bytes - ev.pipelines[0].stages[0].mem_bytes == (
+        250_000 * 8
+    )
+    assert ev.pipelines[0].stages[0].cost.update_ms == pytest.approx(3.0 * (1 - 0.25))
+    assert ev.grad_sync_ms == pytest.approx(plain.grad_sync_ms)  # RS + AG = all-reduce
+    alone = [pipe(4, stage(0, 4, "h0", 0))]
+    assert evaluate(alone, cluster, zero, 1) == evaluate(alone, cluster, toy_tables(), 1)
+
+
 def test_closed_form_bounds_the_simulator_with_uneven_forward_shares() -> None:
     # The pipeline.py docstring's counter-example: S = m = 6, f = (0,1,0,0,0,0),
     # b = (1,0,0,0,0,0); the simulator takes 11 ms, a single-share closed form says 7.

@@ -1,0 +1,76 @@
+"""OPT-30B where memory binds (issue 15): 32 A100-40 in 4-GPU hosts + 32 V100-16 in
+8-GPU hosts, 100 Gbit/s between hosts, global batch 256, sequence 2048, Sailor's
+measured OPT-30B profile, the CLI's 60 s time limit. Printed: make_plan's predicted
+iteration time and plan shape by default (the planner decides recomputation),
+with ZeRO-1 (``--zero1``), and with every stage recomputing (``--recompute``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from autohet_cli.cluster import Cluster, cluster_from_dict
+from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from benchmarks._common import describe
+
+PROFILE = "profiles/sailor/OPT-30B.yaml"
+BATCH = 256
+SEQ_LEN = 2048
+TIME_LIMIT_S = 60.0
+
+
+def cluster() -> Cluster:
+    hosts = [
+        {"name": f"a100-{i}", "gpus": {"type": "A100-40", "count": 4}, "intra_node_gbps": 2400}
+        for i in range(8)
+    ] + [
+        {"name": f"v100-{i}", "gpus": {"type": "V100-16", "count": 8}, "intra_node_gbps": 1200}
+        for i in range(4)
+    ]
+    raw = {
+        "schema": "autohet.cluster/v1",
+        "name": "opt30b-a100-v100",
+        "network": {"inter_node_gbps": 100},
+        "hosts": hosts,
+    }
+    return cluster_from_dict(raw, "opt30b")
+
+
+def plan(*, zero1: bool = False, recompute: bool | None = None) -> PlanOutcome:
+    inputs = load_inputs("profiles/clusters/localhost.yaml", "OPT-30B", [PROFILE])
+    fleet = cluster()
+    training = training_for(BATCH, SEQ_LEN, "bf16", "adam", zero1=zero1)
+    tables = tables_for(inputs, training)
+    tables = type(tables)(inputs.model, inputs.profile, training, gpu_specs=fleet.gpu_specs)
+    return make_plan(
+        name="opt30b",
+        cluster=fleet,
+        model=inputs.model,
+        tables=tables,
+        global_batch_size=BATCH,
+        time_limit_s=TIME_LIMIT_S,
+        recompute=recompute,
+        with_baselines=False,
+    )
+
+
+def main() -> None:
+    print(f"OPT-30B, 32x A100-40 (4/host) + 32x V100-16 (8/host), batch {BATCH}, {PROFILE}\n")
+    for label, kw in (
+        ("default", {}),
+        ("--zero1", {"zero1": True}),
+        ("--recompute", {"recompute": True}),
+        ("--zero1 --recompute", {"zero1": True, "recompute": True}),
+    ):
+        start = time.perf_counter()
+        out = plan(**kw)  # type: ignore[arg-type]
+        took = time.perf_counter() - start
+        p = out.plan
+        print(
+            f"{label:22s} {out.eval.iteration_ms / 1e3:8.1f} s/iteration, peak memory "
+            f"{out.eval.memory_peak_fraction:.2f}, TP {sorted(p.tp_degrees)}, micro-batch "
+            f"{p.training.micro_batch_size}, {len(p.pipelines)} pipeline(s), "
+            f"planned in {took:.0f} s"
+        )
+        print(f"  {describe(list(p.pipelines))}")
