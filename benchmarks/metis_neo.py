@@ -74,8 +74,8 @@ def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
     tables = tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
     with mock.patch.object(
         search_module,
-        "_degree_combos",
-        (lambda _req, _mbs: []) if one_degree else search_module._degree_combos,
+        "_ranked_combos",
+        (lambda _req, _mbs: ([], False)) if one_degree else search_module._ranked_combos,
     ):
         return make_plan(
             name="neo",
