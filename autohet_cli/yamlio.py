@@ -152,6 +152,8 @@ def load_yaml(path: str | Path) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = f" (line {mark.line + 1})" if mark is not None else ""
         why = ", ".join(str(x) for x in (exc.context, exc.problem) if x)
+        if "nesting depth" in why:  # PyYAML >= 6.0.4's scanner stops first, at its limit
+            why = f"nested more than {MAX_DEPTH} levels deep"
         raise ConfigError(f"{p}{line}: not valid YAML: {why}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {' '.join(str(exc).split())}") from None
