@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from unittest import mock
 
 from autohet_cli.costmodel.evaluate import evaluate
-from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.inputs import Inputs, load_inputs, tables_for
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.planner import search as search_module
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from benchmarks._common import describe
 
-CLUSTER = "profiles/clusters/neo-a100-v100.yaml"
-PROFILE = "profiles/sailor/GPT-Neo-2.7B.yaml"
+ROOT = Path(__file__).resolve().parents[1]  # tests import this from any directory
+CLUSTER = str(ROOT / "profiles/clusters/neo-a100-v100.yaml")
+PROFILE = str(ROOT / "profiles/sailor/GPT-Neo-2.7B.yaml")
 BATCH = 128
 SEQ_LEN = 2048
 
@@ -69,9 +72,15 @@ def metis_plan(like: Plan) -> Plan:
     )
 
 
-def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
+def neo_inputs() -> tuple[Inputs, CostTables]:
+    """The case's cluster, model and profile, and its cost tables."""
     inputs = load_inputs(CLUSTER, "GPT-Neo-2.7B", [PROFILE])
-    tables = tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
+    return inputs, tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
+
+
+def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
+    """make_plan on the case; ``one_degree``: one TP degree for every stage."""
+    inputs, tables = neo_inputs()
     with mock.patch.object(
         search_module,
         "_ranked_combos",
@@ -88,8 +97,7 @@ def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
 
 
 def main() -> None:
-    inputs = load_inputs(CLUSTER, "GPT-Neo-2.7B", [PROFILE])
-    tables = tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
+    inputs, tables = neo_inputs()
     start = time.perf_counter()
     ours = plan_neo()
     took = time.perf_counter() - start
@@ -101,7 +109,10 @@ def main() -> None:
         ("ours, TP per GPU type", ours.eval.iteration_ms, ours.plan),
         ("ours, one TP degree", uniform.eval.iteration_ms, uniform.plan),
     ]
-    print(f"{CLUSTER}, GPT-Neo-2.7B, global batch {BATCH}, seq {SEQ_LEN}, {PROFILE}")
+    print(
+        f"{Path(CLUSTER).name}, GPT-Neo-2.7B, global batch {BATCH}, seq {SEQ_LEN}, "
+        f"{Path(PROFILE).name}"
+    )
     print(f"make_plan took {took:.1f} s\n")
     for label, ms, plan in rows:
         print(f"{label:24s} {ms / 1e3:8.3f} s/iteration  ({ms / ev.iteration_ms:.3f}x Metis)")

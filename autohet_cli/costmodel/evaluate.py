@@ -249,15 +249,14 @@ def _sharded_sync_ms(
     participants: int,
 ) -> float:
     """Holders of one degree t: t rings, TP rank k with TP rank k."""
-    tp = stages[0].tensor_parallel
     nbytes = _segment_bytes(stages[0], a, b, cluster, tables, mbs)
-    hosts = {s.host for s in stages}
-    if len(hosts) == 1:
+    if len({s.host for s in stages}) == 1:
         measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, participants)
         if measured is not None:
             return measured
-        return ring_allreduce_ms(nbytes, participants, cluster.host(stages[0].host).intra_node_gbps)
-    return ring_allreduce_ms(nbytes * tp, participants, _slowest(hosts, cluster))
+    else:
+        nbytes *= stages[0].tensor_parallel  # the TP group's rings share the host NIC
+    return ring_allreduce_ms(nbytes, participants, _ring_gbps(stages, cluster))
 
 
 def _full_sync_ms(
@@ -282,12 +281,7 @@ def _full_sync_ms(
         ),
         default=0.0,
     )
-    hosts = {s.host for s in stages}
-    if len(hosts) == 1:
-        gbps = cluster.host(stages[0].host).intra_node_gbps
-    else:
-        gbps = _slowest(hosts, cluster)
-    return inside + ring_allreduce_ms(full, participants, gbps)
+    return inside + ring_allreduce_ms(full, participants, _ring_gbps(stages, cluster))
 
 
 def _segment_bytes(
@@ -298,8 +292,12 @@ def _segment_bytes(
     return table.params(a, b) * tables.training.grad_bytes_per_param
 
 
-def _slowest(hosts: set[str], cluster: Cluster) -> float:
-    names = sorted(hosts)
+def _ring_gbps(stages: Sequence[Stage], cluster: Cluster) -> float:
+    """The link a ring over these stages runs at: the host's own when they share
+    one, else the slowest link between their hosts."""
+    names = sorted({s.host for s in stages})
+    if len(names) == 1:
+        return cluster.host(names[0]).intra_node_gbps
     return min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
 
 

@@ -202,7 +202,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
                 parts,
                 ctx.stats,
                 M,
-                _sync_ms_per_param(req, ctx, parts, optimistic=True),
+                _sync_rate(req, ctx, parts, optimistic=True)[0],
                 ctx.params_per_gpu,
             )
             g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
@@ -330,7 +330,7 @@ def _refine_best(
 
 def _contexts(req: SearchRequest) -> tuple[list[tuple[_Context, bool]], bool]:
     """(context, per-type degrees?): one degree for every type first (in degree,
-    then micro-batch order), then the per-type combinations (``_degree_combos``),
+    then micro-batch order), then the per-type combinations (``_ranked_combos``),
     most promising first; and whether combinations were left out."""
     out = []
     max_gpus = max(h.num_gpus for h in req.cluster.hosts)
@@ -383,17 +383,12 @@ def _context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int) -> 
     )
 
 
-def _degree_combos(req: SearchRequest, mbs: int) -> list[tuple[int, dict[str, int]]]:
-    return _ranked_combos(req, mbs)[0]
-
-
 def _ranked_combos(req: SearchRequest, mbs: int) -> tuple[list[tuple[int, dict[str, int]]], bool]:
-    """``_degree_combos`` and whether some type's degrees were left out."""
     """Per-GPU-type TP degrees that are not all equal (those are the uniform
     contexts), each with a rank (the sum of its degrees' ranks in their types: 0
     for every type's best degree). All combinations where they are at most
     MAX_DEGREE_COMBOS; else each type's DEGREES_PER_TYPE best degrees by
-    ``_standalone_ms``, combined."""
+    ``_standalone_ms``, combined. Also whether some type's degrees were left out."""
     types = req.cluster.gpu_types()
     if len(types) < 2:
         return [], False
@@ -509,18 +504,6 @@ def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
         gbps = c.intra_node_gbps if same_host else slow
         out.append(latency[i] + transfer_ms(nbytes[i], gbps))
     return out
-
-
-def _sync_ms_per_param(
-    req: SearchRequest,
-    ctx: _Context,
-    parts: Sequence[tuple[Template, int]],
-    *,
-    optimistic: bool = False,
-) -> float:
-    """Ring all-reduce ms per parameter a GPU of a stage holds (``_sync_rate``'s
-    rate; across hosts, where it is per full parameter, a lower bound)."""
-    return _sync_rate(req, ctx, parts, optimistic=optimistic)[0]
 
 
 def _sync_rate(

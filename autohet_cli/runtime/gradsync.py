@@ -28,6 +28,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.runtime.context import Runtime
+from autohet_cli.runtime.grouping import consecutive_groups
 from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
 from autohet_cli.runtime.zero import ShardedBucket, ZeroState
@@ -121,7 +122,8 @@ class GradSync:
     def _full_sync(self, bucket: Bucket) -> None:
         """Gather, reduce over the holding stages' TP rank 0, broadcast, keep the shard."""
         assert all(p.grad is not None for p in bucket.params), f"{bucket.key}: missing gradients"
-        for params in _slices(bucket.params):
+        # numel of a DTensor is its full size; 4 bytes of fp32 gradient each
+        for params in consecutive_groups(bucket.params, FULL_SYNC_BYTES, 4):
             fulls = [_full(p.grad) for p in params]
             flat = torch.cat([f.reshape(-1).to(REDUCE_DTYPE) for f in fulls])
             if bucket.group is not None:
@@ -155,20 +157,6 @@ def _full(grad: Tensor | None) -> Tensor:
     """The full gradient: gathered over the TP group for a DTensor (a collective)."""
     assert grad is not None
     return grad.full_tensor() if isinstance(grad, DTensor) else grad
-
-
-def _slices(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
-    """Consecutive runs of parameters of at most FULL_SYNC_BYTES of full fp32 gradient."""
-    out: list[list[nn.Parameter]] = [[]]
-    size = 0
-    for p in params:
-        n = p.numel() * 4  # numel of a DTensor is its full size
-        if out[-1] and size + n > FULL_SYNC_BYTES:
-            out.append([])
-            size = 0
-        out[-1].append(p)
-        size += n
-    return out
 
 
 def _unflatten(flat: Tensor, grads: list[Tensor]) -> None:

@@ -28,6 +28,7 @@ from torch import Tensor
 from autohet_cli.errors import AutohetError
 from autohet_cli.hfconfig import to_hf_config
 from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.grouping import consecutive_groups
 from autohet_cli.runtime.hf_weights import INDEX_FILE, SINGLE_FILE
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
@@ -130,20 +131,6 @@ def hf_tensors(spec: ModelSpec, ckpt: Checkpoint) -> list[HFTensor]:
     return out
 
 
-def shard(tensors: list[HFTensor], max_bytes: int, itemsize: int) -> list[list[HFTensor]]:
-    """Consecutive groups under ``max_bytes`` each (a larger tensor gets a file alone)."""
-    files: list[list[HFTensor]] = [[]]
-    size = 0
-    for t in tensors:
-        nbytes = t.numel() * itemsize
-        if files[-1] and size + nbytes > max_bytes:
-            files.append([])
-            size = 0
-        files[-1].append(t)
-        size += nbytes
-    return files
-
-
 def _load(ckpt: Checkpoint, names: list[str]) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load
@@ -194,7 +181,7 @@ def export_hf(
     if name not in DTYPES:
         raise ExportError(f"dtype {name!r}: choose one of {', '.join(DTYPES)}")
     tensors = hf_tensors(spec, ckpt)
-    groups = shard(tensors, max_shard_bytes, DTYPES[name].itemsize)
+    groups = consecutive_groups(tensors, max_shard_bytes, DTYPES[name].itemsize)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

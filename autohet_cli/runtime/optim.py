@@ -26,10 +26,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.runtime.model_api import layer_of
-from autohet_cli.runtime.stage import StageModule, local_tensor, trainable_parameters
+from autohet_cli.runtime.stage import (
+    StageModule,
+    is_tp_sharded,
+    local_tensor,
+    trainable_parameters,
+)
 
 SCHEDULES = ("cosine", "linear", "constant")
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
@@ -139,8 +143,7 @@ def counted_parameters(
     for _, p in trainable_parameters(stage):
         if id(p) in skip:
             continue
-        sharded = isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)
-        if sharded or tp_rank == 0:
+        if is_tp_sharded(p) or tp_rank == 0:
             out.append(p)
     return out
 

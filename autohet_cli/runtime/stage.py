@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import checkpoint
 
@@ -127,6 +127,12 @@ def trainable_parameters(stage: StageModule) -> Iterator[tuple[str, nn.Parameter
     for name, p in stage.named_parameters():
         if p.requires_grad:
             yield name, p
+
+
+def is_tp_sharded(p: Tensor) -> bool:
+    """Whether TP shards ``p`` (each TP rank holds a different part), rather than
+    replicating it (every TP rank holds the same copy) or not touching it."""
+    return isinstance(p, DTensor) and any(isinstance(pl, Shard) for pl in p.placements)
 
 
 def local_tensor(t: Tensor) -> Tensor:

@@ -142,12 +142,7 @@ class Trainer:
         # ZeRO-1: this rank's slices of the sharded buckets, stepped by their own
         # optimizer (not the model's parameters, so not in get_state_dict's view).
         self.zero_optimizer = (
-            optimizer_for(
-                [(piece, self.zero.decay_of()[id(piece)]) for piece in self.zero.slice_params],
-                **hyper,
-            )
-            if self.zero
-            else None
+            optimizer_for(self.zero.slices_with_decay(), **hyper) if self.zero else None
         )
         self.lr = config.lr  # the rate of the last step taken (ZeRO-1 checkpoints)
         # The hyperparameters a replicated optimizer files per parameter (decay group,
@@ -299,11 +294,12 @@ class Trainer:
         start = time.perf_counter()
         marks = StepMarks(self.clock, self.step, keep_ops=self.step in self.trace_steps)
         self.schedule.p2p.marks = marks
-        for opt in (self.optimizer, self.zero_optimizer):
-            if opt is not None:
-                opt.zero_grad(set_to_none=True)
-        for _, p in trainable_parameters(self.stage):  # parameters no optimizer here steps
+        # Every parameter of the stage (the ZeRO-1 sharded ones are no optimizer's),
+        # then the slices ZeRO-1 steps.
+        for _, p in trainable_parameters(self.stage):
             p.grad = None
+        if self.zero_optimizer is not None:
+            self.zero_optimizer.zero_grad(set_to_none=True)
         microbatches = self._microbatches(self.step)
         if self.scaler is not None:
             self.schedule.loss_scale = self.scaler.scale

@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
-from autohet_cli.runtime.stage import local_tensor
+from autohet_cli.runtime.stage import is_tp_sharded, local_tensor
 from autohet_cli.settings import GRAD_REDUCE_DTYPE
 
 REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
@@ -153,11 +153,9 @@ class ZeroState:
     def slice_params(self) -> list[nn.Parameter]:
         return [piece for b in self.buckets for *_, piece in b.slices]
 
-    def decay_of(self) -> dict[int, bool]:
-        """Slice parameter id -> whether its parameter takes weight decay (matrices)."""
-        return {
-            id(piece): b.params[j].ndim >= 2 for b in self.buckets for j, _, _, piece in b.slices
-        }
+    def slices_with_decay(self) -> list[tuple[nn.Parameter, bool]]:
+        """Each slice and whether its parameter takes weight decay (matrices)."""
+        return [(piece, b.params[j].ndim >= 2) for b in self.buckets for j, _, _, piece in b.slices]
 
     def counted(self, tp_rank: int) -> list[nn.Parameter]:
         """Slices whose gradients count in the global norm: each slice is one member's
@@ -166,11 +164,7 @@ class ZeroState:
         out = []
         for b in self.buckets:
             for j, _, _, piece in b.slices:
-                p = b.params[j]
-                sharded = isinstance(p, DTensor) and any(
-                    isinstance(pl, Shard) for pl in p.placements
-                )
-                if sharded or tp_rank == 0:
+                if is_tp_sharded(b.params[j]) or tp_rank == 0:
                     out.append(piece)
         return out
 

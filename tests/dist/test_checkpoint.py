@@ -218,23 +218,49 @@ def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Save
 # --------------------------------------------------------------------- resuming
 
 
-def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
-    """Other cut ([0,3) + [3,6)), TP 2, one pipeline instead of two; AdamW state resharded."""
-    root = _copy_root(saved, saved.tmp / "tp2-disk")
-    _, path = write_plan(
-        make_plan(NAME, [(8, [(0, 3), (3, 6)])], tp=2, optimizer="adam"), saved.plans
-    )
-    metrics = saved.tmp / "tp2.jsonl"
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-    proc = _run(
-        [
-            *launcher,
-            *_args(path, STEPS, "--resume", "--checkpoint-dir", str(root)),
-            *("--metrics", str(metrics), "--remote-storage", "none"),
-        ]
+def _torchrun(plan: Plan, saved: Saved, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    _, path = write_plan(plan, saved.plans)
+    n = len(plan.devices())
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
+    return _run([*launcher, *_args(path, steps, *extra)])
+
+
+def _resumes_from_the_saved_run(saved: Saved, plan: Plan, tag: str) -> None:
+    """``plan`` (named NAME) resumes the saving run's step 4 and continues its curve."""
+    root = _copy_root(saved, saved.tmp / f"{tag}-disk")
+    metrics = saved.tmp / f"{tag}.jsonl"
+    proc = _torchrun(
+        plan,
+        saved,
+        STEPS,
+        *("--resume", "--checkpoint-dir", str(root)),
+        *("--metrics", str(metrics), "--remote-storage", "none"),
     )
     assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
     _assert_continues(saved, _losses(metrics), 4)
+
+
+def _one_device_resumes_what_it_saved(saved: Saved, plan: Plan, tag: str) -> None:
+    """``plan`` trains 4 steps on the reference's curve, saving at steps 2 and 4;
+    one device resumes its step 4 and continues the curve."""
+    disk = saved.tmp / f"{tag}-disk"
+    common = ("--checkpoint-dir", str(disk), "--remote-storage", "none")
+    first = saved.tmp / f"{tag}-first.jsonl"
+    _torchrun(plan, saved, 4, *("--checkpoint-every", "2", "--metrics", str(first), *common))
+    for step, loss in _losses(first).items():
+        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
+    one = make_plan(plan.name, [(8, [(0, NUM_LAYERS)])], optimizer="adam")
+    _, path = write_plan(one, saved.plans)
+    metrics = saved.tmp / f"{tag}.jsonl"
+    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
+    assert f"resumed from {disk / plan.name / 'default' / STEP_4} at step 4" in proc.stderr
+    _assert_continues(saved, _losses(metrics), 4)
+
+
+def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
+    """Other cut ([0,3) + [3,6)), TP 2, one pipeline instead of two; AdamW state resharded."""
+    plan = make_plan(NAME, [(8, [(0, 3), (3, 6)])], tp=2, optimizer="adam")
+    _resumes_from_the_saved_run(saved, plan, "tp2")
 
 
 # TP per stage: [0,3) at TP 2 -> [3,6) at TP 1, beside [0,2) TP 1 -> [2,4) TP 2 -> [4,6)
@@ -242,50 +268,16 @@ def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Save
 MIXED_TP = [(3, [(0, 3, 2), (3, 6, 1)]), (5, [(0, 2, 1), (2, 4, 2), (4, 6, 1)])]
 
 
-def _torchrun(
-    plan: Plan, saved: Saved, steps: int, *extra: str
-) -> subprocess.CompletedProcess[str]:
-    _, path = write_plan(plan, saved.plans)
-    n = len(plan.devices())
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-    return _run([*launcher, *_args(path, steps, *extra)])
-
-
 def test_resume_under_a_mixed_tp_plan_continues_the_loss_curve(saved: Saved) -> None:
     """Loading reshards the saved TP-1 layout into stages of TP 1 and TP 2."""
-    root = _copy_root(saved, saved.tmp / "mixed-in-disk")
-    metrics = saved.tmp / "mixed-in.jsonl"
-    proc = _torchrun(
-        make_plan(NAME, MIXED_TP, optimizer="adam"),
-        saved,
-        STEPS,
-        *("--resume", "--checkpoint-dir", str(root)),
-        *("--metrics", str(metrics), "--remote-storage", "none"),
-    )
-    assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
-    _assert_continues(saved, _losses(metrics), 4)
+    _resumes_from_the_saved_run(saved, make_plan(NAME, MIXED_TP, optimizer="adam"), "mixed-in")
 
 
 def test_a_mixed_tp_plan_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
     """A name held at two TP degrees is saved in one layout (``writes_layout``), so
     the checkpoint is valid and a one-device plan continues the loss curve."""
-    name = "ckpt-mixed"
-    disk = saved.tmp / "mixed-out-disk"
-    common = ("--checkpoint-dir", str(disk), "--remote-storage", "none")
-    first = saved.tmp / "mixed-out-first.jsonl"
-    _torchrun(
-        make_plan(name, MIXED_TP, optimizer="adam"),
-        saved,
-        4,
-        *("--checkpoint-every", "2", "--metrics", str(first), *common),
-    )
-    for step, loss in _losses(first).items():
-        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
-    _, path = write_plan(make_plan(name, [(8, [(0, NUM_LAYERS)])], optimizer="adam"), saved.plans)
-    metrics = saved.tmp / "mixed-out.jsonl"
-    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
-    assert f"resumed from {disk / name / 'default' / STEP_4} at step 4" in proc.stderr
-    _assert_continues(saved, _losses(metrics), 4)
+    plan = make_plan("ckpt-mixed", MIXED_TP, optimizer="adam")
+    _one_device_resumes_what_it_saved(saved, plan, "mixed-out")
 
 
 ZERO_LAYOUT = [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])]
@@ -293,38 +285,14 @@ ZERO_LAYOUT = [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])]
 
 def test_resume_under_zero1_continues_the_loss_curve(saved: Saved) -> None:
     """A checkpoint of replicated optimizer state loads into ZeRO-1 slices."""
-    root = _copy_root(saved, saved.tmp / "zero-in-disk")
-    metrics = saved.tmp / "zero-in.jsonl"
-    proc = _torchrun(
-        make_plan(NAME, ZERO_LAYOUT, optimizer="adam", zero1=True),
-        saved,
-        STEPS,
-        *("--resume", "--checkpoint-dir", str(root)),
-        *("--metrics", str(metrics), "--remote-storage", "none"),
-    )
-    assert f"resumed from {root / NS / STEP_4} at step 4" in proc.stderr
-    _assert_continues(saved, _losses(metrics), 4)
+    plan = make_plan(NAME, ZERO_LAYOUT, optimizer="adam", zero1=True)
+    _resumes_from_the_saved_run(saved, plan, "zero-in")
 
 
 def test_zero1_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
     """ZeRO-1 slices are written per parameter, in full, by one member each."""
-    name = "ckpt-zero"
-    disk = saved.tmp / "zero-out-disk"
-    common = ("--checkpoint-dir", str(disk), "--remote-storage", "none")
-    first = saved.tmp / "zero-out-first.jsonl"
-    _torchrun(
-        make_plan(name, ZERO_LAYOUT, optimizer="adam", zero1=True),
-        saved,
-        4,
-        *("--checkpoint-every", "2", "--metrics", str(first), *common),
-    )
-    for step, loss in _losses(first).items():
-        assert loss == pytest.approx(saved.reference[step], rel=1e-5), step
-    _, path = write_plan(make_plan(name, [(8, [(0, NUM_LAYERS)])], optimizer="adam"), saved.plans)
-    metrics = saved.tmp / "zero-out.jsonl"
-    proc = _run(_args(path, STEPS, "--resume", *common, "--metrics", str(metrics)))
-    assert f"resumed from {disk / name / 'default' / STEP_4} at step 4" in proc.stderr
-    _assert_continues(saved, _losses(metrics), 4)
+    plan = make_plan("ckpt-zero", ZERO_LAYOUT, optimizer="adam", zero1=True)
+    _one_device_resumes_what_it_saved(saved, plan, "zero-out")
 
 
 def test_incomplete_checkpoint_is_refused_and_resume_falls_back(saved: Saved) -> None:

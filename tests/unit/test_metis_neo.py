@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 from autohet_cli.costmodel.evaluate import evaluate
-from autohet_cli.inputs import load_inputs, tables_for
 from autohet_cli.plan import Plan, write_plan
-from autohet_cli.planner.api import make_plan, training_for
-from benchmarks.metis_neo import metis_plan
+from benchmarks.metis_neo import metis_plan, neo_inputs, plan_neo
 from tests.cli import ROOT, autohet
 
 CLUSTER = ROOT / "profiles/clusters/neo-a100-v100.yaml"
@@ -29,16 +27,8 @@ BATCH = 128
 
 @pytest.fixture(scope="module")
 def planned() -> tuple[Plan, Plan, float, float]:
-    inputs = load_inputs(str(CLUSTER), "GPT-Neo-2.7B", [str(PROFILE)])
-    tables = tables_for(inputs, training_for(BATCH, 2048, "bf16", "adam"))
-    out = make_plan(
-        name="neo",
-        cluster=inputs.cluster,
-        model=inputs.model,
-        tables=tables,
-        global_batch_size=BATCH,
-        time_limit_s=60.0,
-    )
+    inputs, tables = neo_inputs()
+    out = plan_neo()
     ours = out.plan
     metis = metis_plan(ours)
     metis.validate("metis")
@@ -84,8 +74,6 @@ def test_one_degree_for_all_stages_cannot_match_metis(
     planned: tuple[Plan, Plan, float, float],
 ) -> None:
     """Why TP per stage: restricted to one degree, the planner stays behind Metis."""
-    from benchmarks.metis_neo import plan_neo
-
     _, _, _, metis_ms = planned
     uniform = plan_neo(one_degree=True)
     assert len(uniform.plan.tp_degrees) == 1
