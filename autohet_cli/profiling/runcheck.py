@@ -192,6 +192,9 @@ def check_host(
                     "micro_batch_size": mbs,
                     "predicted_step_ms": step["predicted_ms"],
                     "measured_step_ms": step["measured_ms"],
+                    # what the step took beyond its measured stage times: the fixed
+                    # per-step cost calibration absorbs (0 where noise hides it)
+                    "step_overhead_ms": check.get("step_overhead_ms"),
                 }
             )
     return done(current)

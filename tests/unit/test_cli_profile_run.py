@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from autohet_cli.profiling.schema import load_profile
 from tests.cli import autohet
 
@@ -48,7 +50,13 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     assert all(r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 for r in runs)
     assert {e.source for e in profile.entries.values()} == {"calibrated"}
     overhead = profile.overheads["cpu"]
-    assert overhead.runs == 3 and overhead.step_ms > 0 and overhead.p2p_ms >= 0
+    assert overhead.runs == 3 and overhead.p2p_ms >= 0
+    # The fixed per-step cost is what the one TP-1 run without a pipeline measured
+    # beyond its stage times (the TP run refits TP's addition, the pipelined run the
+    # exchange latency). It may be 0 on a loaded machine, where noise hides it, so the
+    # test checks where it came from rather than its size.
+    assert runs[0]["step_overhead_ms"] >= 0
+    assert overhead.step_ms == pytest.approx(runs[0]["step_overhead_ms"], rel=1e-6, abs=1e-6)
     assert len(profile.meta["calibrated_from"]) == 3
     # The runs cleaned up after themselves: no run directory, no job key left behind.
     for absorbed in profile.meta["calibrated_from"]:
