@@ -37,10 +37,11 @@ def cluster() -> Cluster:
     return cluster_from_dict(raw, "opt30b")
 
 
-def plan(*, zero1: bool = False, recompute: bool | None = None) -> PlanOutcome:
+def plan(*, zero1: bool | None = None, recompute: bool | None = None) -> PlanOutcome:
+    """None: the planner decides, as `autohet plan` does without the flag."""
     inputs = load_inputs("profiles/clusters/localhost.yaml", "OPT-30B", [PROFILE])
     fleet = cluster()
-    training = training_for(BATCH, SEQ_LEN, "bf16", "adam", zero1=zero1)
+    training = training_for(BATCH, SEQ_LEN, "bf16", "adam")
     tables = tables_for(inputs, training)
     tables = type(tables)(inputs.model, inputs.profile, training, gpu_specs=fleet.gpu_specs)
     return make_plan(
@@ -51,6 +52,7 @@ def plan(*, zero1: bool = False, recompute: bool | None = None) -> PlanOutcome:
         global_batch_size=BATCH,
         time_limit_s=TIME_LIMIT_S,
         recompute=recompute,
+        zero1=zero1,
         with_baselines=False,
     )
 
@@ -58,7 +60,8 @@ def plan(*, zero1: bool = False, recompute: bool | None = None) -> PlanOutcome:
 def main() -> None:
     print(f"OPT-30B, 32x A100-40 (4/host) + 32x V100-16 (8/host), batch {BATCH}, {PROFILE}\n")
     for label, kw in (
-        ("default", {}),
+        ("default (decides both)", {}),
+        ("--no-zero1", {"zero1": False}),
         ("--zero1", {"zero1": True}),
         ("--recompute", {"recompute": True}),
         ("--zero1 --recompute", {"zero1": True, "recompute": True}),
@@ -73,4 +76,7 @@ def main() -> None:
             f"{p.training.micro_batch_size}, {len(p.pipelines)} pipeline(s), "
             f"planned in {took:.0f} s"
         )
-        print(f"  {describe(list(p.pipelines))}")
+        print(f"  ZeRO-1 {'on' if p.training.zero1 else 'off'}; {describe(list(p.pipelines))}")
+        for note in p.notes:
+            if "ZeRO-1" in note:
+                print(f"  note: {note}")

@@ -34,7 +34,9 @@ class Case:
 
 
 CASES = (
-    Case(cluster="mix-16", model="GPT-6.7B", global_batch=512, target_s=2.0),
+    # Memory binds here, so make_plan also searches the ZeRO-1 space (and recomputation
+    # on top): 2.8 s for a plan 4.7% faster than the 1.6 s it took without (2 s before).
+    Case(cluster="mix-16", model="GPT-6.7B", global_batch=512, target_s=3.0),
     Case(cluster="mix-16", model="OPT-350M", global_batch=64, target_s=2.0, profile=OPT_PROFILE),
     Case(cluster="mix-64", model="GPT-6.7B", global_batch=1024, target_s=10.0),
     Case(cluster="mix-64", model="OPT-350M", global_batch=256, target_s=10.0, profile=OPT_PROFILE),

@@ -13,7 +13,16 @@ It searches AutoHet's whole plan space and scores plans with the same
 - with ``recompute=True``, each stage with or without activation recomputation.
   Exactly: for a fixed layout and micro-batch count a stage's memory depends only
   on its own flag and recomputing only slows it, so the best flags recompute
-  exactly the stages that do not fit without it (``_Space.flags``).
+  exactly the stages that do not fit without it (``_Space.flags``);
+- with tables whose ``training.zero1`` is on, ZeRO-1's sharded optimizer state.
+  A stage then keeps 1/P of the state of its untied layers, where P is the number
+  of pipelines, when every pipeline holds them at the same degree. In a space of one
+  degree for every type that is always so, and a stage's memory and update depend
+  only on its own shape and P: everything below is keyed by P too and stays exact.
+  Where types have different degrees, a segment held at two degrees is not sharded:
+  the per-pipeline figures assume it is (a relaxation, so bounds stay bounds), and
+  a plan whose whole-plan ``evaluate`` then does not fit has every micro-batch
+  composition of its shapes evaluated whole instead (``_whole_plans``).
 
 Symmetry. ``evaluate`` looks at a stage's host (type, memory, links), never at
 which GPU of the host it runs on, so a pipeline *shape* is (sequence of hosts,
@@ -81,6 +90,9 @@ class Optimum:
     compositions: int  # multisets of host sequences, over all (tp, mbs)
     visited: int  # compositions whose layer splits were enumerated
     evaluated: int  # whole plans scored by evaluate
+    # shape sets whose per-pipeline figures (ZeRO-1 where degrees mix) were too
+    # optimistic, so that every micro-batch composition was evaluated whole
+    recounted: int = 0
 
 
 def describe(pipelines: Sequence[Pipeline]) -> str:
@@ -184,7 +196,8 @@ class _Space:
         degree = {h.gpu_type: tp if isinstance(tp, int) else tp[h.gpu_type] for h in cluster.hosts}
         self.cluster, self.tables, self.mbs, self.M = cluster, tables, mbs, M
         self.recompute = recompute
-        self._flags: dict[tuple[Seq, Bounds], list[tuple[bool, ...] | None]] = {}
+        self.zero1 = tables.training.zero1
+        self._flags: dict[tuple[Seq, Bounds, int], list[tuple[bool, ...] | None]] = {}
         hosts = [h for h in cluster.hosts if h.num_gpus // degree[h.gpu_type] >= 1]
         self.hosts = hosts
         self.tps = [degree[h.gpu_type] for h in hosts]
@@ -200,11 +213,15 @@ class _Space:
             S: [(0, *cuts, L) for cuts in combinations(range(1, L), S - 1)] for S in range(1, L + 1)
         }
         self.seqs = list(_host_sequences(self.caps, L)) if hosts else []
-        self._lb: dict[tuple[Seq, Bounds], list[float]] = {}
-        self._exact: dict[tuple[Seq, Bounds], list[float]] = {}
-        self._opt: dict[tuple[Seq, Bounds], float] = {}
-        self._best_lb: dict[Seq, list[float]] = {}
-        self._best_opt: dict[Seq, float] = {}
+        self.one_degree = len(set(self.tps)) <= 1
+        self._lb: dict[tuple[Seq, Bounds, int], list[float]] = {}
+        self._exact: dict[tuple[Seq, Bounds, int], list[float]] = {}
+        self._opt: dict[tuple[Seq, Bounds, int], float] = {}
+        self._best_lb: dict[tuple[Seq, int], list[float]] = {}
+        self._best_opt: dict[tuple[Seq, int], float] = {}
+        model = tables.model
+        tied = {i for i, layer in enumerate(model.layers()) if layer.kind in ("embedding", "head")}
+        self.tied = tied if model.tied_embeddings else set()
         # Sync bounds: each layer's gradients as the lightest type reports them.
         grad = tables.training.grad_bytes_per_param
         self.grad_prefix = [0.0]
@@ -222,11 +239,21 @@ class _Space:
             for s, h in enumerate(seq)
         ]
 
-    def flags(self, seq: Seq, bounds: Bounds) -> list[tuple[bool, ...] | None]:
+    def sharded_params(self, seq: Seq, bounds: Bounds, s: int, P: int) -> float:
+        """Parameters per GPU of stage ``s`` whose optimizer state ZeRO-1 takes off
+        it with ``P`` pipelines (its untied layers; all of them shard in a space of
+        one degree, at most all of them otherwise)."""
+        if not self.zero1 or P < 2:
+            return 0.0
+        lt = self.lt[seq[s]]
+        untied = (i for i in range(bounds[s], bounds[s + 1]) if i not in self.tied)
+        return sum(lt.params(i, i + 1) for i in untied) * (1 - 1 / P)
+
+    def flags(self, seq: Seq, bounds: Bounds, P: int = 1) -> list[tuple[bool, ...] | None]:
         """Per micro-batch count m = 1..M, each stage's recomputation: off where the
         plain stage fits, on where only recomputation fits (when allowed); None
-        where some stage fits neither way."""
-        key = (seq, bounds)
+        where some stage fits neither way. ``P``: the plan's pipelines (ZeRO-1)."""
+        key = (seq, bounds, P)
         got = self._flags.get(key)
         if got is not None:
             return got
@@ -235,12 +262,14 @@ class _Space:
         options = [self._stage_costs(seq, bounds)]
         if self.recompute:
             options.append(self._stage_costs(seq, bounds, [True] * S))
+        per_param = self.tables.training.optimizer_bytes_per_param
+        freed = [int(self.sharded_params(seq, bounds, s, P) * per_param) for s in range(S)]
         out: list[tuple[bool, ...] | None] = []
         for m in range(1, self.M + 1):
             chosen: list[bool] = []
             for s in range(S):
                 fit = [
-                    stage_memory_bytes(o[s], self.tables, hosts[s].gpu_type, s, S, m)
+                    stage_memory_bytes(o[s], self.tables, hosts[s].gpu_type, s, S, m) - freed[s]
                     <= hosts[s].gpu_mem_bytes
                     for o in options
                 ]
@@ -251,16 +280,17 @@ class _Space:
         self._flags[key] = out
         return out
 
-    def lb_times(self, seq: Seq, bounds: Bounds) -> list[float]:
-        """Lower bound of T(m), m = 1..M (inf: does not fit at m)."""
-        key = (seq, bounds)
+    def lb_times(self, seq: Seq, bounds: Bounds, P: int = 1) -> list[float]:
+        """Lower bound of T(m), m = 1..M (inf: does not fit at m), in a plan of
+        ``P`` pipelines."""
+        key = (seq, bounds, P)
         got = self._lb.get(key)
         if got is not None:
             return got
         S = len(seq)
         costs = self._stage_costs(seq, bounds)
         rc_costs = self._stage_costs(seq, bounds, [True] * S) if self.recompute else costs
-        flags = self.flags(seq, bounds)
+        flags = self.flags(seq, bounds, P)
         hosts = [self.hosts[h] for h in seq]
         copies = [send_copies(self.tps[seq[s]], self.tps[seq[s + 1]]) for s in range(S - 1)]
         sends = [
@@ -283,24 +313,30 @@ class _Space:
                 pre[s] = pre[s - 1] + t[s - 1] + 2 * sends[s - 1]
             out.append(max(p + m * x for p, x in zip(pre, t, strict=True)))
         self._lb[key] = out
-        self._opt[key] = max(x.update_ms for x in costs)
+        # the largest stage update, less ZeRO-1's share (at most, where degrees mix)
+        self._opt[key] = max(
+            x.update_ms * (1 - self.sharded_params(seq, bounds, s, P) / x.num_params)
+            if x.num_params > 0
+            else x.update_ms
+            for s, x in enumerate(costs)
+        )
         return out
 
-    def opt_ms(self, seq: Seq, bounds: Bounds) -> float:
-        self.lb_times(seq, bounds)
-        return self._opt[(seq, bounds)]
+    def opt_ms(self, seq: Seq, bounds: Bounds, P: int = 1) -> float:
+        self.lb_times(seq, bounds, P)
+        return self._opt[(seq, bounds, P)]
 
-    def best_lb(self, seq: Seq) -> list[float]:
-        got = self._best_lb.get(seq)
+    def best_lb(self, seq: Seq, P: int = 1) -> list[float]:
+        got = self._best_lb.get((seq, P))
         if got is None:
-            lists = [self.lb_times(seq, b) for b in self.splits[len(seq)]]
-            got = self._best_lb[seq] = [min(col) for col in zip(*lists, strict=True)]
-            self._best_opt[seq] = min(self.opt_ms(seq, b) for b in self.splits[len(seq)])
+            lists = [self.lb_times(seq, b, P) for b in self.splits[len(seq)]]
+            got = self._best_lb[(seq, P)] = [min(col) for col in zip(*lists, strict=True)]
+            self._best_opt[(seq, P)] = min(self.opt_ms(seq, b, P) for b in self.splits[len(seq)])
         return got
 
-    def best_opt(self, seq: Seq) -> float:
-        self.best_lb(seq)
-        return self._best_opt[seq]
+    def best_opt(self, seq: Seq, P: int = 1) -> float:
+        self.best_lb(seq, P)
+        return self._best_opt[(seq, P)]
 
     def _link(self, a: int, b: int) -> float:
         return self.cluster.link_gbps(self.hosts[a].name, self.hosts[b].name)
@@ -347,40 +383,46 @@ class _Space:
         return max(max(row) for row in busy)
 
     def composition_lb(self, comp: Sequence[Seq]) -> float:
-        solved = _min_max([self.best_lb(s) for s in comp], self.M)
+        P = len(comp)
+        solved = _min_max([self.best_lb(s, P) for s in comp], self.M)
         if solved is None:
             return INF
-        opt = max(self.best_opt(s) for s in comp)
+        opt = max(self.best_opt(s, P) for s in comp)
         return solved[0] + opt + self.composition_sync_lb(comp)
 
     # ---------------------------------------------------------------- exact
 
-    def exact_times(self, seq: Seq, bounds: Bounds, upto: int) -> list[float]:
-        """T(m) for m = 1..upto from ``evaluate`` of the pipeline alone."""
-        key = (seq, bounds)
+    def exact_times(self, seq: Seq, bounds: Bounds, upto: int, P: int = 1) -> list[float]:
+        """T(m) for m = 1..upto from ``evaluate`` of the pipeline alone (its memory
+        as one of ``P`` pipelines: with ZeRO-1, ``flags`` says whether it fits)."""
+        key = (seq, bounds, P)
         times = self._exact.setdefault(key, [])
-        lb = self.lb_times(seq, bounds)
+        lb = self.lb_times(seq, bounds, P)
+        sharding = self.zero1 and P > 1
         while len(times) < upto:
             m = len(times) + 1
-            (p,) = self.materialize([(seq, bounds)], [m])
+            (p,) = self.materialize([(seq, bounds)], [m], P)
             ev = evaluate([p], self.cluster, self.tables, self.mbs)
-            t = ev.pipeline_ms if ev.fits else INF
+            fits = self.flags(seq, bounds, P)[m - 1] is not None if sharding else ev.fits
+            t = ev.pipeline_ms if fits else INF
             # The bound must hold, else pruning could drop the optimum.
             assert lb[m - 1] <= t * (1 + 1e-9) + 1e-9, (seq, bounds, m, lb[m - 1], t)
             assert (lb[m - 1] == INF) == (t == INF), (seq, bounds, m, lb[m - 1], t)
-            assert math.isclose(ev.optimizer_ms, self._opt[key], rel_tol=1e-9, abs_tol=1e-12)
+            if not sharding:  # alone, nothing is sharded
+                assert math.isclose(ev.optimizer_ms, self._opt[key], rel_tol=1e-9, abs_tol=1e-12)
             times.append(t)
         return times
 
     def materialize(
-        self, shapes: Sequence[tuple[Seq, Bounds]], ms: Sequence[int]
+        self, shapes: Sequence[tuple[Seq, Bounds]], ms: Sequence[int], P: int | None = None
     ) -> list[Pipeline]:
-        """Concrete pipelines: each stage takes the next free TP group of its host."""
+        """Concrete pipelines: each stage takes the next free TP group of its host;
+        ``P``: the plan's pipelines (ZeRO-1's memory), ``len(shapes)`` by default."""
         nxt = [0] * len(self.hosts)
         out = []
         for (seq, bounds), m in zip(shapes, ms, strict=True):
             stages = []
-            chosen = self.flags(seq, bounds)[m - 1] or (False,) * len(seq)
+            chosen = self.flags(seq, bounds, P or len(shapes))[m - 1] or (False,) * len(seq)
             for s, h in enumerate(seq):
                 g = nxt[h]
                 nxt[h] += 1
@@ -508,23 +550,24 @@ def brute_force(
                 queue.append((lb, len(queue), space, comp))
     queue.sort(key=lambda x: (x[0], x[1]))
     best: tuple[float, _Space, list[Pipeline], PlanEval] | None = None
-    visited = evaluated = 0
+    visited = evaluated = recounted = 0
     for lb, _, space, comp in queue:
         if best is not None and lb >= best[0]:
             break
         visited += 1
         M = space.M
         top = M - len(comp) + 1
+        P = len(comp)
         for shapes in space.layer_splits(comp):
-            opt = max(space.opt_ms(*sh) for sh in shapes)
+            opt = max(space.opt_ms(*sh, P) for sh in shapes)
             sync_lb = space.sync_lb(shapes) if prune else 0.0
             if prune:
-                bound = _min_max([space.lb_times(*sh) for sh in shapes], M)
+                bound = _min_max([space.lb_times(*sh, P) for sh in shapes], M)
                 if bound is None:
                     continue
                 if best is not None and bound[0] + opt + sync_lb >= best[0]:
                     continue
-            solved = _min_max([space.exact_times(*sh, top) for sh in shapes], M)
+            solved = _min_max([space.exact_times(*sh, top, P) for sh in shapes], M)
             if solved is None:
                 continue
             pipe_ms, ms = solved
@@ -533,9 +576,20 @@ def brute_force(
             pipelines = space.materialize(shapes, ms)
             ev = evaluate(pipelines, cluster, tables, space.mbs)
             evaluated += 1
-            assert ev.fits
-            assert math.isclose(ev.pipeline_ms, pipe_ms, rel_tol=1e-12, abs_tol=1e-12)
+            if not ev.fits:
+                # ZeRO-1 where degrees mix: a segment at two degrees is not sharded,
+                # which the per-pipeline figures assumed; every composition, whole
+                assert space.zero1 and not space.one_degree and P > 1
+                recounted += 1
+                found = _whole_plans(space, shapes)
+                evaluated += found[0]
+                if found[1] is None:
+                    continue
+                pipelines, ev = found[1]
+            else:
+                assert math.isclose(ev.pipeline_ms, pipe_ms, rel_tol=1e-12, abs_tol=1e-12)
             assert ev.grad_sync_ms >= sync_lb * (1 - 1e-9), (ev.grad_sync_ms, sync_lb)
+            assert ev.optimizer_ms >= opt * (1 - 1e-9), (ev.optimizer_ms, opt)
             if best is None or ev.iteration_ms < best[0]:
                 best = (ev.iteration_ms, space, pipelines, ev)
     if best is None:
@@ -550,7 +604,44 @@ def brute_force(
         compositions=total,
         visited=visited,
         evaluated=evaluated,
+        recounted=recounted,
     )
+
+
+def _whole_plans(
+    space: _Space, shapes: Sequence[tuple[Seq, Bounds]]
+) -> tuple[int, tuple[list[Pipeline], PlanEval] | None]:
+    """The fastest fitting micro-batch composition of ``shapes``, each evaluated
+    whole, and how many evaluations that took. With recomputation allowed, a plan
+    recomputes exactly the stages that do not fit without it (exact, as in
+    ``_Space.flags``: with the layout fixed, a stage's memory depends on its flag
+    alone)."""
+    best: tuple[list[Pipeline], PlanEval] | None = None
+    count = 0
+    for ms in _compositions_of(space.M, len(shapes)):
+        plain = [
+            replace(p, stages=tuple(replace(st, recompute=False) for st in p.stages))
+            for p in space.materialize(shapes, ms)
+        ]
+        ev = evaluate(plain, space.cluster, space.tables, space.mbs)
+        count += 1
+        pipelines = plain
+        if not ev.fits and space.recompute:
+            pipelines = [
+                replace(
+                    p,
+                    stages=tuple(
+                        replace(st, recompute=pe.stages[s].mem_fraction > 1.0)
+                        for s, st in enumerate(p.stages)
+                    ),
+                )
+                for p, pe in zip(plain, ev.pipelines, strict=True)
+            ]
+            ev = evaluate(pipelines, space.cluster, space.tables, space.mbs)
+            count += 1
+        if ev.fits and (best is None or ev.iteration_ms < best[1].iteration_ms):
+            best = (pipelines, ev)
+    return count, best
 
 
 def _compositions_of(total: int, parts: int) -> Iterator[tuple[int, ...]]:

@@ -74,15 +74,18 @@ def plan(
         ),
     ] = None,
     zero1: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--zero1",
+            "--zero1/--no-zero1",
             help="ZeRO-1: shard the optimizer state over the pipelines that hold the same "
             "layers (each keeps 1/P of Adam's moments and steps 1/P of the update; the "
             "gradient all-reduce becomes a reduce-scatter plus an all-gather of the same "
-            "bytes). Plans with fewer, wider stages then fit",
+            "bytes), so that fewer, wider stages or more pipelines fit. By default the "
+            "planner decides: it shards where that makes the plan at least 1% faster "
+            "and says so in the plan's notes. --zero1: always; --no-zero1: never",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     measured_only: Annotated[
         bool,
         typer.Option(
@@ -128,7 +131,6 @@ def plan(
         inputs.model.default_seq_len if seq_len is None else seq_len,
         precision,
         optimizer,
-        zero1=zero1,
     )
     tables = tables_for(inputs, training)
     with progress_bar("planning", enabled=not as_json) as report:
@@ -144,6 +146,7 @@ def plan(
             contingency=contingency,
             progress=report,
             recompute=recompute,
+            zero1=zero1,
             measured_only=measured_only,
         )
     planned = outcome.plan

@@ -131,7 +131,7 @@ def evaluate(
         [_stage_cost(s, cluster, tables, micro_batch_size) for s in p.stages] for p in pipelines
     ]
     sync = _grad_sync_ms(pipelines, cluster, tables, micro_batch_size)
-    sharded = _zero_sharded(pipelines, cluster, tables, micro_batch_size)
+    sharded = zero_sharded(pipelines, cluster, tables, micro_batch_size)
     costs = [
         [_without_sharded(c, sharded[pi][si]) for si, c in enumerate(pc)]
         for pi, pc in enumerate(costs)
@@ -301,7 +301,7 @@ def _ring_gbps(stages: Sequence[Stage], cluster: Cluster) -> float:
     return min(cluster.link_gbps(x, y) for x in names for y in names if x < y)
 
 
-def _zero_sharded(
+def zero_sharded(
     pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, mbs: int
 ) -> list[list[float]]:
     """Per (pipeline, stage): parameters per GPU whose optimizer state ZeRO-1 takes

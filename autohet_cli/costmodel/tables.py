@@ -37,6 +37,7 @@ recompute stage keeps no copy beyond the layer at work (``transient_bytes``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
@@ -223,6 +224,16 @@ class CostTables:
         self.gpu_specs: Mapping[str, GpuSpec] = gpu_specs or {}
         self._cache: dict[tuple[str, int, int, float], LayerTable] = {}
         self._layers = model.layers()
+
+    def with_zero1(self, zero1: bool) -> CostTables:
+        """These tables under ZeRO-1 on or off, sharing the layer tables built so far
+        (a layer's times and bytes do not depend on it; evaluate and the search read
+        ``training.zero1`` for the optimizer state and the update)."""
+        if self.training.zero1 == zero1:
+            return self
+        other = copy.copy(self)
+        other.training = replace(self.training, zero1=zero1)
+        return other
 
     def spec(self, gpu_type: str) -> GpuSpec:
         """The cluster's definition, else the catalog, else a measured profile's device

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import time
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
@@ -24,13 +23,12 @@ from autohet_cli.plan import (
     pipelines_entry,
 )
 from autohet_cli.planner.baselines import baselines as compute_baselines
-from autohet_cli.planner.recompute import memory_binds, relax
+from autohet_cli.planner.decide import decide
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
     SearchRequest,
     SearchResult,
-    scorer,
     search,
 )
 from autohet_cli.settings import TrainingSettings
@@ -58,6 +56,7 @@ def make_plan(
     progress: Progress | None = None,
     with_baselines: bool = True,
     recompute: bool | None = None,
+    zero1: bool | None = None,
     measured_only: bool = False,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
@@ -65,7 +64,10 @@ def make_plan(
     the plan and named in its notes, never waited for. ``recompute``: None lets
     the planner decide per stage where memory binds (``planner.recompute``); True
     makes every stage of the plan (and of the baselines and contingency plans)
-    recompute its activations, False none; ``measured_only`` lets all of them use
+    recompute its activations, False none; ``zero1``: None lets the planner decide
+    whether to shard the optimizer state (``planner.decide``) unless
+    ``tables.training.zero1`` already asks for it, True or False sets it;
+    ``measured_only`` lets all of them use
     only the (GPU type, TP, micro-batch size) combinations the profile measured."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
@@ -87,10 +89,12 @@ def make_plan(
     skipped: list[str] = []
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):
         try:
-            if recompute is None:
-                result, req = _decide_recompute(req, progress)
-            else:
-                result = search(req, progress)
+            result, req, zero1_note = decide(
+                req,
+                progress,
+                recompute=recompute,
+                zero1=True if zero1 is None and tables.training.zero1 else zero1,
+            )
         except TimeLimitReached:
             raise
         except InfeasibleError as exc:
@@ -100,7 +104,7 @@ def make_plan(
         base = compute_baselines(req, skipped) if with_baselines else {}
         if_lost = contingency_plans(req, skipped) if contingency else {}
     best = result.best
-    notes = []
+    notes = [zero1_note] if zero1_note else []
     if measured_only:
         notes.append(
             "planned with --measured-only: only (GPU type, TP, micro-batch size) "
@@ -122,7 +126,7 @@ def make_plan(
         best=best,
         result=result,
         model=model,
-        tables=tables,
+        tables=req.tables,  # the ZeRO-1 decision is in the chosen request's tables
         cluster=cluster,
         global_batch_size=global_batch_size,
         objective=objective,
@@ -194,65 +198,6 @@ def to_plan(
         ),
         created=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
     )
-
-
-def _decide_recompute(
-    req: SearchRequest, progress: Progress | None
-) -> tuple[SearchResult, SearchRequest]:
-    """Search without recomputation, then, where memory binds, in the spaces where
-    every stage recomputes and where one GPU type's stages do, in the time left,
-    keeping it per stage only where needed (``planner.recompute``); the result and
-    the request it was found under (for baselines and contingency)."""
-    start = time.monotonic()
-    plain = replace(req, recompute=False, recompute_types=frozenset())
-    result: SearchResult | None = None
-    try:
-        result = search(plain, progress)
-    except TimeLimitReached:
-        raise  # out of time, not of memory: more spaces would not help
-    except InfeasibleError:
-        pass
-    if not memory_binds(result.best if result else None):
-        assert result is not None
-        return result, plain
-    spent = time.monotonic() - start
-    # As long as the plain search took (at least a second), within the limit: the
-    # other spaces together cost at most as much as the first, so planning stays as
-    # fast. Where nothing fit, they get what the limit leaves.
-    total = min(req.time_limit_s - spent, max(1.0, spent)) if result else req.time_limit_s - spent
-    if result is not None and total < 0.5:
-        return result, plain
-    types = sorted({h.gpu_type for h in req.cluster.hosts})
-    spaces = [replace(req, recompute=True, recompute_types=frozenset())]
-    if len(types) > 1:
-        spaces += [replace(plain, recompute_types=frozenset({t})) for t in types]
-    deadline = time.monotonic() + total
-    best: tuple[SearchResult, SearchRequest] | None = (result, plain) if result else None
-    failure: Exception | None = None
-    for i, space in enumerate(spaces):
-        left = deadline - time.monotonic()
-        if left < 0.5 and best is not None:
-            break
-        # every stage recomputing first (all the time left where nothing fit, else
-        # half when per-type spaces follow), then the per-type spaces share the rest
-        if i == 0:
-            share = left / 2 if len(spaces) > 1 and result is not None else left
-        else:
-            share = left / (len(spaces) - i)
-        try:
-            alt = search(replace(space, time_limit_s=max(share, 0.1)), progress)
-        except (InfeasibleError, TimeLimitReached) as exc:
-            failure = failure or exc  # every stage recomputing: the most that can fit
-            continue
-        alt.best = relax(alt.best, space, scorer(req.cluster, req.objective))
-        if best is None or alt.best.score < best[0].best.score:
-            best = (alt, space)
-    if best is None:
-        assert failure is not None
-        raise failure
-    if best[0] is not result:
-        best[0].time_s = time.monotonic() - start
-    return best
 
 
 def prediction_of(ev: PlanEval) -> Prediction:

@@ -272,6 +272,19 @@ def recompute_line(plan: Plan) -> str | None:
     )
 
 
+def zero1_line(plan: Plan) -> str | None:
+    """What ZeRO-1 does in this plan; None without it."""
+    if not plan.training.zero1:
+        return None
+    if len(plan.pipelines) < 2:
+        return "ZeRO-1: on, but one pipeline holds every layer, so nothing is sharded"
+    return (
+        f"ZeRO-1: the {len(plan.pipelines)} pipelines shard the optimizer state of each "
+        "segment they hold at one TP degree (reduce-scatter, each steps its slice, "
+        "all-gather; tied weights stay replicated)"
+    )
+
+
 def explain_text(
     plan: Plan,
     ev: PlanEval,
@@ -352,8 +365,7 @@ def explain_text(
         f"gradient sync {ev.grad_sync_ms:.1f} ms + optimizer {ev.optimizer_ms:.1f} ms; "
         f"{tok:,.0f} tokens/s; peak memory {ev.memory_peak_fraction:.0%}"
     )
-    if (line := recompute_line(plan)) is not None:
-        lines.append(line)
+    lines += [x for x in (recompute_line(plan), zero1_line(plan)) if x is not None]
     if sources is not None:
         lines += source_lines(sources)
     price = price_per_hour(plan, cluster)
@@ -427,6 +439,7 @@ def summary_json(
         "micro_batch_size": plan.training.micro_batch_size,
         "num_pipelines": len(plan.pipelines),
         "recompute_stages": recompute_count(plan)[0],
+        "zero1": plan.training.zero1,
         "solver": dict(solver),
         "baselines": dict(plan.baselines),
         "price_per_hour": price_per_hour(plan, cluster),

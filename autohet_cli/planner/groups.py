@@ -256,8 +256,11 @@ def lower_bound_ms(
     num_microbatches: int,
     sync_ms_per_param: float = 0.0,
     total_params: int = 0,
+    *,
+    update_scale: float = 1.0,
 ) -> float:
     """A valid lower bound on iteration time for a grouping, whatever the split.
+    ``update_scale``: the least share of the update a stage steps (ZeRO-1: 1/P).
 
     A pipeline of S stages whose model costs W per micro-batch (on its fastest
     class) needs at least max(m*W/S, W) for m micro-batches: its bottleneck
@@ -278,7 +281,7 @@ def lower_bound_ms(
         opt = max(opt, min(stats[c].total_upd_ms for c in tpl.classes) / tpl.num_stages)
     if rate == 0:
         return float("inf")
-    return max(num_microbatches / rate, fill) + opt + sync
+    return max(num_microbatches / rate, fill) + opt * update_scale + sync
 
 
 def enumerate_parts(

@@ -62,6 +62,12 @@ class SplitInputs:
     # per class: what a stage's per-GPU parameters are multiplied by in the sync
     # term (its TP degree where the rate is per full parameter; empty: 1)
     sync_scale: Sequence[float] = ()
+    # bytes per parameter of the layers before and after the blocks, where they
+    # differ (ZeRO-1 does not shard tied weights); None: state_bytes_per_param
+    end_state_bytes_per_param: int | None = None
+    # the share of the blocks' and the end layers' update a stage steps (ZeRO-1)
+    update_scale: float = 1.0
+    end_update_scale: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,20 +141,20 @@ def solve_split(
         half = ((sends[s - 1] if s > 0 else 0.0) + (sends[s] if s < S - 1 else 0.0)) / 2
         model.addCons(fw >= x + half)
         model.addCons(bw >= y - x + half)
-        params = (
-            (st.head_params if head else 0) + n * st.block_params + (st.tail_params if tail else 0)
-        )
+        ends = (st.head_params if head else 0) + (st.tail_params if tail else 0)
+        params = ends + n * st.block_params
+        end_state = inp.end_state_bytes_per_param
+        state = params * inp.state_bytes_per_param
+        if end_state is not None:
+            state = n * st.block_params * inp.state_bytes_per_param + ends * end_state
         act = (st.head_act if head else 0.0) + n * st.block_act + (st.tail_act if tail else 0.0)
         work = st.work_bytes(head=head, tail=tail) + st.cast_bytes(n, head=head, tail=tail)
-        model.addCons(
-            params * inp.state_bytes_per_param + act * (S - s) + 2 * st.out_bytes + work
-            <= inp.mem_cap_bytes[c]
-        )
+        model.addCons(state + act * (S - s) + 2 * st.out_bytes + work <= inp.mem_cap_bytes[c])
         model.addCons(
             O_
-            >= (st.head_upd_ms if head else 0.0)
-            + n * st.block_upd_ms
-            + (st.tail_upd_ms if tail else 0.0)
+            >= ((st.head_upd_ms if head else 0.0) + (st.tail_upd_ms if tail else 0.0))
+            * inp.end_update_scale
+            + n * st.block_upd_ms * inp.update_scale
         )
         scale = inp.sync_scale[c] if inp.sync_scale else 1.0
         model.addCons(Z >= inp.sync_ms_per_param * scale * params)

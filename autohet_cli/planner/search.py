@@ -57,6 +57,7 @@ Progress = Callable[[float, str], None]
 HOPELESS = 1.15  # estimates this far behind the best estimate are not solved
 MAX_OPTIONS_PER_CLASS = 8
 REFINE_TOP = 3
+RUNNERS_UP = 8  # other solved candidates a result keeps (SearchResult.runners_up)
 ENUMERATE_SHARE = 0.4  # of the time limit, at most, for building and bounding groupings
 MAX_SOLVES = 24  # groupings handed to SCIP at most; the rest count in the bound gap
 # ... and of per-type-degree groupings, on top: their estimates are rougher (a segment
@@ -129,6 +130,9 @@ class SearchResult:
     pruned: int = 0
     hopeless: int = 0
     milp_gaps: list[float] = field(default_factory=list)
+    # the next best candidates solved (best first, at most RUNNERS_UP): other layouts
+    # that a change of settings (ZeRO-1) is re-evaluated on without a new search
+    runners_up: list[Candidate] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -142,6 +146,7 @@ class _Context:
     splits: dict[tuple[tuple[int, ...], int, float, bool, int], SplitResult | None] = field(
         default_factory=dict
     )
+    sends: dict[Template, list[float]] = field(default_factory=dict)  # _sends, memoised
 
     @property
     def label(self) -> str:
@@ -204,6 +209,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
                 M,
                 _sync_rate(req, ctx, parts, optimistic=True)[0],
                 ctx.params_per_gpu,
+                update_scale=_update_scale(req, sum(k for _, k in parts)),
             )
             g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
             est = _estimate(req, ctx, parts, M)
@@ -283,6 +289,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
         pruned=pruned,
         hopeless=hopeless,
         milp_gaps=milp_gaps,
+        runners_up=[c for c in sorted(found, key=lambda c: c.score) if c is not best][:RUNNERS_UP],
     )
 
 
@@ -452,6 +459,15 @@ def _min_depths(req: SearchRequest, ctx: _Context) -> list[int | None]:
     ]
 
 
+def _update_scale(req: SearchRequest, replicas: int, *, tied: bool = False) -> float:
+    """The share of a stage's update each holder steps: 1/P of what ZeRO-1 shards
+    over ``replicas`` pipelines (``tied``: a tied embedding or head, never sharded;
+    a segment held at two degrees is not either, so the scale is a lower bound)."""
+    if not req.tables.training.zero1 or replicas < 2 or (tied and req.model.tied_embeddings):
+        return 1.0
+    return 1.0 / replicas
+
+
 def _state_bytes(req: SearchRequest, replicas: int) -> int:
     """Bytes per parameter a GPU keeps for its stage's weights, gradients and
     optimizer state, with ZeRO-1 (``training.zero1``) over ``replicas`` pipelines:
@@ -481,7 +497,15 @@ def _slowest_link(cluster: Cluster) -> float:
 
 def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     """Per link of a template: latency + the boundary bytes times the copies a rank
-    sends between the two degrees (``evaluate.send_copies``)."""
+    sends between the two degrees (``evaluate.send_copies``). Memoised per context:
+    every grouping's estimate asks again for the same few templates."""
+    got = ctx.sends.get(tpl)
+    if got is None:
+        got = ctx.sends[tpl] = _link_ms(req, ctx, tpl)
+    return got
+
+
+def _link_ms(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     out = []
     slow = _slowest_link(req.cluster)
     pairs = list(zip(tpl.classes, tpl.classes[1:], strict=False))
@@ -598,7 +622,7 @@ def _estimate(
         ms[j] += 1
         left -= shapes[j][0]
     t_ms = max((m - 1) * c + f for (_, c, f), m in zip(shapes, ms, strict=True))
-    total = t_ms + upd + rate * params
+    total = t_ms + upd * _update_scale(req, pipes) + rate * params
     if req.objective == "cost":
         used = {c for tpl, _ in parts for c in tpl.classes}
         price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
@@ -706,7 +730,13 @@ def _split(
                 stats=ctx.stats,
                 mem_cap_bytes=ctx.caps,
                 state_bytes_per_param=_state_bytes(req, replicas),
+                # tied embedding and head: ZeRO-1 leaves their state replicated
+                end_state_bytes_per_param=_state_bytes(
+                    req, 1 if req.model.tied_embeddings else replicas
+                ),
                 num_blocks=num_blocks,
+                update_scale=_update_scale(req, replicas),
+                end_update_scale=_update_scale(req, replicas, tied=True),
                 send_ms=_sends(req, ctx, tpl),
                 sync_ms_per_param=sync,
                 sync_scale=[float(c.tp) if per_full else 1.0 for c in ctx.classes],

@@ -72,10 +72,9 @@ def _check_valid(out: PlanOutcome, cluster: str, global_batch_size: int) -> None
     assert plan.training.global_batch_size == global_batch_size
     assert plan.num_layers == inp.model.num_layers
     assert out.eval.fits and out.eval.memory_peak_fraction <= 1.0
-    # The recorded prediction is what the cost model says of these pipelines.
-    tables = tables_for(
-        inp, training_for(global_batch_size, inp.model.default_seq_len, "bf16", "adam")
-    )
+    # The recorded prediction is what the cost model says of these pipelines, under
+    # the plan's training settings (ZeRO-1 where the planner chose it).
+    tables = tables_for(inp, plan.training)
     again = evaluate(plan.pipelines, inp.cluster, tables, plan.training.micro_batch_size)
     assert again.iteration_ms == pytest.approx(out.eval.iteration_ms, rel=1e-9)
     assert plan.prediction is not None

@@ -1,0 +1,215 @@
+"""ZeRO-1 and activation recomputation as planner decisions, around the search.
+
+ZeRO-1 (``training.zero1``, runtime.zero) costs no time in the cost model: the
+reduce-scatter plus all-gather move the all-reduce's bytes, and each of the P
+holders of a segment steps 1/P of its update and keeps 1/P of its optimizer state.
+Recomputation (planner.recompute) costs a third more compute on a stage and frees
+most of its activations. So the free one is decided first, and recomputation is
+searched on top of whichever space won, only where memory still binds:
+
+1. **Plain search**, neither on.
+2. **ZeRO-1.** The plain result's best plan and its runners-up, re-evaluated with
+   their state sharded (one evaluation each: the update shrinks). Where memory binds
+   (or nothing fit), also a search in the sharded space, in at most as long as the
+   plain search took (all the time left where nothing fit): layouts that only fit
+   sharded (fewer, wider stages, more pipelines, a larger micro-batch).
+   ZeRO-1 is adopted only where it makes the plan at least ``ZERO1_MIN_GAIN``
+   faster (cheaper, under ``--objective cost``) and shards something (P >= 2
+   pipelines hold a segment at one degree). Below that the gain is inside the cost
+   model's error, and the replicated optimizer is simpler to run: a checkpoint
+   save needs no all-gather of the optimizer state.
+3. **Recomputation** (``recompute_spaces``), in the chosen space, where memory still
+   binds, again in at most as long as the plain search took.
+
+Not searched: the sharded space where memory does not bind. A layout that only
+sharding makes fastest is then found only among the plain search's runners-up;
+searching it everywhere would double planning time for gains of the order of the
+update time (the brute-force cases, tests/unit/test_planner_bruteforce.py, say
+how far that leaves the planner from the optimum).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from autohet_cli.costmodel.evaluate import PlanEval, evaluate, zero_sharded
+from autohet_cli.errors import InfeasibleError, TimeLimitReached
+from autohet_cli.plan import Pipeline
+from autohet_cli.planner.recompute import memory_binds, relax
+from autohet_cli.planner.search import (
+    Candidate,
+    Progress,
+    SearchRequest,
+    SearchResult,
+    scorer,
+    search,
+)
+
+Scorer = Callable[[list[Pipeline], PlanEval], float]
+
+ZERO1_MIN_GAIN = 0.01  # relative gain below which the replicated optimizer is kept
+# The sharded space's search may take this many times as long as the plain one: a
+# search enumerates groupings for a share of its limit, and sharding admits more of
+# them (shallower pipelines); with the plain search's time it missed a plan 12%
+# faster on scale-1024 (benchmarks/planner_speed.py) that this finds.
+ZERO1_SPACE_TIMES = 1.5
+MIN_SPACE_S = 0.5  # a space given less time than this is not searched (a plan exists)
+
+
+def decide(
+    req: SearchRequest,
+    progress: Progress | None,
+    *,
+    recompute: bool | None,
+    zero1: bool | None,
+) -> tuple[SearchResult, SearchRequest, str | None]:
+    """The search under the user's flags, each None one decided here; the result,
+    the request it was found under (for baselines and contingency plans: its tables
+    carry the ZeRO-1 decision) and a note saying what ZeRO-1 did, if it was decided."""
+    start = time.monotonic()
+    first = replace(
+        _zero1(req, bool(zero1)), recompute=bool(recompute), recompute_types=frozenset()
+    )
+    found: SearchResult | None = None
+    failure: Exception | None = None
+    try:
+        found = search(first, progress)
+    except TimeLimitReached:
+        raise  # out of time, not of memory: more spaces would not help
+    except InfeasibleError as exc:
+        failure = exc
+    spent = time.monotonic() - start
+
+    def budget(times: float = 1.0) -> float:
+        """``times`` as long as the plain search took (at least a second), within
+        the limit; where nothing fit, what the limit leaves."""
+        left = req.time_limit_s - (time.monotonic() - start)
+        return left if found is None else min(left, max(1.0, times * spent))
+
+    result, space, note = found, first, None
+    if zero1 is None:
+        result, space, note = _choose_zero1(first, found, progress, budget(ZERO1_SPACE_TIMES))
+    if recompute is None and memory_binds(result.best if result else None):
+        try:
+            result, space = recompute_spaces(result, space, progress, budget())
+        except (InfeasibleError, TimeLimitReached) as exc:
+            raise (failure or exc) from None
+    if result is None:
+        assert failure is not None
+        raise failure
+    if zero1 is None and space.tables.training.zero1:
+        if not _shards(result.best, space):
+            space = _zero1(space, False)  # its best shards nothing: no flag to carry
+            note = None
+        elif note is None:  # nothing fit plain, nor sharded without recomputation
+            why = "no plan fit without it or recomputation, and it costs no time"
+            note = _chosen_note(result.best, why)
+    if result is not found:
+        result.time_s = time.monotonic() - start
+    return result, space, note
+
+
+def _zero1(req: SearchRequest, on: bool) -> SearchRequest:
+    return replace(req, tables=req.tables.with_zero1(on))
+
+
+def _choose_zero1(
+    plain: SearchRequest, found: SearchResult | None, progress: Progress | None, budget_s: float
+) -> tuple[SearchResult | None, SearchRequest, str | None]:
+    """Step 2 of the module docstring: (the result, its space, a note)."""
+    score = scorer(plain.cluster, plain.objective)
+    sharded = _zero1(plain, True)
+    options: list[Candidate] = []
+    if found is not None:
+        for cand in (found.best, *found.runners_up):
+            if _shards(cand, sharded):
+                ev = evaluate(cand.pipelines, sharded.cluster, sharded.tables, cand.mbs)
+                if ev.fits:
+                    options.append(replace(cand, eval=ev, score=score(cand.pipelines, ev)))
+    alt: SearchResult | None = None
+    binds = found is None or memory_binds(found.best)
+    if binds and (found is None or budget_s >= MIN_SPACE_S):
+        try:
+            alt = search(replace(sharded, time_limit_s=max(budget_s, 0.1)), progress)
+            options.append(alt.best)
+        except (InfeasibleError, TimeLimitReached):
+            pass
+    if found is None:
+        if alt is None:
+            return None, sharded, None  # recomputation is tried in the sharded space
+        if not _shards(alt.best, sharded):
+            return alt, plain, None
+        why = "no plan fits without it unless activations are recomputed"
+        return alt, sharded, _chosen_note(alt.best, why)
+    best = min((c for c in options if _shards(c, sharded)), key=lambda c: c.score, default=None)
+    if best is None or best.score >= found.best.score * (1 - ZERO1_MIN_GAIN):
+        note: str | None = None
+        if binds:
+            note = "ZeRO-1 was considered (memory binds) and not used: it made no plan faster"
+        elif best is not None:
+            gain = 1 - best.score / found.best.score
+            note = f"ZeRO-1 not used: it would make this plan only {gain:.1%} faster"
+        return found, plain, note
+    result = alt if alt is not None and best is alt.best else found
+    result.best = best
+    gain = 1 - best.score / found.best.score
+    what = "cheaper per token" if plain.objective == "cost" else "faster"
+    return result, sharded, _chosen_note(best, f"{gain:.1%} {what} than without it")
+
+
+def _chosen_note(cand: Candidate, why: str) -> str:
+    return (
+        f"ZeRO-1 chosen by the planner: the optimizer state is sharded over the "
+        f"{len(cand.pipelines)} pipelines ({why}; --no-zero1 turns it off)"
+    )
+
+
+def _shards(cand: Candidate, req: SearchRequest) -> bool:
+    sharded = zero_sharded(cand.pipelines, req.cluster, _zero1(req, True).tables, cand.mbs)
+    return any(x > 0 for row in sharded for x in row)
+
+
+def recompute_spaces(
+    result: SearchResult | None,
+    req: SearchRequest,
+    progress: Progress | None,
+    total_s: float,
+) -> tuple[SearchResult, SearchRequest]:
+    """Where memory binds on ``result`` (found without recomputation under ``req``),
+    the spaces where every stage recomputes and where one GPU type's stages do, in
+    ``total_s``, keeping recomputation per stage only where needed
+    (``planner.recompute``); the best result and the request it was found under."""
+    plain = replace(req, recompute=False, recompute_types=frozenset())
+    if result is not None and total_s < MIN_SPACE_S:
+        return result, plain
+    types = sorted({h.gpu_type for h in req.cluster.hosts})
+    spaces = [replace(plain, recompute=True)]
+    if len(types) > 1:
+        spaces += [replace(plain, recompute_types=frozenset({t})) for t in types]
+    deadline = time.monotonic() + total_s
+    best: tuple[SearchResult, SearchRequest] | None = (result, plain) if result else None
+    failure: Exception | None = None
+    for i, space in enumerate(spaces):
+        left = deadline - time.monotonic()
+        if left < MIN_SPACE_S and best is not None:
+            break
+        # every stage recomputing first (all the time left where nothing fit, else
+        # half when per-type spaces follow), then the per-type spaces share the rest
+        if i == 0:
+            share = left / 2 if len(spaces) > 1 and result is not None else left
+        else:
+            share = left / (len(spaces) - i)
+        try:
+            alt = search(replace(space, time_limit_s=max(share, 0.1)), progress)
+        except (InfeasibleError, TimeLimitReached) as exc:
+            failure = failure or exc  # every stage recomputing: the most that can fit
+            continue
+        alt.best = relax(alt.best, space, scorer(req.cluster, req.objective))
+        if best is None or alt.best.score < best[0].best.score:
+            best = (alt, space)
+    if best is None:
+        assert failure is not None
+        raise failure
+    return best

@@ -1,0 +1,132 @@
+"""ZeRO-1 as a planner decision (planner.decide): sharded where it pays, not elsewhere."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.models import get_model
+from autohet_cli.plan import load_plan
+from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.decide import ZERO1_MIN_GAIN
+from tests.bruteforce import tiny_cluster
+from tests.cli import autohet
+
+GPT13 = get_model("GPT-1.3B")
+# Four V100-16 in one host, GPT-1.3B, batch 16: without ZeRO-1 the best plan is two
+# TP-2 pipelines at micro-batch 1 and 94% memory; sharding Adam's moments over the
+# two leaves room for micro-batch 2, which is faster.
+V100_QUAD = tiny_cluster((("v0", "V100-16", 4, None),), name="v100-quad")
+# Eight A100-80 in two hosts: memory is far from binding, and sharding saves only a
+# part of an update that is small beside the pipelines.
+A100_EIGHT = tiny_cluster(
+    (("a0", "A100-80", 4, None), ("a1", "A100-80", 4, None)), name="a100-eight"
+)
+
+
+def _plan(cluster: Any, batch: int, zero1: bool | None) -> PlanOutcome:
+    training = training_for(batch, 1024, "bf16", "adam")
+    return make_plan(
+        name="z",
+        cluster=cluster,
+        model=GPT13,
+        tables=CostTables(GPT13, None, training),
+        global_batch_size=batch,
+        time_limit_s=10.0,
+        zero1=zero1,
+        with_baselines=False,
+    )
+
+
+def _zero1_notes(out: PlanOutcome) -> list[str]:
+    return [n for n in out.plan.notes if "ZeRO-1" in n]
+
+
+def test_the_planner_shards_where_the_freed_memory_makes_a_faster_plan() -> None:
+    auto, plain, forced = (_plan(V100_QUAD, 16, z) for z in (None, False, True))
+    assert auto.plan.training.zero1 and len(auto.plan.pipelines) >= 2
+    assert auto.eval.iteration_ms == pytest.approx(forced.eval.iteration_ms)
+    assert auto.eval.iteration_ms < plain.eval.iteration_ms * (1 - ZERO1_MIN_GAIN)
+    # what sharding bought: the unsharded plan binds at micro-batch 1, the chosen one
+    # runs a larger micro-batch that would not fit with every replica's whole state
+    assert plain.eval.memory_peak_fraction > 0.8
+    assert auto.plan.training.micro_batch_size > plain.plan.training.micro_batch_size
+    unsharded = CostTables(GPT13, None, replace(auto.plan.training, zero1=False))
+    again = evaluate(
+        list(auto.plan.pipelines), V100_QUAD, unsharded, auto.plan.training.micro_batch_size
+    )
+    assert not again.fits
+    [note] = _zero1_notes(auto)
+    assert "ZeRO-1 chosen by the planner" in note and "faster" in note and "--no-zero1" in note
+    assert not plain.plan.training.zero1 and not _zero1_notes(plain)
+
+
+def test_a_gain_under_the_threshold_keeps_the_replicated_optimizer() -> None:
+    auto, forced = (_plan(A100_EIGHT, 32, z) for z in (None, True))
+    assert len(forced.plan.pipelines) >= 2  # there is something to shard ...
+    gain = 1 - forced.eval.iteration_ms / auto.eval.iteration_ms
+    assert 0 < gain < ZERO1_MIN_GAIN  # ... and it pays, a little
+    assert not auto.plan.training.zero1
+    assert _zero1_notes(auto) == [
+        f"ZeRO-1 not used: it would make this plan only {gain:.1%} faster"
+    ]
+    assert auto.eval.memory_peak_fraction < 0.8
+
+
+def test_one_deep_pipeline_is_kept_when_sharding_makes_nothing_faster() -> None:
+    from benchmarks import opt30b
+
+    out = opt30b.plan()  # OPT-30B on 32 A100-40 + 32 V100-16: memory binds
+    assert len(out.plan.pipelines) == 1 and not out.plan.training.zero1
+    [note] = _zero1_notes(out)
+    assert "considered" in note and "not used" in note
+    recompute = opt30b.plan(recompute=True)  # with recomputation, two pipelines pay
+    assert recompute.plan.training.zero1 and len(recompute.plan.pipelines) == 2
+    assert recompute.eval.iteration_ms < opt30b.plan(recompute=True, zero1=False).eval.iteration_ms
+
+
+SMALL_TINY = (
+    "plan",
+    "--cluster",
+    "CLUSTER",
+    "--model",
+    "gpt-tiny",
+    "--global-batch-size",
+    "8",
+    "--seq-len",
+    "64",
+    "--precision",
+    "fp32",
+    "--time-limit",
+    "10",
+)
+
+
+@pytest.mark.parametrize(
+    ("flag", "zero1"), [(None, True), ("--no-zero1", False), ("--zero1", True)]
+)
+def test_the_cli_lets_the_planner_decide_unless_told(
+    tmp_path: Path, flag: str | None, zero1: bool
+) -> None:
+    cluster = tmp_path / "pair.yaml"
+    cluster.write_text(
+        "schema: autohet.cluster/v1\nname: pair\n"
+        "hosts:\n  - {name: c0, gpus: {type: V100-16, count: 2}}\n"
+    )
+    args = [a if a != "CLUSTER" else str(cluster) for a in SMALL_TINY]
+    res = autohet(*args, *([flag] if flag else []), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["num_pipelines"] == 2 and out["zero1"] is zero1
+    plan = load_plan(tmp_path / out["plan_path"])
+    assert plan.training.zero1 is zero1
+    chosen = [n for n in plan.notes if "ZeRO-1 chosen by the planner" in n]
+    assert len(chosen) == (1 if flag is None else 0)  # a decision, not an order, is noted
+    text = autohet("estimate", str(tmp_path / out["plan_path"]), cwd=tmp_path).stdout
+    assert ("ZeRO-1: the 2 pipelines shard the optimizer state" in text) is zero1
