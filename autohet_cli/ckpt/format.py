@@ -23,6 +23,14 @@ Authentication
     manifest before any file of the step is read (DCP unpickles ``.metadata``), and
     each file's sha256 before it is used. Whoever can write the checkpoint or
     remote directories but cannot read the key cannot make a step that loads.
+
+What each data file holds (optional, since the writer records it)
+    A data file may list ``layers`` (the layer indices it holds entries of, from
+    DCP's metadata) and ``shared`` (whether it holds entries of no layer: ``step``,
+    ``run``, ...); the manifest may list ``tied_layers`` (the layers of each group
+    of tied parameters). With all three, recovery moves to a host only the files
+    its new layers read (``recovery.transfer``); without them (older checkpoints)
+    it moves every file. They are in the canonical JSON, so the HMAC covers them.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.errors import ConfigError
-from autohet_cli.yamlio import as_list, as_mapping, check_keys
+from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce
 from autohet_cli.yamlio import field as get
 
 SCHEMA = "autohet.checkpoint/v1"
@@ -72,6 +80,9 @@ class ManifestFile:
     num_bytes: int
     host: str  # the plan host whose checkpoint_dir holds it
     rank: int  # the rank that wrote it
+    # What a data file holds; None: not recorded (a checkpoint from before they were).
+    layers: tuple[int, ...] | None = None  # layer indices it holds entries of, ascending
+    shared: bool | None = None  # whether it holds entries of no layer (step, run, ...)
 
     @property
     def is_data(self) -> bool:
@@ -86,6 +97,21 @@ class Manifest:
     plan_sha256: str
     world_size: int
     files: tuple[ManifestFile, ...]
+    # Layer indices of each group of tied parameters (embedding and head: ``(0, L-1)``);
+    # None: not recorded.
+    tied_layers: tuple[tuple[int, ...], ...] | None = None
+
+    def layer_info_missing(self) -> str | None:
+        """Why the manifest does not say which data files hold which layers (None: it
+        does, for every data file, and records the tied groups)."""
+        if self.tied_layers is None:
+            return "the manifest does not record tied_layers"
+        unknown = [
+            f.path for f in self.files if f.is_data and (f.layers is None or f.shared is None)
+        ]
+        if unknown:
+            return f"the manifest does not record the layers of {', '.join(unknown)}"
+        return None
 
     @property
     def plan_name(self) -> str:
@@ -117,7 +143,10 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
     """Validate a decoded ``manifest.json``; errors name ``where`` and the field."""
     d = as_mapping(raw, where)
     check_keys(
-        d, where, ["schema", "step", "plan", "plan_sha256", "world_size", "files"], [MAC_FIELD]
+        d,
+        where,
+        ["schema", "step", "plan", "plan_sha256", "world_size", "files"],
+        [MAC_FIELD, "tied_layers"],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -148,12 +177,34 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
         seen[f.path] = i
     if METADATA not in seen:
         raise ConfigError(f"{where}: files: no {METADATA!r} entry (DCP's metadata, from rank 0)")
-    return Manifest(step=step, plan=plan, plan_sha256=plan_sha, world_size=world, files=files)
+    tied = None
+    if "tied_layers" in d:
+        at = f"{where}: tied_layers"
+        tied = tuple(
+            _layers(g, f"{at}[{i}]", least=2) for i, g in enumerate(as_list(d["tied_layers"], at))
+        )
+    return Manifest(
+        step=step, plan=plan, plan_sha256=plan_sha, world_size=world, files=files, tied_layers=tied
+    )
+
+
+def _layers(raw: Any, at: str, *, least: int = 0) -> tuple[int, ...]:
+    """Layer indices: distinct, ascending integers >= 0 (one canonical form, so a
+    parsed manifest writes back the same JSON)."""
+    items = as_list(raw, at)
+    out = tuple(coerce(v, int, f"{at}[{j}]") for j, v in enumerate(items))
+    if any(x < 0 for x in out):
+        raise ConfigError(f"{at}: layer indices must be >= 0, got {list(out)}")
+    if list(out) != sorted(set(out)):
+        raise ConfigError(f"{at}: layer indices must be distinct and ascending, got {list(out)}")
+    if len(out) < least:
+        raise ConfigError(f"{at}: a tied group spans at least {least} layers, got {list(out)}")
+    return out
 
 
 def _file(raw: Any, at: str, world_size: int) -> ManifestFile:
     m = as_mapping(raw, at)
-    check_keys(m, at, ["path", "sha256", "bytes", "host", "rank"])
+    check_keys(m, at, ["path", "sha256", "bytes", "host", "rank"], ["layers", "shared"])
     path = get(m, "path", str, at)
     if not path or "/" in path or "\\" in path or path in (".", "..") or "\0" in path:
         raise ConfigError(
@@ -175,7 +226,18 @@ def _file(raw: Any, at: str, world_size: int) -> ManifestFile:
     data = _DATA_FILE.match(path)
     if data is not None and int(data.group("rank")) != rank:
         raise ConfigError(f"{at}.rank: {rank}, but {path!r} is rank {data.group('rank')}'s file")
-    return ManifestFile(path=path, sha256=sha, num_bytes=nbytes, host=host, rank=rank)
+    layers, shared = None, None
+    if "layers" in m or "shared" in m:
+        if data is None:
+            raise ConfigError(f"{at}: only a DCP data file lists layers and shared, not {path!r}")
+        for key in ("layers", "shared"):
+            if key not in m:  # half a record would make the rule skip a needed file
+                raise ConfigError(f"{at}.{key}: missing (layers and shared go together)")
+        layers = _layers(m["layers"], f"{at}.layers")
+        shared = coerce(m["shared"], bool, f"{at}.shared")
+    return ManifestFile(
+        path=path, sha256=sha, num_bytes=nbytes, host=host, rank=rank, layers=layers, shared=shared
+    )
 
 
 def _check_sha(value: str, at: str) -> None:
@@ -203,23 +265,33 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 def manifest_to_dict(m: Manifest) -> dict[str, Any]:
-    return {
+    """The JSON form; fields not recorded (None) are left out, as older writers did."""
+    d: dict[str, Any] = {
         "schema": SCHEMA,
         "step": m.step,
         "plan": m.plan,
         "plan_sha256": m.plan_sha256,
         "world_size": m.world_size,
-        "files": [
-            {
-                "path": f.path,
-                "sha256": f.sha256,
-                "bytes": f.num_bytes,
-                "host": f.host,
-                "rank": f.rank,
-            }
-            for f in m.files
-        ],
+        "files": [_file_dict(f) for f in m.files],
     }
+    if m.tied_layers is not None:
+        d["tied_layers"] = [list(g) for g in m.tied_layers]
+    return d
+
+
+def _file_dict(f: ManifestFile) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "path": f.path,
+        "sha256": f.sha256,
+        "bytes": f.num_bytes,
+        "host": f.host,
+        "rank": f.rank,
+    }
+    if f.layers is not None:
+        d["layers"] = list(f.layers)
+    if f.shared is not None:
+        d["shared"] = f.shared
+    return d
 
 
 # --------------------------------------------------------------------- paths

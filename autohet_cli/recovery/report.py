@@ -2,7 +2,10 @@
 
 The contract keys, relied on by scripts and the recovery benchmark:
 ``new_plan_path``, ``bytes_from_peers``, ``bytes_from_remote``, ``phases``
-(phase name -> seconds, in the order they ran) and ``resumed_step``.
+(phase name -> seconds, in the order they ran) and ``resumed_step``. Beside the
+bytes moved: ``transfer_rule`` ("layers": each host got only the files its new
+layers read; "all": every file, for a checkpoint without the layer record),
+``transfer_rule_reason`` and ``bytes_skipped`` (bytes "all" would have moved on top).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ class RecoveryReport:
     bytes_from_peers: int
     bytes_from_remote: int
     phases: Mapping[str, float] = field(default_factory=dict)  # seconds, in order
+    transfer_rule: str = ""  # "layers" | "all" (recovery.transfer)
+    transfer_rule_reason: str = ""
+    bytes_skipped: int = 0  # not moved because the rule says no host reads them there
     old_plan_path: str = ""
     lost_hosts: tuple[str, ...] = ()
     added_hosts: tuple[str, ...] = ()
@@ -52,6 +58,9 @@ class RecoveryReport:
             "resumed_step": self.resumed_step,
             "bytes_from_peers": self.bytes_from_peers,
             "bytes_from_remote": self.bytes_from_remote,
+            "bytes_skipped": self.bytes_skipped,
+            "transfer_rule": self.transfer_rule,
+            "transfer_rule_reason": self.transfer_rule_reason,
             "phases": {k: round(v, 6) for k, v in self.phases.items()},
             "total_s": round(self.total_s, 6),
             "lost_hosts": list(self.lost_hosts),
@@ -103,19 +112,29 @@ def build_report(
     old_plan_path: str,
     phases: Mapping[str, float],
     resumed_step: int | None = None,
+    moved: tuple[int, int] | None = None,
 ) -> RecoveryReport:
     """The report from the replan and the transfer plan that were carried out.
 
     ``resumed_step`` defaults to the checkpoint's step (the next step to run).
+    ``moved``: the bytes that really came from peers and from remote storage
+    (``executor.execute_transfers``), which differ from the plan's when a copy fell
+    back to its next source; None: as planned.
     """
     chosen = replan.candidate(replan.chosen)
     prediction = replan.plan.prediction
+    peers, remote = (
+        (transfer.bytes_from_peers, transfer.bytes_from_remote) if moved is None else moved
+    )
     return RecoveryReport(
         new_plan_path=new_plan_path,
         old_plan_path=old_plan_path,
         resumed_step=transfer.step if resumed_step is None else resumed_step,
-        bytes_from_peers=transfer.bytes_from_peers,
-        bytes_from_remote=transfer.bytes_from_remote,
+        bytes_from_peers=peers,
+        bytes_from_remote=remote,
+        bytes_skipped=transfer.bytes_skipped,
+        transfer_rule=transfer.rule,
+        transfer_rule_reason=transfer.rule_reason,
         phases=dict(phases),
         lost_hosts=replan.lost,
         added_hosts=replan.added,

@@ -113,18 +113,20 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 lost=gone,
                 namespace=ns,
             )
+            say(f"transfer rule {tp.rule}: {tp.rule_reason}")
             if req.dry_run:
                 planned = _dry_run(old, r.plan, gone, choice, tp) | {"job": job}
                 return RecoverResult(exit_code=0, report=planned)
             jobs.distribute_key(pool, new_hosts, old.name, job, key)
             rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
-            rx.execute_transfers(tp, pool, say)
+            peers, from_remote = rx.execute_transfers(tp, pool, say)
             rx.finalize(tp, text, pool)
             rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
         new_plan, new_path = write_plan(r.plan, req.plan_file.parent)
         say(
             f"wrote {new_path}; {len(tp.items)} file(s) copied "
-            f"({tp.bytes_from_peers} B from peers, {tp.bytes_from_remote} B from remote)"
+            f"({peers} B from peers, {from_remote} B from remote; "
+            f"rule {tp.rule}: {tp.bytes_skipped} B in {len(tp.skipped)} file(s) not needed)"
         )
         report = build_report(
             replan=r,
@@ -133,6 +135,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             old_plan_path=str(req.plan_file),
             phases=clock.phases,
             resumed_step=choice.step,
+            moved=(peers, from_remote),
         )
         code = 0
         if req.resume:

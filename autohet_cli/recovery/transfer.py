@@ -1,22 +1,21 @@
 """The shard transfer plan: which files each host of the new plan needs, and from where (pure).
 
 What a host needs (``rule``)
-    ``"all"`` (the default, correct for any checkpoint writer): every file of the
-    manifest, i.e. every DCP data file and ``.metadata``.
+    ``"layers"`` (the default when the manifest records what each data file
+    holds): ``.metadata``, every data file holding ``shared`` entries (entries of
+    no layer: ``step``, ``run``, ...; the writer saves them from rank 0 alone, so
+    that is rank 0's file), and every data file whose recorded ``layers`` meet the
+    layers the host's new ranks hold, closed over ``tied_layers`` (a host holding
+    any layer of a tied group needs all of them: a tied parameter's optimizer
+    state is filed under the group's first name, e.g. ``layers.0.wte.weight``, by
+    whichever holder DCP picked, and a rank holding only the LM head loads it).
+    Exact because the writer records, from the metadata DCP returns, which file
+    each entry landed in; a loading rank reads only the files its entries are in.
 
-    ``"layers"``: ``.metadata``, the data files of the old ranks whose layer range
-    overlaps a layer any of the host's new ranks holds, and rank 0's data file.
-    Sound only if a rank's file holds entries of its own layers alone, plus shared
-    values in rank 0's file: DCP keys the checkpoint by full parameter names
-    (``layers.<i>.*``) and writes a replicated entry (data-parallel copies, ``step``,
-    ``loss_scale``) in one holder's file, so the writer must save with
-    ``DefaultSavePlanner(dedup_save_to_lowest_rank=True)`` and must not file a tied
-    weight's state under another layer's name. runtime/checkpoint.py as written
-    does neither (DCP's default spreads replicated entries by size; tied optimizer
-    state goes under the group's first name), so ``"all"`` is the default; a file a
-    loading rank still lacks is fetched from the remote copy by the loader. Old
-    ranks are numbered as torchrun numbers them: hosts in plan order, each host's
-    devices in plan order; the manifest's hosts are checked against that.
+    ``"all"``: every file of the manifest (every DCP data file and
+    ``.metadata``). The fallback for a checkpoint whose manifest lacks that record
+    (written before it existed); :func:`choose_rule` says why. Either way a file a
+    loading rank still lacks is fetched from the remote copy by the loader.
 
     ``manifest.json`` and ``COMPLETE`` are not transferred: the executor writes the
     manifest it already read (same bytes) and then ``COMPLETE`` on every host listed
@@ -33,6 +32,9 @@ Where each file comes from
     3. Remote storage, only when no survivor holds a verified copy.
     Every item lists its fallbacks: the other holders (same machine, then fastest
     link) and remote storage last.
+
+A host is never sent a file it does not need (``skipped``, with the bytes "all"
+would have moved on top), and a file no host needs may be lost everywhere.
 
 The plan is idempotent: rerun on the listings after a partial transfer, files
 already in place produce no item. Predicted times model each source (and each
@@ -107,6 +109,11 @@ class TransferPlan:
     items: tuple[TransferItem, ...]
     in_place: tuple[tuple[str, str], ...]  # (host, file) already verified at the host
     finalize_hosts: tuple[str, ...]  # hosts to write manifest.json then COMPLETE on
+    rule_reason: str = ""  # why this rule (choose_rule)
+    # (host, file) the host lacks but does not read under the rule, and their bytes:
+    # what the "all" rule would have moved on top.
+    skipped: tuple[tuple[str, str], ...] = ()
+    bytes_skipped: int = 0
     predicted_s_by_source: Mapping[str, float] = field(default_factory=dict)
     predicted_s_by_dest: Mapping[str, float] = field(default_factory=dict)
 
@@ -135,14 +142,17 @@ class TransferPlan:
             "plan": self.plan_name,
             "step": self.step,
             "rule": self.rule,
+            "rule_reason": self.rule_reason,
             "bytes_from_peers": self.bytes_from_peers,
             "bytes_from_remote": self.bytes_from_remote,
+            "bytes_skipped": self.bytes_skipped,
             "predicted_time_s": round(self.predicted_time_s, 6),
             "predicted_s_by_source": {
                 k: round(v, 6) for k, v in self.predicted_s_by_source.items()
             },
             "needs": {h: list(f) for h, f in self.needs.items()},
             "in_place": [{"host": h, "file": f} for h, f in self.in_place],
+            "skipped": [{"host": h, "file": f} for h, f in self.skipped],
             "finalize_hosts": list(self.finalize_hosts),
             "items": [_item_dict(i) for i in self.items],
         }
@@ -167,65 +177,59 @@ def _item_dict(i: TransferItem) -> dict[str, Any]:
 # --------------------------------------------------------------------- needs
 
 
+def choose_rule(manifest: Manifest, rule: NeedRule | None = None) -> tuple[NeedRule, str]:
+    """The rule to use (``None``: "layers" when the manifest allows it, else "all") and
+    why, for the report; an explicit "layers" the manifest cannot support is an error."""
+    missing = manifest.layer_info_missing()
+    if rule is None:
+        if missing is None:
+            return "layers", "the manifest records the layers of every data file"
+        return "all", f"{missing} (written by an older autohet): every file is moved"
+    if rule == "layers" and missing is not None:
+        raise RecoveryError(f"the 'layers' transfer rule needs the layer record: {missing}")
+    if rule not in ("all", "layers"):
+        raise RecoveryError(f"unknown transfer rule {rule!r} (use 'all' or 'layers')")
+    return rule, "asked for"
+
+
 def needed_files(
-    manifest: Manifest, new_plan: Plan, *, rule: NeedRule = "all", writer: Plan | None = None
+    manifest: Manifest, new_plan: Plan, *, rule: NeedRule | None = None
 ) -> dict[str, tuple[str, ...]]:
-    """Per host of ``new_plan``, the manifest files it needs (see the module doc)."""
+    """Per host of ``new_plan``, the manifest files it needs (see the module doc;
+    ``rule`` None: :func:`choose_rule`'s)."""
+    rule, _ = choose_rule(manifest, rule)
     if rule == "all":
         every = tuple(f.path for f in manifest.files)
         return dict.fromkeys(new_plan.hosts(), every)
-    if rule != "layers":
-        raise RecoveryError(f"unknown transfer rule {rule!r} (use 'all' or 'layers')")
-    if writer is None:
-        raise RecoveryError("the 'layers' transfer rule needs the plan that wrote the checkpoint")
-    ranks = _rank_layers(writer, manifest)
     out: dict[str, tuple[str, ...]] = {}
     for host in new_plan.hosts():
-        spans = [
-            (s.layer_start, s.layer_end)
-            for p in new_plan.pipelines
-            for s in p.stages
-            if s.host == host
-        ]
-        wanted = {0} | {
-            r for r, (a, b) in ranks.items() if any(a < end and start < b for start, end in spans)
-        }
+        wanted = host_layers(new_plan, host, manifest.tied_layers or ())
         out[host] = tuple(
-            f.path for f in manifest.files if f.path == METADATA or (f.is_data and f.rank in wanted)
+            f.path
+            for f in manifest.files
+            if f.path == METADATA or f.shared or not wanted.isdisjoint(f.layers or ())
         )
     return out
 
 
-def _rank_layers(writer: Plan, manifest: Manifest) -> dict[int, tuple[int, int]]:
-    """The layer range of each rank of the writer, by its torchrun rank (the rank in
-    the manifest and in ``__<rank>_0.distcp``): one agent per host, hosts in plan
-    order, a host's workers in plan order (launch.specs). Checked against the hosts
-    the manifest records, so a different rank numbering fails loudly."""
-    ref = f"{writer.name}.v{writer.version}"
-    if manifest.plan != ref:
-        raise RecoveryError(
-            f"the checkpoint was written by plan {manifest.plan}, not {ref}: give its writer"
-        )
-    placed = [
-        (d.host, (s.layer_start, s.layer_end))
-        for p in writer.pipelines
+def host_layers(plan: Plan, host: str, tied: Collection[Collection[int]]) -> frozenset[int]:
+    """The layers ``host``'s ranks hold under ``plan``, with every layer of a tied
+    group any of them holds (groups may chain, so until nothing changes)."""
+    held = {
+        i
+        for p in plan.pipelines
         for s in p.stages
-        for d in s.devices
-    ]
-    ranks = [(h, span) for host in writer.hosts() for h, span in placed if h == host]
-    if len(ranks) != manifest.world_size:
-        raise RecoveryError(
-            f"plan {ref} has {len(ranks)} ranks but its checkpoint says world_size "
-            f"{manifest.world_size}"
-        )
-    for f in manifest.files:
-        if ranks[f.rank][0] != f.host:
-            raise RecoveryError(
-                f"checkpoint of {ref}: {f.path} is rank {f.rank}'s, written on {f.host}, but "
-                f"that rank runs on {ranks[f.rank][0]} under host-major numbering; use the "
-                "'all' rule"
-            )
-    return {r: span for r, (_, span) in enumerate(ranks)}
+        if s.host == host
+        for i in range(s.layer_start, s.layer_end)
+    }
+    grown = True
+    while grown:
+        grown = False
+        for group in tied:
+            if not held.isdisjoint(group) and not held.issuperset(group):
+                held |= set(group)
+                grown = True
+    return frozenset(held)
 
 
 # --------------------------------------------------------------------- sources
@@ -240,8 +244,7 @@ def plan_transfers(
     remote_root: str,
     remote_files: Collection[str] | None = None,
     lost: Collection[str] = (),
-    rule: NeedRule = "all",
-    writer: Plan | None = None,
+    rule: NeedRule | None = None,
     remote_gbps: float = DEFAULT_REMOTE_GBPS,
     namespace: str | None = None,
 ) -> TransferPlan:
@@ -251,7 +254,8 @@ def plan_transfers(
     their sha256 as computed on the host (``manifest.json``/``COMPLETE`` may map
     to anything). ``remote_files`` lists the remote copy's files (None: all of
     them, e.g. when its ``COMPLETE`` is there). Lost hosts are never sources.
-    Raises RecoveryError naming the files whose every copy is gone.
+    ``rule`` None picks one (:func:`choose_rule`). Raises RecoveryError naming the
+    needed files whose every copy is gone.
     """
     if remote_gbps <= 0:
         raise RecoveryError(f"remote_gbps must be positive, got {remote_gbps}")
@@ -263,7 +267,8 @@ def plan_transfers(
     missing_hosts = [h for h in new_plan.hosts() if h not in known]
     if missing_hosts:
         raise RecoveryError(f"the new plan uses hosts not in the cluster: {missing_hosts}")
-    needs = needed_files(manifest, new_plan, rule=rule, writer=writer)
+    rule, why = choose_rule(manifest, rule)
+    needs = needed_files(manifest, new_plan, rule=rule)
     by_path = {f.path: f for f in manifest.files}
     holders = {
         f.path: [
@@ -275,12 +280,17 @@ def plan_transfers(
     }
     in_place: list[tuple[str, str]] = []
     todo: list[tuple[ManifestFile, str]] = []
+    skipped: list[tuple[str, str]] = []  # what "all" would move that the host does not read
     for host, files in needs.items():
-        for path in files:
-            if host in holders[path]:
-                in_place.append((host, path))
+        wanted = set(files)
+        for f in manifest.files:
+            if host in holders[f.path]:
+                if f.path in wanted:
+                    in_place.append((host, f.path))
+            elif f.path in wanted:
+                todo.append((f, host))
             else:
-                todo.append((by_path[path], host))
+                skipped.append((host, f.path))
     lost_files = sorted(
         {
             f.path
@@ -343,9 +353,12 @@ def plan_transfers(
         plan_name=plan_name,
         step=manifest.step,
         rule=rule,
+        rule_reason=why,
         needs=needs,
         items=tuple(items),
         in_place=tuple(sorted(in_place)),
+        skipped=tuple(sorted(skipped)),
+        bytes_skipped=sum(by_path[f].num_bytes for _, f in skipped),
         finalize_hosts=finalize,
         predicted_s_by_source=dict(sorted(src_busy.items())),
         predicted_s_by_dest=dict(sorted(dst_busy.items())),

@@ -17,9 +17,13 @@ Saving (every rank, collectively)
     ``torch.distributed.checkpoint.save`` a ``FileSystemWriter`` on ITS host's
     directory: DCP names every rank's data file (``__<rank>_0.distcp``), only the
     coordinator writes ``.metadata``, and its planner deduplicates replicated
-    entries, so a loading rank may need a file another host wrote. Every rank
-    hashes its own files, rank 0 gathers the entries, writes ``manifest.json``
-    signed with the job key (HMAC-SHA256) and ``COMPLETE`` last. The state is
+    entries onto one of their holders, so a loading rank may need a file another
+    host wrote. Entries of no layer (``step``, ``run``, ...) are saved by rank 0
+    alone, so they all land in rank 0's file. Every rank hashes its own files;
+    rank 0 gathers the entries, records which layers each data file holds and
+    which holds the shared entries (from the metadata DCP returns: recovery's
+    "layers" rule moves only what a host reads), writes ``manifest.json`` signed
+    with the job key (HMAC-SHA256) and ``COMPLETE`` last. The state is
     ``Trainer.state_dict`` with the optimizer flattened to one entry per full
     parameter name, and a tied parameter's optimizer state filed under the first
     name of its group whatever copy a rank holds, so every entry has one name in
@@ -69,7 +73,6 @@ from autohet_cli.ckpt.format import (
     METADATA,
     TMP_PREFIX,
     Manifest,
-    ManifestFile,
     check_job,
     new_key,
     signed_manifest_text,
@@ -93,8 +96,11 @@ from autohet_cli.runtime.ckpt_schedule import CheckpointHook
 from autohet_cli.runtime.ckpt_state import (
     checkpoint_failure,
     keep_written,
+    manifest_files,
     rename_optimizer,
+    stored_layers,
     tied_aliases,
+    tied_layer_groups,
 )
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
@@ -258,8 +264,9 @@ class Checkpointer:
             state,
             lambda layers: runtime.topology.writes_layout(runtime.info.rank, layers),
             self.trainer.parts.tied,
+            shared=self.rank == 0,  # entries of no layer: rank 0's file alone
         )
-        dcp_save(
+        metadata = dcp_save(
             state,
             storage_writer=FileSystemWriter(tmp, overwrite=True),
             process_group=self.group,
@@ -286,17 +293,11 @@ class Checkpointer:
                 plan=self.plan_ref,
                 plan_sha256=self.plan_sha256,
                 world_size=self.world_size,
-                files=tuple(
-                    ManifestFile(
-                        path=e["path"],
-                        sha256=e["sha256"],
-                        num_bytes=e["bytes"],
-                        host=e["host"],
-                        rank=e["rank"],
-                    )
-                    for rank_entries in gathered
-                    for e in rank_entries
+                files=manifest_files(
+                    [e for rank_entries in gathered for e in rank_entries],
+                    stored_layers(metadata),
                 ),
+                tied_layers=tied_layer_groups(self.trainer.parts.tied),
             )
             write_atomic(tmp / MANIFEST, signed_manifest_text(manifest, self.key).encode())
             write_atomic(tmp / COMPLETE, b"")

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
 
 from autohet_cli.plan import Device, Plan, write_plan
 from autohet_cli.recovery.manifest import load_manifest
+from autohet_cli.recovery.transfer import needed_files
 from autohet_cli.runtime.checkpoint import sha256_file
 
 pytestmark = pytest.mark.dist
@@ -43,22 +47,28 @@ NS = Path(NAME) / "default"  # the job namespace of workers started without the 
 STEP_2, STEP_4 = "step-00000002", "step-00000004"
 
 
-def _two_host_plan() -> Plan:
-    """Pipelines [0,2)+[2,6] (3 micro-batches) and [0,4)+[4,6) (5): stage 0 on a, 1 on b."""
-    base = make_plan(NAME, [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])], optimizer="adam")
+def _on_hosts(base: Plan, hosts: str) -> Plan:
+    """``base`` with stage j of every pipeline on host ``hosts[j]``, GPU = pipeline index."""
     return replace(
         base,
         pipelines=tuple(
             replace(
                 p,
                 stages=tuple(
-                    replace(s, devices=(Device(host="ab"[j], gpu=i),))
+                    replace(s, devices=(Device(host=hosts[j], gpu=i),))
                     for j, s in enumerate(p.stages)
                 ),
             )
             for i, p in enumerate(base.pipelines)
         ),
     )
+
+
+def _two_host_plan() -> Plan:
+    """Pipelines [0,2)+[2,6] (3 micro-batches) and [0,4)+[4,6) (5): stage 0 on a, 1 on b.
+    Ranks (one agent per host): 0 [0,2) and 1 [0,4) on a, 2 [2,6) and 3 [4,6) on b."""
+    base = make_plan(NAME, [(3, [(0, 2), (2, 6)]), (5, [(0, 4), (4, 6)])], optimizer="adam")
+    return _on_hosts(base, "ab")
 
 
 def _args(plan_path: Path, steps: int, *extra: str) -> list[str]:
@@ -112,42 +122,15 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
     _, path = write_plan(_two_host_plan(), plans)
     dirs = {h: tmp / f"disk-{h}" for h in "ab"}
     remote = tmp / "remote"
-    port = str(_free_port())
-    procs = []
-    for rank, (host, local_rank) in enumerate([("a", 0), ("a", 1), ("b", 0), ("b", 1)]):
-        env = _env() | {
-            "RANK": str(rank),
-            "WORLD_SIZE": "4",
-            "LOCAL_RANK": str(local_rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "AUTOHET_HOST": host,
-        }
-        args = _args(
-            path,
-            4,
+    _workers(
+        path,
+        4,
+        "aabb",
+        lambda host: [
             *("--run-dir", str(tmp / f"run-{host}"), "--checkpoint-every", "2"),
             *("--checkpoint-dir", str(dirs[host]), "--remote-storage", str(remote)),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *args],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    try:
-        for p in procs:
-            _, stderr = p.communicate(timeout=TIMEOUT_S)
-            assert p.returncode == 0, f"worker failed ({p.returncode}):\n{stderr[-4000:]}"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        ],
+    )
     return Saved(
         tmp=tmp,
         plans=plans,
@@ -156,6 +139,47 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
         losses=_losses(tmp / "run-a" / "metrics.jsonl"),
         reference=_losses(tmp / "reference.jsonl"),
     )
+
+
+def _workers(
+    plan_path: Path, steps: int, hosts: str, extra: Callable[[str], list[str]]
+) -> list[str]:
+    """One worker per letter of ``hosts`` (its host; ranks in that order, each host's
+    local ranks counting up), started as one torchrun agent per host would start them
+    (``AUTOHET_HOST``) with ``extra(host)`` as arguments; their stderr, all succeeded."""
+    port = str(_free_port())
+    procs = []
+    for rank, host in enumerate(hosts):
+        env = _env() | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(len(hosts)),
+            "LOCAL_RANK": str(hosts[:rank].count(host)),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "AUTOHET_HOST": host,
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *_args(plan_path, steps, *extra(host))],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    errors = []
+    try:
+        for p in procs:
+            _, stderr = p.communicate(timeout=TIMEOUT_S)
+            assert p.returncode == 0, f"worker failed ({p.returncode}):\n{stderr[-4000:]}"
+            errors.append(stderr)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return errors
 
 
 def _copy_root(saved: Saved, dest: Path, hosts: str = "ab") -> Path:
@@ -215,10 +239,89 @@ def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Save
         assert load_manifest(saved.remote / NS / step_dir / "manifest.json") == manifest
 
 
+# --------------------------------------------------------------------- what each file holds
+
+
+def _dcp_contents(step_dir: Path) -> tuple[dict[str, set[int]], set[str]]:
+    """Read from DCP's own ``.metadata``, not through the writer's code: data file ->
+    the layers of the entries in it, and the files holding entries of no layer."""
+    metadata = pickle.loads((step_dir / ".metadata").read_bytes())
+    layers: dict[str, set[int]] = {}
+    shared: set[str] = set()
+    for index, info in metadata.storage_data.items():
+        held = layers.setdefault(info.relative_path, set())
+        if m := re.search(r"(?:^|\.)layers\.(\d+)\.", index.fqn):
+            held.add(int(m.group(1)))
+        else:
+            shared.add(info.relative_path)
+    return layers, shared
+
+
+def test_the_manifest_records_what_each_file_holds(saved: Saved) -> None:
+    stage = {0: range(0, 2), 1: range(0, 4), 2: range(2, 6), 3: range(4, 6)}  # by rank
+    head = NUM_LAYERS - 1
+    for step_dir in (STEP_2, STEP_4):
+        where = saved.dirs["a"] / NS / step_dir
+        manifest = load_manifest(where / "manifest.json")
+        held, shared = _dcp_contents(where)
+        assert shared == {"__0_0.distcp"}  # step, loss_scale, run: rank 0's file alone
+        assert manifest.tied_layers == ((0, head),)  # the embedding and the LM head
+        for f in manifest.files:
+            if not f.is_data:
+                assert (f.layers, f.shared) == (None, None)
+                continue
+            assert f.layers == tuple(sorted(held.get(f.path, ()))), (step_dir, f.path)
+            assert f.shared == (f.path in shared), (step_dir, f.path)
+            # DCP keeps a replicated entry in one of its holders' files; the tied
+            # weight's optimizer state goes under layer 0's name from any holder.
+            own = set(stage[f.rank])
+            assert set(f.layers) <= own | ({0} if head in own else set()), (step_dir, f.path)
+        assert set().union(*held.values()) == set(range(NUM_LAYERS))
+
+
+def test_a_plan_given_only_the_files_the_layers_rule_selects_resumes_exactly(
+    saved: Saved,
+) -> None:
+    """Hosts x [0,1), y [1,3), z [3,6): each host's directory keeps only the files
+    ``needed_files(rule="layers")`` gives it, with no remote copy to fall back on. The
+    run resumes and matches, loss for loss, the same plan resumed from every file."""
+    plan = _on_hosts(make_plan(NAME, [(8, [(0, 1), (1, 3), (3, 6)])], optimizer="adam"), "xyz")
+    _, path = write_plan(plan, saved.plans)
+    manifest = load_manifest(saved.dirs["a"] / NS / STEP_4 / "manifest.json")
+    every = {f.path for f in manifest.files}
+    needs = {h: set(files) for h, files in needed_files(manifest, plan, rule="layers").items()}
+    # y holds neither end of the tied pair, and rank 3 wrote layers 4-5 (+ 0) only.
+    assert "__3_0.distcp" not in needs["y"] and needs["y"] < every
+    losses = {}
+    for rule, keep in (("all", dict.fromkeys("xyz", every)), ("layers", needs)):
+        dirs = {h: _copy_root(saved, saved.tmp / f"rule-{rule}-{h}") for h in "xyz"}
+        for h, root in dirs.items():
+            shutil.rmtree(root / NS / STEP_2)
+            for f in every - keep[h]:
+                (root / NS / STEP_4 / f).unlink()
+        metrics = saved.tmp / f"rule-{rule}.jsonl"
+        errors = _workers(
+            path,
+            STEPS,
+            "xyz",
+            lambda h, d=dirs, m=metrics: [
+                *("--resume", "--checkpoint-dir", str(d[h]), "--remote-storage", "none"),
+                *("--metrics", str(m)),
+            ],
+        )
+        assert f"resumed from {dirs['x'] / NS / STEP_4} at step 4" in errors[0]
+        assert "fetched" not in "".join(errors)
+        losses[rule] = _losses(metrics)
+    assert losses["layers"] == losses["all"]
+    _assert_continues(saved, losses["layers"], 4)
+
+
 # --------------------------------------------------------------------- resuming
 
 
-def _torchrun(plan: Plan, saved: Saved, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(
+    plan: Plan, saved: Saved, steps: int, *extra: str
+) -> subprocess.CompletedProcess[str]:
     _, path = write_plan(plan, saved.plans)
     n = len(plan.devices())
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]

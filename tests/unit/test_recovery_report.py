@@ -104,12 +104,15 @@ def test_build_report_from_replan_and_transfer() -> None:
     tp = TransferPlan(
         plan_name="lab",
         step=40,
-        rule="all",
+        rule="layers",
+        rule_reason="the manifest records the layers of every data file",
         needs={},
         items=items,
         in_place=(),
         finalize_hosts=("b",),
         predicted_s_by_source={"a100-0": 1.0, "remote": 0.5},
+        skipped=(("b", "__2_0.distcp"),),
+        bytes_skipped=900,
     )
     report = build_report(
         replan=rp,
@@ -125,6 +128,14 @@ def test_build_report_from_replan_and_transfer() -> None:
     assert report.chosen == "kept" and report.lost_hosts == ("v100-0",)
     assert report.notes == ("recovered from the loss of v100-0",)
     assert CONTRACT <= report.to_dict().keys()
+    data = report.to_dict()
+    assert (data["transfer_rule"], data["bytes_skipped"]) == ("layers", 900)
+    assert data["transfer_rule_reason"] == "the manifest records the layers of every data file"
+    # What really moved (a copy that fell back to remote storage) beats the plan.
+    moved = build_report(
+        replan=rp, transfer=tp, new_plan_path="p", old_plan_path="o", phases={}, moved=(5, 1000)
+    )
+    assert (moved.bytes_from_peers, moved.bytes_from_remote) == (5, 1000)
     assert (
         build_report(
             replan=rp, transfer=tp, new_plan_path="p", old_plan_path="o", phases={}, resumed_step=41

@@ -1,6 +1,7 @@
 """The shard transfer plan: files in place are skipped, survivors serve before remote
 storage, remote only for files whose every copy was lost, load spread over peers, the
-fastest link chosen, the 'layers' rule, and idempotence."""
+fastest link chosen, and idempotence (the 'layers' rule: test_recovery_transfer_layers).
+The manifests here carry no layer record, so the plan moves every file ('all')."""
 
 from __future__ import annotations
 
@@ -15,11 +16,7 @@ from autohet_cli.cluster import Cluster, cluster_from_dict
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.manifest import COMPLETE, MANIFEST, Manifest, parse_manifest
-from autohet_cli.recovery.transfer import (
-    TransferPlan,
-    needed_files,
-    plan_transfers,
-)
+from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
 from autohet_cli.settings import TrainingSettings
 
 REMOTE_ROOT = "/tmp/autohet-remote"
@@ -328,52 +325,6 @@ def test_a_host_on_the_same_machine_is_preferred() -> None:
     assert tp.bytes_from_peers == m.num_bytes
 
 
-def test_layers_rule_needs_only_overlapping_ranks_plus_rank0_and_metadata() -> None:
-    m = manifest()
-    # New plan: h0 holds layers 0-3 only, h2 holds 3-8 (overlaps both old stages).
-    new = plan("lab", 2, [[("h0", 0, 3), ("h2", 3, 8)]])
-    needs = needed_files(m, new, rule="layers", writer=WRITER)
-    # Old ranks: 0 -> h0 [0,4), 1 -> h0 [4,8), 2 -> h1 [0,4), 3 -> h1 [4,8).
-    assert set(needs["h0"]) == {".metadata", "__0_0.distcp", "__2_0.distcp"}
-    assert set(needs["h2"]) == set(ALL)
-    all_needs = needed_files(m, new)
-    assert all(set(v) == set(ALL) for v in all_needs.values())
-    c = cluster(["h0", "h1", "h2"])
-    present = as_written(m)
-    tp = plan_transfers(m, new, c, present, remote_root=REMOTE_ROOT, rule="layers", writer=WRITER)
-    assert {i.file for i in tp.items_for("h0")} == {"__2_0.distcp"}
-    assert tp.rule == "layers"
-
-
-def test_layers_rule_numbers_old_ranks_as_torchrun_does() -> None:
-    # Stage-major writer: plan order is h0, h1, h0, h1, but torchrun (one agent per
-    # host) numbers h0's workers 0, 1 and h1's 2, 3.
-    writer = plan("lab", 1, [[("h0", 0, 4), ("h1", 4, 8)], [("h0", 0, 4), ("h1", 4, 8)]])
-    m = manifest(hosts=("h0", "h0", "h1", "h1"))
-    new = plan("lab", 2, [[("h2", 0, 4), ("h3", 4, 8)]])
-    needs = needed_files(m, new, rule="layers", writer=writer)
-    assert set(needs["h2"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
-    assert set(needs["h3"]) == {".metadata", "__0_0.distcp", "__2_0.distcp", "__3_0.distcp"}
-    # A manifest whose hosts do not follow that numbering is refused, not guessed at.
-    odd = manifest(hosts=("h0", "h1", "h0", "h1"))
-    with pytest.raises(RecoveryError, match="__1_0.distcp is rank 1's, written on h1"):
-        needed_files(odd, new, rule="layers", writer=writer)
-
-
-def test_layers_rule_checks_the_writer() -> None:
-    m = manifest()
-    new = plan("lab", 2, [[("h0", 0, 8)]])
-    with pytest.raises(RecoveryError, match="needs the plan that wrote"):
-        needed_files(m, new, rule="layers")
-    with pytest.raises(RecoveryError, match="written by plan lab.v1, not lab.v2"):
-        needed_files(m, new, rule="layers", writer=new)
-    three = plan("lab", 1, [[("h0", 0, 4), ("h0", 4, 8)], [("h1", 0, 8)]])
-    with pytest.raises(RecoveryError, match="3 ranks but its checkpoint says world_size 4"):
-        needed_files(m, new, rule="layers", writer=three)
-    with pytest.raises(RecoveryError, match="unknown transfer rule"):
-        needed_files(m, new, rule="some")  # type: ignore[arg-type]
-
-
 def test_new_plan_hosts_must_be_in_the_cluster() -> None:
     m = manifest()
     with pytest.raises(RecoveryError, match="not in the cluster"):
@@ -392,5 +343,8 @@ def test_transfer_plan_to_dict_is_json() -> None:
     d = json.loads(json.dumps(tp.to_dict()))
     assert d["step"] == 40 and d["plan"] == "lab"
     assert d["bytes_from_remote"] == tp.bytes_from_remote
+    # No layer record in this manifest: every file moves, and the report says why.
+    assert d["rule"] == "all" and d["bytes_skipped"] == 0 and d["skipped"] == []
+    assert "does not record" in d["rule_reason"]
     assert d["items"][0].keys() >= {"file", "dest_host", "source", "bytes", "sha256", "fallbacks"}
     assert tp.step_dir == "step-00000040"

@@ -99,6 +99,8 @@ def test_save_then_resume_continues_bitwise(tmp_path: Path) -> None:
     manifest = load_manifest(step_dir / "manifest.json")  # the recovery side's parser
     assert (manifest.step, manifest.plan, manifest.world_size) == (2, "one.v3", 1)
     assert sorted(f.path for f in manifest.files) == [".metadata", "__0_0.distcp"]
+    data = manifest.file("__0_0.distcp")  # one rank: every layer and the shared entries
+    assert (data.layers, data.shared, manifest.tied_layers) == (tuple(range(6)), True, ((0, 5),))
     for f in manifest.files:
         assert (f.host, f.rank) == ("h0", 0)
         assert sha256_file(step_dir / f.path) == f.sha256
