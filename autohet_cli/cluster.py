@@ -21,6 +21,7 @@ from autohet_cli.errors import ConfigError, UnknownNameError
 from autohet_cli.gputypes import gpu_types_to_dict, parse_gpu_types, resolve_gpu_type, spec_of
 from autohet_cli.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_HOST, at_most
 from autohet_cli.names import check_host_name, check_remote_dir
+from autohet_cli.preemption import CheckSpec, check_from_dict
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml, read_text
 from autohet_cli.yamlio import field as get
 
@@ -28,6 +29,7 @@ SCHEMA = "autohet.cluster/v1"
 # Per user and private (created 0700; workers refuse directories others can write):
 # never a world-writable place like /tmp, where anyone could plant a checkpoint.
 DEFAULT_CHECKPOINT_DIR = "~/autohet/checkpoints"
+PREEMPTION_KEY = "preemption_check"
 _DEFAULT_KEYS = ("user", "port", "identity_file", "python", "workdir")
 
 
@@ -47,6 +49,8 @@ class Host:
     identity_file: str | None = None
     python: str = "python3"
     workdir: str = "~/autohet"
+    # How the host announces a coming preemption (autohet_cli.preemption); None: off.
+    preemption_check: CheckSpec | None = None
 
     @property
     def is_local(self) -> bool:
@@ -220,7 +224,7 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
     defaults = as_mapping(d.get("defaults") or {}, f"{where}: defaults")
-    check_keys(defaults, f"{where}: defaults", [], _DEFAULT_KEYS)
+    check_keys(defaults, f"{where}: defaults", [], [*_DEFAULT_KEYS, PREEMPTION_KEY])
     network = as_mapping(d.get("network") or {}, f"{where}: network")
     check_keys(network, f"{where}: network", [], ["inter_node_gbps", "pairs"])
     inter = get(network, "inter_node_gbps", float, f"{where}: network", 100.0)
@@ -282,7 +286,7 @@ _HOST_KEYS = (
 def _host(
     h: Mapping[str, Any], defaults: Mapping[str, Any], defined: Mapping[str, GpuSpec], at: str
 ) -> Host:
-    check_keys(h, at, ["name", "gpus"], ["address", *_HOST_KEYS])
+    check_keys(h, at, ["name", "gpus"], ["address", *_HOST_KEYS, PREEMPTION_KEY])
     gpus = as_mapping(h["gpus"], f"{at}.gpus")
     check_keys(gpus, f"{at}.gpus", ["type", "count"], ["mem_gb"])
     type_raw = get(gpus, "type", str, f"{at}.gpus")
@@ -305,6 +309,12 @@ def _host(
     if price < 0:
         raise ConfigError(f"{at}.price_per_hour: must not be negative, got {price}")
     workdir = _opt_str(merged, "workdir", at) or "~/autohet"
+    if h.get(PREEMPTION_KEY) is not None:
+        check: CheckSpec | None = check_from_dict(h[PREEMPTION_KEY], f"{at}.{PREEMPTION_KEY}")
+    elif defaults.get(PREEMPTION_KEY) is not None:
+        check = check_from_dict(defaults[PREEMPTION_KEY], f"defaults.{PREEMPTION_KEY}")
+    else:
+        check = None
     return Host(
         name=name,
         address=get(h, "address", str, at, name),
@@ -326,6 +336,7 @@ def _host(
         identity_file=_opt_str(merged, "identity_file", at),
         python=_opt_str(merged, "python", at) or "python3",
         workdir=check_remote_dir(workdir, f"{at}.workdir"),
+        preemption_check=check,
     )
 
 
@@ -363,6 +374,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
             entry["user"] = h.user
         if h.identity_file:
             entry["identity_file"] = h.identity_file
+        if h.preemption_check is not None:
+            entry[PREEMPTION_KEY] = h.preemption_check.to_dict()
         hosts.append(entry)
     pairs = [{"hosts": sorted(k), "gbps": v} for k, v in c.pair_gbps.items()]
     out: dict[str, Any] = {

@@ -20,6 +20,10 @@
   slow (5 Gbit/s) links, for fixed plans and for the planner's own picks.
 - ``predictions``: predicted against measured step time and memory for six plan
   shapes of gpt-small and llama-tiny on localhost, before and after calibration.
+- ``recovery_time``: the shard-transfer phase of recovery, local-first vs remote-only.
+- ``recovery_e2e``: recovery end to end on 3 sshd hosts, from a SIGKILLed host to the
+  first resumed step (detect, replan, transfer, restart, load), against restarting
+  from remote storage only.
 - ``gpu_predictions``: the same on this machine's CUDA GPUs in bf16 (GPT-1.3B by
   default; skipped without a GPU).
 """
@@ -34,6 +38,7 @@ BENCHMARKS = (
     "runtime_overhead",
     "llama_runtime",
     "recovery_time",
+    "recovery_e2e",
     "comm_dtype",
     "predictions",
     "gpu_predictions",

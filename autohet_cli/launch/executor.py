@@ -28,7 +28,12 @@ from typing import TextIO
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
 from autohet_cli.launch import triage
 from autohet_cli.launch.specs import LaunchSpec
-from autohet_cli.runtime.records import REPORT_PREFIX
+from autohet_cli.runtime.records import (
+    LAUNCH_TIME_ENV,
+    PREEMPT_PREFIX,
+    REPORT_PREFIX,
+    STARTUP_PREFIX,
+)
 from autohet_cli.transport.base import ProcessHandle, Runner
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import ConnectOptions, HostPool
@@ -89,7 +94,7 @@ class JobOutcome:
 
     @property
     def recoverable(self) -> bool:
-        return self.status == triage.HOST_LOST
+        return self.status in triage.RECOVERABLE
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -177,7 +182,11 @@ class Job:
         self.heartbeat_timeout_s = 20.0
         self.heartbeat_check_s = 2.0
         self.settle_s = 3.0  # after a first failure, let the other hosts finish failing
+        self.broken_grace_s = 2.0  # TERM to KILL when stopping after a verdict
         self._started_at = 0.0
+        # The workers' preemption notice (runtime.preempt), once rank 0 announced one.
+        self.preemption: triage.Preemption | None = None
+        self.startup: dict[str, object] | None = None  # rank 0's start-up phases
 
     def runner(self, host: str) -> Runner:
         return self.pool.runner(host)
@@ -206,8 +215,10 @@ class Job:
                 "a", encoding="utf-8"
             )
             self._tails[spec.host] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+            # The workers measure their start-up from this moment (runtime.startup).
+            env = {**spec.env, LAUNCH_TIME_ENV: f"{time.time():.3f}"}
             handle = self.runner(spec.host).start(
-                spec.argv, env=spec.env, cwd=spec.workdir, on_line=self._on_line(spec.host)
+                spec.argv, env=env, cwd=spec.workdir, on_line=self._on_line(spec.host)
             )
             self._handles[spec.host] = handle
             deadline = time.monotonic() + 15  # the SSH pid line arrives asynchronously
@@ -234,6 +245,14 @@ class Job:
                 if line.startswith(REPORT_PREFIX):
                     self.run_report = _parse_report(line[len(REPORT_PREFIX) :])
                     return  # logged, not echoed: one long JSON line
+                if line.startswith(STARTUP_PREFIX):
+                    self.startup = _parse_report(line[len(STARTUP_PREFIX) :])
+                    return  # the human line follows on stderr
+                if line.startswith(PREEMPT_PREFIX):
+                    said = self._on_preempt(_parse_report(line[len(PREEMPT_PREFIX) :]))
+                    if said:
+                        self.printer(said)
+                    return
                 self._tails[host].append(line)
                 m = STEP_LINE.search(line)
                 if m:
@@ -243,6 +262,29 @@ class Job:
             self.printer(f"[{host}] {line}")
 
         return on_line
+
+    def _on_preempt(self, event: dict[str, object] | None) -> str:
+        """Record rank 0's preemption line (under the lock); what to print, or ""."""
+        raw = event.get("hosts") if event is not None else None
+        if event is None or not isinstance(raw, dict):
+            return ""
+        hosts = tuple((str(h), str(w)) for h, w in raw.items())
+        step = event.get("step")
+        if event.get("event") == "notice" and isinstance(step, int):
+            self.preemption = triage.Preemption(hosts=hosts, step=step, saved=False)
+            who = "; ".join(f"{h} ({w})" for h, w in hosts)
+            return f"host preempting: {who}; every rank saves step {step}, then stops"
+        if event.get("event") == "saved" and self.preemption is not None:
+            saved = isinstance(step, int)
+            self.preemption = dataclasses.replace(
+                self.preemption, saved=saved, step=step if isinstance(step, int) else 0
+            )
+            return (
+                f"emergency checkpoint: step {step} saved on every rank"
+                if saved
+                else "emergency checkpoint: none saved (checkpoints are off)"
+            )
+        return ""
 
     # ------------------------------------------------------------ watch
 
@@ -260,7 +302,10 @@ class Job:
                 return self._finish(verdict, codes, [])
             self._poll(codes, dropped)
             failed = bool(dropped) or any(c not in (None, 0) for c in codes.values())
-            if failed:
+            if failed and not dropped:
+                # Let the other hosts finish failing, so the root cause is judged on
+                # every host's exit; a dropped connection needs no such wait (a lost
+                # host is the verdict whatever the others do, and they are stopped).
                 self._settle(codes, dropped)
             ended = failed or None not in codes.values()
             now = time.monotonic()
@@ -320,10 +365,17 @@ class Job:
         )
         if verdict is None:
             return None
+        with self._lock:
+            notice = self.preemption
+        if notice is not None:
+            verdict = triage.preempted(verdict, notice, [s.host for s in self.specs])
         if verdict.status == triage.HOST_LOST:
             self.printer(f"lost: {verdict.detail}; stopping the other hosts")
         unreachable = {s.name for s in states if s.unreachable}
-        self.stop_all(skip=unreachable)
+        # A broken job has nothing to save: the workers' SIGTERM handling (an
+        # emergency save at the next step boundary) would only wait for a step that
+        # cannot end, so what TERM leaves is killed soon.
+        self.stop_all(skip=unreachable, grace_s=self.broken_grace_s)
         return self._finish(verdict, codes, states)
 
     def _probe_all(self, dropped: dict[str, str]) -> dict[str, object]:

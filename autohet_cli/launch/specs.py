@@ -25,6 +25,7 @@ from autohet_cli.cluster import Cluster, python_for
 from autohet_cli.errors import PlanError
 from autohet_cli.paths import expand_home, shell_word
 from autohet_cli.plan import Plan
+from autohet_cli.preemption import CHECK_ENV
 
 DEFAULT_MODULE = "autohet_cli.runtime.train"
 HOST_ENV = "AUTOHET_HOST"
@@ -116,6 +117,8 @@ def build_launch_specs(
             "PYTHONUNBUFFERED": "1",
             **dict(options.user_env),
         }
+        if host.preemption_check is not None:
+            env[CHECK_ENV] = host.preemption_check.to_env()  # polled by the runtime
         if loopback_only:
             env["GLOO_SOCKET_IFNAME"] = "lo"  # fake hosts on one machine: stay on loopback
         if host.gpu_type == "cpu":

@@ -13,6 +13,10 @@ failed workers
     on fewer GPUs, so none is offered; the root cause is named instead: the
     earliest error any rank recorded (``runtime.records``), else the last error
     line in that host's output (user scripts, torchrun's own failures).
+preempted
+    A host announced its preemption (``runtime.preempt``): every rank saved the
+    step it had finished and stopped. The job goes on without that host from
+    exactly that step: ``autohet recover`` is offered, ``--auto-recover`` acts.
 workers that never started
     A host's workers did not mark their start within the start-up deadline: a
     hung interpreter, or a rendezvous that never completed. Nothing is offered.
@@ -25,13 +29,15 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-FINISHED, FAILED, HOST_LOST, NOT_STARTED, INTERRUPTED = (
+FINISHED, FAILED, HOST_LOST, NOT_STARTED, INTERRUPTED, PREEMPTED = (
     "finished",
     "failed",
     "host_lost",
     "not_started",
     "interrupted",
+    "preempted",
 )
+RECOVERABLE = (HOST_LOST, PREEMPTED)
 # torchrun's summary of a failed worker, and Python's last traceback line.
 _EXC_LINE = re.compile(
     r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)):\s*(.+)$"
@@ -90,8 +96,8 @@ class Verdict:
 
     @property
     def recoverable(self) -> bool:
-        """Only a lost host is healed by recovering on the survivors."""
-        return self.status == HOST_LOST
+        """Only a lost (or leaving) host is healed by recovering on the others."""
+        return self.status in RECOVERABLE
 
 
 def parse_records(host: str, text: str) -> list[WorkerError]:
@@ -273,4 +279,40 @@ def _not_started_detail(hosts: Sequence[HostState], waiting: Sequence[str]) -> s
     return (
         "no worker started on any host: torchrun's rendezvous did not complete (can every "
         f"host reach the master address and port? a firewall?); last lines: {last}"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preemption:
+    """What the workers announced (``autohet-preempt:`` lines of rank 0)."""
+
+    hosts: tuple[tuple[str, str], ...]  # (host, its notice), in the order announced
+    step: int  # the step saved (the next step to run)
+    saved: bool  # the emergency checkpoint completed
+
+
+def preempted(verdict: Verdict, notice: Preemption, plan_hosts: Sequence[str]) -> Verdict:
+    """The verdict of a job whose workers stopped for a preemption notice.
+
+    Whatever else happened meanwhile (the leaving host vanished before its agent
+    exited, or its torchrun exited non-zero on its own SIGTERM), the job is
+    preempted: the hosts that gave notice leave, the others resume from the saved
+    step. A lost host besides them leaves too. Without a saved step (checkpoints
+    off, or the save failed) recovery resumes from the last periodic checkpoint.
+    """
+    leaving = [h for h, _ in notice.hosts if h in plan_hosts]
+    leaving += [h for h in verdict.lost_hosts if h not in leaving]
+    why = "; ".join(f"{h}: {w}" for h, w in notice.hosts)
+    saved = (
+        f"every rank saved step {notice.step}"
+        if notice.saved
+        else "no emergency checkpoint was saved (checkpoints off, or the save failed); "
+        "recovery resumes from the last periodic one"
+    )
+    return Verdict(
+        status=PREEMPTED,
+        exit_code=3,
+        lost_hosts=tuple(leaving),
+        root_cause=verdict.root_cause if not notice.saved else None,
+        detail=f"host preempting ({why}); {saved}",
     )

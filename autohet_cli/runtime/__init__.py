@@ -14,3 +14,8 @@
 
 Importing this package loads nothing heavy; the submodules import torch.
 """
+
+import time as _time
+
+# When a worker's interpreter began importing us: ``startup`` measures from here.
+IMPORT_START_UNIX = _time.time()

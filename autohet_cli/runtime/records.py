@@ -21,6 +21,9 @@ into another.
 ``REPORT_PREFIX``
     The stdout line on which rank 0 prints the run report at the end
     (``runtime.report``); the launcher reads it from the host's log.
+``PREEMPT_PREFIX``
+    The stdout lines on which rank 0 announces a preemption notice and the
+    emergency checkpoint (``runtime.preempt``); the launcher acts on them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ import traceback
 from pathlib import Path
 
 REPORT_PREFIX = "autohet-report: "
+# Rank 0's stdout lines about a preemption notice (``runtime.preempt``): JSON with
+# ``event`` "notice" (the hosts and their notices, the step to save) then "saved".
+PREEMPT_PREFIX = "autohet-preempt: "
+# Rank 0's start-up phases (``runtime.startup``), measured from AUTOHET_LAUNCH_TIME.
+STARTUP_PREFIX = "autohet-startup: "
+LAUNCH_TIME_ENV = "AUTOHET_LAUNCH_TIME"
 
 BOOT_DIR = "boot"
 ERRORS_DIR = "errors"

@@ -33,6 +33,7 @@ import torch
 from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.errors import AutohetError
 from autohet_cli.plan import load_plan
+from autohet_cli.preemption import CHECK_ENV, check_from_env
 from autohet_cli.runtime.checkpoint import (
     CHECKPOINT_DIR_ENV,
     DEFAULT_JOB,
@@ -52,8 +53,10 @@ from autohet_cli.runtime.health import (
 )
 from autohet_cli.runtime.metrics import TENSORBOARD_DIR
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
+from autohet_cli.runtime.preempt import PreemptionHook
 from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
 from autohet_cli.runtime.report import RunReportHook
+from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
@@ -295,14 +298,19 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     hooks.append(RunReportHook(run_dir, trace_path=trace))
     if args.dump_state is not None:
         hooks.append(DumpStateHook(args.dump_state))
+    clock = StartupClock(say)
+    clock.mark("imports")
     device = pick_device(args.device, WorkerEnv.from_environ())
     timeout_s = args.collective_timeout or default_timeout_s(device)
     init_process_group(device, timeout_s)
-    trainer = Trainer(plan, config, hooks=hooks)
+    clock.mark("process_group")
+    trainer = Trainer(plan, config, hooks=[clock, *hooks])
+    clock.mark("build")
     health = HealthMonitor(
         trainer.runtime, run_dir=run_dir, interval_s=args.heartbeat_interval, timeout_s=timeout_s
     )
     health.start()
+    saver: CheckpointHook | None = None
     try:
         checkpointer = _checkpointer(args, trainer, run_dir)
         if checkpointer is not None and args.resume is not None:
@@ -316,7 +324,10 @@ def run(args: argparse.Namespace) -> list[StepResult]:
                     f"{checkpointer.plan_dir}"
                     + (f" (remote copy: {checkpointer.remote.url})" if checkpointer.remote else "")
                 )
-            trainer.hooks.append(CheckpointHook(checkpointer, args.checkpoint_every, say=say))
+            saver = CheckpointHook(checkpointer, args.checkpoint_every, say=say)
+            trainer.hooks.append(saver)
+        # After the checkpoint hook: its final save is the emergency checkpoint.
+        trainer.hooks.append(_preemption_hook(trainer, saver))
         results = trainer.fit(max(0, args.steps - trainer.step))
     except BaseException as exc:
         health.fail(exc)  # a lost peer is reported here and the process ends
@@ -326,6 +337,23 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     finally:
         trainer.close()
     return results
+
+
+def _preemption_hook(trainer: Trainer, saver: CheckpointHook | None) -> PreemptionHook:
+    """SIGTERM and the host's preemption check (``runtime.preempt``); the check is
+    polled by the host's first worker only."""
+    check = check_from_env(os.environ.get(CHECK_ENV))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if check is not None and local_rank == 0 and trainer.runtime.global_rank == 0:
+        say(f"preemption check: {check.describe()} every {check.interval_s:g} s")
+    return PreemptionHook(
+        host=trainer.runtime.info.device.host,
+        rank=trainer.runtime.global_rank,
+        check=check,
+        poll=local_rank == 0,
+        say=say,
+        saved_steps=(lambda: saver.saved_steps) if saver is not None else None,
+    )
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:

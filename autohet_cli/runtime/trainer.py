@@ -202,6 +202,8 @@ class Trainer:
         self._peak_flops = peak_flops(plan, self.runtime.device)
         self.step = 0  # the next step to run
         self.last_step = 0  # the step fit() ends at
+        # Set by a hook (a preemption notice): fit() ends after the current step's hooks.
+        self.stop_reason: str | None = None
         self.decay_end: int | None = None  # where the default decay ends, once known
         self.clock = Clock(self.runtime.device)
         self.timings = Timings()
@@ -269,6 +271,8 @@ class Trainer:
             results.append(result)
             for hook in self.hooks:
                 hook.on_step_end(self, result)
+            if self.stop_reason is not None:
+                break  # every rank agreed on it (runtime.preempt): the same step everywhere
             # Outside the step the health watchdog times: a long evaluation is no stall.
             if self.eval_due(result.step):
                 loss = self.evaluate()

@@ -29,8 +29,9 @@ def _cluster_file(
     path: Path,
     remote_storage: str | None = None,
     gpus: dict[str, int] | None = None,
+    checks: dict[str, dict[str, object]] | None = None,
 ) -> Path:
-    """``gpus``: CPU "GPUs" per host name where not 1."""
+    """``gpus``: CPU "GPUs" per host name where not 1; ``checks``: preemption checks."""
     hosts = []
     for h in farm.hosts:
         hosts.append(
@@ -46,6 +47,8 @@ def _cluster_file(
                 "gpus": {"type": "cpu", "count": (gpus or {}).get(h.name, 1)},
             }
         )
+        if checks and h.name in checks:
+            hosts[-1]["preemption_check"] = checks[h.name]
     doc = {
         "schema": "autohet.cluster/v1",
         "name": "fake",

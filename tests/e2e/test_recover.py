@@ -63,7 +63,7 @@ def _losses(text: str) -> dict[int, float]:
     }
 
 
-def _reference(tmp: Path) -> dict[int, float]:
+def _reference(tmp: Path, steps: int = STEPS) -> dict[int, float]:
     """The uninterrupted run: one process, same global batch, seed and steps."""
     from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
     from autohet_cli.settings import TrainingSettings
@@ -101,7 +101,7 @@ def _reference(tmp: Path) -> dict[int, float]:
             "--plan",
             str(path),
             "--steps",
-            str(STEPS),
+            str(steps),
             "--lr",
             "0.003",
             "--lr-schedule",
@@ -175,6 +175,65 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
     assert resumed and max(resumed) == STEPS - 1
     for step in resumed:
         assert after[step] == pytest.approx(ref[step], abs=1e-4), (step, after[step], ref[step])
+
+
+PREEMPT_STEPS = 30
+
+
+def test_a_preemption_notice_loses_no_step_and_auto_recovery_continues_the_run(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    """fake-4's check reports a reclaim mid-training: every rank saves the step it
+    finished, the launcher recovers on fake-2 and fake-3 from exactly that step."""
+    sshd_farm.start(3)
+    notice = tmp_path / "reclaim-notice"  # what the cloud's metadata would announce
+    cluster = _cluster_file(
+        sshd_farm,
+        tmp_path / "cluster.yaml",
+        remote_storage=str(tmp_path / "remote"),
+        checks={"fake-4": {"command": f"test -e {notice}", "interval_s": 0.5}},
+    )
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        "--steps",
+        str(PREEMPT_STEPS),
+        "--checkpoint-every",
+        "1000",  # no periodic save: the emergency checkpoint is the only one
+        "--train-arg=--lr=0.003",
+        "--train-arg=--lr-schedule=constant",
+        "--auto-recover",
+        "--master-port",
+        str(free_port()),
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 3 " in line:
+            notice.touch()
+            break
+    rest, _ = proc.communicate(timeout=600)
+    out = "".join(seen) + rest
+    assert proc.returncode == 0, out[-6000:]
+    first, _, after = out.partition("auto-recover: autohet recover")
+    assert "--lost fake-4" in after.splitlines()[0], out[-6000:]
+    m = re.search(r"host preempting: fake-4 \(preemption check: command", first)
+    assert m, first[-4000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", first)
+    assert saved, first[-4000:]
+    step = int(saved.group(1))
+    assert "preempted: host preempting" in first
+    before, resumed = _losses(first), _losses(after)
+    assert max(before) == step - 1  # the last finished step ...
+    assert min(resumed) == step  # ... and the recovered run goes on right after it
+    assert max(resumed) == PREEMPT_STEPS - 1
+    assert f"at step {step}" in after  # the emergency checkpoint, not an older one
+    ref = _reference(tmp_path, PREEMPT_STEPS)
+    for s, loss in {**before, **resumed}.items():
+        assert loss == pytest.approx(ref[s], abs=1e-4), (s, loss, ref[s])
+    assert not _workers_alive(sshd_farm)
 
 
 def _step_dirs(root: Path) -> list[Path]:
@@ -268,14 +327,16 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     assert first["resumed_step"] == int(older.split("-")[1])
     assert 0 < first["bytes_from_peers"] + first["bytes_from_remote"] < total
     assert (_job(survivors[0]) / older / shard.name).read_bytes() != bytes(data)
-    for host_dir in survivors:  # every survivor now holds every file, intact
+    needs = moved["transfers"]["needs"]  # what each new host reads (the transfer rule)
+    for host in sshd_farm.hosts[:2]:  # every survivor now holds what it reads, intact
+        wanted = set(needs[host.name])
         got = {
             f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in (_job(host_dir) / older).iterdir()
-            if f.name in {m["path"] for m in manifest["files"]}
+            for f in (_job(host.checkpoint_dir) / older).iterdir()
+            if f.name in wanted
         }
-        assert got == {m["path"]: m["sha256"] for m in manifest["files"]}
-        assert (_job(host_dir) / older / "COMPLETE").exists()
+        assert got == {m["path"]: m["sha256"] for m in manifest["files"] if m["path"] in wanted}
+        assert (_job(host.checkpoint_dir) / older / "COMPLETE").exists()
     # Running it once more finds everything in place: nothing moves.
     second = run_recover("--no-resume")
     assert second["bytes_from_peers"] == 0 and second["bytes_from_remote"] == 0

@@ -1,0 +1,203 @@
+"""Preemption notices in the worker: SIGTERM or the host's check -> save the finished
+step on every rank, exit 0, resume there with the losses of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from realdata import data_flags
+from test_runtime_exact import ROOT, _env, _free_port, make_plan
+
+from autohet_cli.plan import write_plan
+from autohet_cli.preemption import CHECK_ENV, CheckSpec
+from autohet_cli.runtime.records import PREEMPT_PREFIX
+
+pytestmark = pytest.mark.dist
+
+TIMEOUT_S = 180
+MANY = 400  # steps the interrupted run asks for: the notice comes long before
+
+
+def _args(plan_path: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        *("-m", "autohet_cli.runtime.train", "--plan", str(plan_path), "--steps", str(steps)),
+        *("--seed", "7", "--lr", "0.001", "--device", "cpu"),
+        *data_flags(),
+        # After data_flags' cosine: a run that asks for MANY steps and one that asks
+        # for a few then follow the same learning rates (warmup, clipping as there).
+        *("--lr-schedule", "constant"),
+        *extra,
+    ]
+
+
+def _losses(metrics: Path) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in map(json.loads, metrics.read_text().splitlines())}
+
+
+def _start_two(tmp: Path, env_extra: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """Two workers of a two-stage pipeline, as torchrun would start them (one host)."""
+    _, path = write_plan(make_plan("pre", [(4, [(0, 3), (3, 6)])], optimizer="adam"), tmp)
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = (
+            _env()
+            | env_extra
+            | {
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "AUTOHET_HOST": "localhost",
+            }
+        )
+        args = _args(
+            path,
+            MANY,
+            *("--metrics", str(tmp / "metrics.jsonl"), "--checkpoint-every", "1000"),
+            *("--checkpoint-dir", str(tmp / "disk"), "--remote-storage", "none"),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        if metrics.is_file() and step in _losses_partial(metrics):
+            return
+        assert all(p.poll() is None for p in procs), "a worker ended early"
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} never came")
+
+
+def _losses_partial(metrics: Path) -> set[int]:
+    steps = set()
+    for line in metrics.read_text().splitlines():
+        try:
+            steps.add(json.loads(line)["step"])
+        except ValueError:
+            pass
+    return steps
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[tuple[str, str]]:
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=TIMEOUT_S)
+            assert p.returncode == 0, f"worker exit {p.returncode}:\n{err[-4000:]}"
+            outs.append((out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+def _events(stdout: str) -> list[dict[str, object]]:
+    return [
+        json.loads(line[len(PREEMPT_PREFIX) :])
+        for line in stdout.splitlines()
+        if line.startswith(PREEMPT_PREFIX)
+    ]
+
+
+def _check_resumes_exactly(tmp: Path, saved_step: int) -> None:
+    """The interrupted run's steps and the resumed run's continue one uninterrupted run."""
+    one = make_plan("pre", [(4, [(0, 6)])], optimizer="adam")
+    _, one_path = write_plan(one, tmp / "one")
+    end = saved_step + 2
+    resumed = subprocess.run(
+        [sys.executable, *_args(one_path, end, "--resume", "--checkpoint-dir", str(tmp / "disk"))]
+        + ["--metrics", str(tmp / "resumed.jsonl"), "--remote-storage", "none"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"at step {saved_step}" in resumed.stderr
+    _, ref_path = write_plan(make_plan("ref", [(4, [(0, 6)])], optimizer="adam"), tmp / "ref")
+    ref = subprocess.run(
+        [sys.executable, *_args(ref_path, end, "--metrics", str(tmp / "ref.jsonl"))]
+        + ["--checkpoint-every", "0"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    reference = _losses(tmp / "ref.jsonl")
+    before, after = _losses(tmp / "metrics.jsonl"), _losses(tmp / "resumed.jsonl")
+    assert max(before) == saved_step - 1  # the last finished step is the one saved
+    assert min(after) == saved_step  # ... and the resumed run starts right after it
+    for step, loss in {**before, **after}.items():
+        assert loss == pytest.approx(reference[step], rel=1e-5), step
+
+
+def test_sigterm_to_one_rank_saves_the_finished_step_on_every_rank(tmp_path: Path) -> None:
+    procs = _start_two(tmp_path, {})
+    _wait_for_step(tmp_path / "metrics.jsonl", 2, procs)
+    procs[1].send_signal(signal.SIGTERM)  # the last stage's rank only
+    (out0, err0), _ = _finish(procs)
+    notice, saved = _events(out0)
+    assert notice["event"] == "notice" and notice["hosts"] == {"localhost": "SIGTERM"}
+    assert saved["event"] == "saved" and saved["step"] == notice["step"]
+    step = int(saved["step"])  # type: ignore[call-overload]
+    assert 3 <= step < MANY
+    assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
+    assert "preempted: step" in err0
+    _check_resumes_exactly(tmp_path, step)
+
+
+def test_the_hosts_preemption_check_stops_training_at_a_saved_step(tmp_path: Path) -> None:
+    flag = tmp_path / "reclaim-notice"
+    check = CheckSpec(command=f"test -e {flag}", interval_s=0.2)
+    procs = _start_two(tmp_path, {CHECK_ENV: check.to_env()})
+    _wait_for_step(tmp_path / "metrics.jsonl", 1, procs)
+    flag.touch()
+    (out0, _), _ = _finish(procs)
+    notice, saved = _events(out0)
+    assert "preemption check: command" in str(notice["hosts"])
+    step = int(saved["step"])  # type: ignore[call-overload]
+    assert 2 <= step < MANY
+    _check_resumes_exactly(tmp_path, step)
+
+
+def test_a_second_sigterm_ends_the_worker_at_once(tmp_path: Path) -> None:
+    """The first is a notice; one more (a shutdown that will not wait) is obeyed."""
+    procs = _start_two(tmp_path, {})
+    _wait_for_step(tmp_path / "metrics.jsonl", 1, procs)
+    # Stop rank 0 so no step boundary comes, then two SIGTERMs to rank 1.
+    procs[0].send_signal(signal.SIGSTOP)
+    try:
+        procs[1].send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        procs[1].send_signal(signal.SIGTERM)
+        procs[1].wait(timeout=30)
+        assert procs[1].returncode == 128 + signal.SIGTERM
+    finally:
+        procs[0].send_signal(signal.SIGCONT)
+        for p in procs:
+            p.kill()
+            p.wait()
