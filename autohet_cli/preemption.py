@@ -16,7 +16,6 @@ counts as a notice, and what the workers do then, is ``runtime.preempt``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +94,3 @@ def check_from_env(text: str | None) -> CheckSpec | None:
     except ValueError:
         raise ConfigError(f"${CHECK_ENV} is not JSON: {text[:200]!r}") from None
     return check_from_dict(raw, f"${CHECK_ENV}")
-
-
-def headers_of(spec: CheckSpec) -> Mapping[str, str]:
-    return dict(spec.headers)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autohet_cli.preemption import CheckSpec, headers_of
+from autohet_cli.preemption import CheckSpec
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
 from autohet_cli.runtime.records import PREEMPT_PREFIX
@@ -74,7 +74,7 @@ def poll_once(spec: CheckSpec) -> str | None:
         out = res.stdout.strip().splitlines()
         return f"{spec.describe()} exited 0" + (f": {out[0][:200]}" if out else "")
     assert spec.url is not None
-    request = urllib.request.Request(spec.url, headers=dict(headers_of(spec)))
+    request = urllib.request.Request(spec.url, headers=dict(spec.headers))
     try:
         with urllib.request.urlopen(request, timeout=CHECK_TIMEOUT_S) as answer:
             status, body = answer.status, answer.read(4096).decode("utf-8", "replace").strip()
