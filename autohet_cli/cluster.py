@@ -22,6 +22,7 @@ from autohet_cli.gputypes import gpu_types_to_dict, parse_gpu_types, resolve_gpu
 from autohet_cli.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_HOST, at_most
 from autohet_cli.names import check_host_name, check_remote_dir
 from autohet_cli.preemption import CheckSpec, check_from_dict
+from autohet_cli.slurm.settings import SlurmSettings, backend_from, settings_from_dict
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml, read_text
 from autohet_cli.yamlio import field as get
 
@@ -67,6 +68,10 @@ class Cluster:
     # Types the cluster file defines under gpu_types: (name -> figures); catalog types
     # are not repeated here.
     gpu_specs: Mapping[str, GpuSpec] = field(default_factory=dict)
+    # How launch and recover start workers: "ssh" (every host reached over SSH) or
+    # "slurm" (one heterogeneous batch job; host names are node names).
+    backend: str = "ssh"
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -110,6 +115,8 @@ class Cluster:
             pair_gbps={k: v for k, v in self.pair_gbps.items() if not (k & lost)},
             remote_storage=self.remote_storage,
             gpu_specs=self.gpu_specs,
+            backend=self.backend,
+            slurm=self.slurm,
         )
 
     def total_mem_bytes(self) -> int:
@@ -219,7 +226,7 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
         d,
         where,
         ["schema", "name", "hosts"],
-        ["defaults", "network", "remote_storage", "notes", "gpu_types"],
+        ["defaults", "network", "remote_storage", "notes", "gpu_types", "backend", "slurm"],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -271,6 +278,8 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
         pair_gbps=pairs,
         remote_storage=get(d, "remote_storage", str, where, None),
         gpu_specs=defined,
+        backend=backend_from(d.get("backend"), f"{where}: backend"),
+        slurm=settings_from_dict(d.get("slurm"), where, {h.gpu_type for h in hosts}),
     )
 
 
@@ -388,4 +397,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
         out["remote_storage"] = c.remote_storage
     if c.gpu_specs:
         out["gpu_types"] = gpu_types_to_dict(c.gpu_specs)
+    if c.backend != "ssh":
+        out["backend"] = c.backend
+    if c.slurm != SlurmSettings():
+        out["slurm"] = c.slurm.to_dict()
     return out

@@ -38,9 +38,19 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from autohet_cli.cli import data, estimate, export, launch, models, plan, profile, recover
+    from autohet_cli.cli import (
+        cluster,
+        data,
+        estimate,
+        export,
+        launch,
+        models,
+        plan,
+        profile,
+        recover,
+    )
 
-    for module in (profile, plan, estimate, launch, recover, export, models, data):
+    for module in (profile, plan, estimate, launch, recover, export, models, data, cluster):
         module.register(app)
     whole_short_help(app)
 

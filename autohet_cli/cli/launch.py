@@ -23,6 +23,7 @@ EPILOG = (
     "  autohet launch plans/lab.v1.yaml --resume --steps 400\n\n"
     "  autohet launch plans/llama.v1.yaml --init-from /data/Meta-Llama-3-8B\n\n"
     "  autohet launch plans/lab.v1.yaml --sync-dir . -- my_train.py --epochs 3\n\n"
+    "  autohet launch plans/lab.v1.yaml --backend slurm --dry-run\n\n"
     "A lost host (unreachable, dropped connection, frozen workers) stops the others "
     "and prints the `autohet recover` command (--auto-recover runs it). Workers that "
     "fail on their own (a crash, a bad config) are reported with their root cause and "
@@ -95,8 +96,22 @@ def launch(
         float,
         typer.Option(help="Seconds for every host's interpreter and workers to start.", min=1),
     ] = 300.0,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            metavar="ssh|slurm",
+            help="How to start the workers: ssh (each host over SSH) or slurm (one "
+            "heterogeneous batch job, one component per host group, settings from the "
+            "cluster file's slurm: section; the run directory must be on a file system "
+            "the nodes share). [default: the cluster file's backend, else ssh]",
+        ),
+    ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print each host's command and exit.")
+        bool,
+        typer.Option(
+            "--dry-run", help="Print each host's command (Slurm: the batch script) and exit."
+        ),
     ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Run even if the cluster file changed.")
@@ -135,6 +150,7 @@ def launch(
         resume=resume,
         job=job,
         init_from=init_from,
+        backend=backend,
     )
     if dry_run:
         typer.echo(session.dry_run(req))

@@ -72,6 +72,17 @@ def recover(
         int | None,
         typer.Option(help="Rendezvous port. [default: a free port on the master host]"),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            metavar="ssh|slurm",
+            help="How to relaunch: ssh or slurm (a new batch job on the survivors). Shards "
+            "are listed and copied over SSH either way, so on Slurm the nodes must accept "
+            "SSH from here (most sites allow it to nodes of your own jobs, or always). "
+            "[default: the cluster file's backend, else ssh]",
+        ),
+    ] = None,
     accept_new_host_keys: Annotated[
         bool, typer.Option("--accept-new-host-keys", help="Trust host keys seen first now.")
     ] = False,
@@ -110,6 +121,7 @@ def recover(
         dry_run=dry_run,
         resume=resume,
         master_port=master_port,
+        backend=backend,
         connect=ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys),
     )
     result = session.recover(req, say)

@@ -14,6 +14,7 @@ use exactly the same path:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_spe
 from autohet_cli.launch.sync import sync_dir as sync_directory
 from autohet_cli.plan import Plan, check_against_cluster, load_plan
 from autohet_cli.recovery.manifest import remote_root
+from autohet_cli.slurm.settings import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
 
@@ -66,6 +68,7 @@ class LaunchRequest:
     resume: bool = False  # continue a job (the newest, or --job) from its newest checkpoint
     job: str | None = None
     init_from: str | None = None  # a HuggingFace model directory present on every host
+    backend: str | None = None  # None: the cluster file's (ssh unless it says slurm)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,11 +100,15 @@ def resolve_cluster(plan: Plan, cluster: str | None) -> str:
     return str(resolve_cluster_path(cluster or plan.inputs.get("cluster", {}).get("path")))
 
 
-def prepare(plan_file: Path, cluster: str | None, *, force: bool = False) -> Prepared:
+def prepare(
+    plan_file: Path, cluster: str | None, *, force: bool = False, backend: str | None = None
+) -> Prepared:
     plan = load_plan(plan_file)
     cluster_path = resolve_cluster(plan, cluster)
     _check_fingerprint(plan, plan_file, cluster_path, force)
     cl = load_cluster(cluster_path)
+    if backend is not None:
+        cl = dataclasses.replace(cl, backend=backend_from(backend, "--backend"))
     check_against_cluster(
         plan, {h.name: (h.gpu_type, h.num_gpus) for h in cl.hosts}, str(plan_file)
     )
@@ -128,8 +135,24 @@ def worker_args(req: LaunchRequest) -> list[str]:
 
 
 def dry_run(req: LaunchRequest) -> str:
-    """Every host's exact command, with no I/O; pasted into a shell on the host it runs."""
-    p = prepare(req.plan_file, req.cluster, force=req.force)
+    """Every host's exact command, with no I/O; pasted into a shell on the host it runs.
+    On Slurm: the complete batch script, as it would be written and submitted."""
+    p = prepare(req.plan_file, req.cluster, force=req.force, backend=req.backend)
+    if p.cluster.backend == "slurm":
+        from autohet_cli.slurm.run import build
+
+        rid = _run_id(req.run_id)
+        return build(
+            p.plan,
+            p.cluster,
+            run_dir=(req.runs_root / f"{p.plan.name}.v{p.plan.version}" / rid).resolve(),
+            run_id=rid,
+            master_port=req.master_port,
+            script=req.script,
+            train_args=worker_args(req),
+            remote_storage=p.remote_storage,
+            job=None if req.script else (req.job or jobs.new_job_id()),
+        ).script
     port = req.master_port
     master = p.cluster.host(p.plan.hosts()[0])
     note = ""
@@ -160,7 +183,7 @@ def dry_run(req: LaunchRequest) -> str:
 
 def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
     """Run the plan to its end (or its failure); Ctrl-C/SIGTERM stop every host."""
-    p = prepare(req.plan_file, req.cluster, force=req.force)
+    p = prepare(req.plan_file, req.cluster, force=req.force, backend=req.backend)
     with HostPool(p.cluster, req.connect) as pool:
         outcome = run_job(
             p,
@@ -188,6 +211,8 @@ def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False)
     argv = ["recover", str(req.plan_file)]
     if req.cluster:
         argv += ["--cluster", req.cluster]
+    if req.backend:
+        argv += ["--backend", req.backend]
     argv += ["--lost", ",".join(lost)]
     argv += req.connect.argv()
     if full:
@@ -215,6 +240,25 @@ def run_job(
 
     ``stop``: set by the caller to stop every host (Ctrl-C and SIGTERM do the same
     when this runs in the main thread)."""
+    if p.cluster.backend == "slurm":
+        from autohet_cli.slurm.run import run_slurm_job  # imports this module
+
+        choice = job_choice or JobChoice()
+        return run_slurm_job(
+            p,
+            train_args=train_args,
+            script=script,
+            master_port=master_port,
+            run_id=run_id,
+            sync_dir=sync_dir,
+            start_timeout_s=start_timeout_s,
+            runs_root=runs_root,
+            printer=printer,
+            resume=choice.resume,
+            job=choice.job,
+            key=choice.key,
+            stop=stop,
+        )
     hosts = p.plan.hosts()
     if sync_dir is not None:
         for name in hosts:

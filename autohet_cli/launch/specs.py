@@ -71,6 +71,11 @@ class LaunchOptions:
     user_env: Mapping[str, str] = field(default_factory=dict)
     remote_storage: str | None = None  # checkpoints' remote copy, for the built-in trainer
     job: str | None = None  # the run namespace of the built-in trainer's checkpoints
+    # One run directory for every host (Slurm: on the file system the nodes share with
+    # the launcher, which reads logs and heartbeats there); "": per host, in its workdir.
+    shared_run_dir: str = ""
+    # Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it allocated: keep it.
+    gpus_from_scheduler: bool = False
 
 
 def host_order(plan: Plan) -> list[str]:
@@ -108,7 +113,9 @@ def build_launch_specs(
         if homes and name in homes:
             workdir = expand_home(workdir, homes[name])
             checkpoint_dir = expand_home(checkpoint_dir, homes[name])
-        run_dir = f"{workdir}/runs/{plan.name}.v{plan.version}/{options.run_id}"
+        run_dir = (
+            options.shared_run_dir or f"{workdir}/runs/{plan.name}.v{plan.version}/{options.run_id}"
+        )
         plan_path = f"{run_dir}/{plan.name}.v{plan.version}.yaml"
         env = {
             HOST_ENV: name,
@@ -124,7 +131,8 @@ def build_launch_specs(
         if host.gpu_type == "cpu":
             env.setdefault("OMP_NUM_THREADS", "1")
         else:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            if not options.gpus_from_scheduler:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
             # Segments that grow in place instead of fixed blocks: without it a step's
             # varying shapes (logits, micro-batch buffers) leave reserved but unusable
             # fragments (4.1 GiB on an H100 running GPT-2.7B, the margin between a plan

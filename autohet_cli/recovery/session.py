@@ -37,6 +37,7 @@ from autohet_cli.recovery.manifest import (
 from autohet_cli.recovery.replan import replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
+from autohet_cli.slurm.settings import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
 
@@ -57,6 +58,7 @@ class RecoverRequest:
     dry_run: bool = False
     resume: bool = True
     master_port: int | None = None
+    backend: str | None = None  # None: the cluster file's
     connect: ConnectOptions = field(default_factory=ConnectOptions)
     runs_root: Path = Path("runs")
 
@@ -71,6 +73,8 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     old = load_plan(req.plan_file)
     cluster_path = resolve_cluster(old, req.cluster)
     cl = load_cluster(cluster_path)
+    if req.backend is not None:
+        cl = dataclasses.replace(cl, backend=backend_from(req.backend, "--backend"))
     rx.check_lost_names(old, cl, req.lost)
     clock = PhaseClock()
     root = rx.remote_root_for(cl)

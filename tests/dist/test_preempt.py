@@ -120,6 +120,29 @@ def _events(stdout: str) -> list[dict[str, object]]:
     ]
 
 
+_REFERENCE: dict[int, float] = {}  # the uninterrupted run's losses, shared by the tests
+
+
+def _reference(tmp: Path, end: int) -> dict[int, float]:
+    """One uninterrupted single-process run to step ``end`` (at least 12), run once
+    for the module unless a test needs more steps."""
+    if _REFERENCE and max(_REFERENCE) >= end - 1:
+        return _REFERENCE
+    _, ref_path = write_plan(make_plan("ref", [(4, [(0, 6)])], optimizer="adam"), tmp / "ref")
+    ref = subprocess.run(
+        [sys.executable, *_args(ref_path, max(end, 12), "--metrics", str(tmp / "ref.jsonl"))]
+        + ["--checkpoint-every", "0"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    _REFERENCE.update(_losses(tmp / "ref.jsonl"))
+    return _REFERENCE
+
+
 def _check_resumes_exactly(tmp: Path, saved_step: int) -> None:
     """The interrupted run's steps and the resumed run's continue one uninterrupted run."""
     one = make_plan("pre", [(4, [(0, 6)])], optimizer="adam")
@@ -136,18 +159,7 @@ def _check_resumes_exactly(tmp: Path, saved_step: int) -> None:
     )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"at step {saved_step}" in resumed.stderr
-    _, ref_path = write_plan(make_plan("ref", [(4, [(0, 6)])], optimizer="adam"), tmp / "ref")
-    ref = subprocess.run(
-        [sys.executable, *_args(ref_path, end, "--metrics", str(tmp / "ref.jsonl"))]
-        + ["--checkpoint-every", "0"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert ref.returncode == 0, ref.stderr[-4000:]
-    reference = _losses(tmp / "ref.jsonl")
+    reference = _reference(tmp, end)
     before, after = _losses(tmp / "metrics.jsonl"), _losses(tmp / "resumed.jsonl")
     assert max(before) == saved_step - 1  # the last finished step is the one saved
     assert min(after) == saved_step  # ... and the resumed run starts right after it

@@ -1,0 +1,1 @@
+"""Launching on Slurm: settings, batch scripts, job control, cluster import."""

@@ -1,0 +1,190 @@
+"""The batch script of a plan on Slurm: one heterogeneous component per host group (pure).
+
+Hosts that use the same GPU type and the same number of GPUs form a group, and
+each group is one component of a heterogeneous job (``#SBATCH hetjob``),
+pinned to its nodes (``--nodelist``: the plan was made for those hosts). The
+script is written into the run directory, which the nodes share with the
+launcher, and runs twice over:
+
+* as the batch step, it starts one ``srun --het-group=i`` per component, one task
+  per node, each running this same file with the argument ``node``;
+* with ``node``, on each node, it finds the node in the plan
+  (``$SLURMD_NODENAME``) and runs exactly the torchrun line ``autohet launch``
+  runs over SSH there (``launch.specs``): same node rank, same rank mapping,
+  same static rendezvous at the first host. The node's exit code goes to
+  ``exit/<node>``, its output to ``slurm/<node>.out`` and ``.err``.
+
+Slurm chooses the GPUs of a node and sets ``CUDA_VISIBLE_DEVICES`` itself, so
+the launch specs leave it alone here. The job key reaches each node's checkpoint
+directory from the run directory (mode 0600), never through the script, which
+Slurm keeps and shows to administrators.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autohet_cli.ckpt.format import KEY_FILE
+from autohet_cli.cluster import Cluster
+from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.paths import shell_word
+from autohet_cli.plan import Plan
+
+SCRIPT_NAME = "job.sbatch"
+KEY_NAME = ".job-key"  # the job key in the run directory, for the nodes to copy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Component:
+    """One heterogeneous-job component: hosts of one GPU type using as many GPUs each."""
+
+    index: int
+    gpu_type: str
+    gpus_per_node: int
+    hosts: tuple[str, ...]
+
+
+def components(specs: Sequence[LaunchSpec], cluster: Cluster) -> list[Component]:
+    """Group hosts by (GPU type, GPUs used), in the order the plan first names them,
+    so the first plan host (the rendezvous master) is in component 0."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for s in specs:
+        key = (cluster.host(s.host).gpu_type, s.nproc_per_node)
+        groups.setdefault(key, []).append(s.host)
+    return [
+        Component(index=i, gpu_type=t, gpus_per_node=n, hosts=tuple(hosts))
+        for i, ((t, n), hosts) in enumerate(groups.items())
+    ]
+
+
+def _directives(comp: Component, cluster: Cluster) -> list[str]:
+    st = cluster.slurm
+    out = [f"--{k.replace('_', '-')}={v}" for k, v in _job_wide(cluster)]
+    out += [
+        f"--nodes={len(comp.hosts)}",
+        f"--nodelist={','.join(comp.hosts)}",
+        "--ntasks-per-node=1",
+    ]
+    if comp.gpu_type != "cpu":
+        t = st.gpu_type(comp.gpu_type)
+        out.append(
+            f"--gres=gpu:{t.gres}:{comp.gpus_per_node}"
+            if t.gres
+            else f"--gres=gpu:{comp.gpus_per_node}"
+        )
+        if t.constraint:
+            out.append(f"--constraint={t.constraint}")
+    if st.cpus_per_gpu is not None:
+        out.append(f"--cpus-per-task={st.cpus_per_gpu * comp.gpus_per_node}")
+    if st.signal_before_end_s:
+        # Before the time limit, every step gets SIGTERM: torchrun forwards it, and
+        # the workers save the step they finished and stop (runtime.preempt).
+        out.append(f"--signal=TERM@{st.signal_before_end_s}")
+    return out + list(st.sbatch_args)
+
+
+def _job_wide(cluster: Cluster) -> list[tuple[str, str]]:
+    st = cluster.slurm
+    pairs = [("partition", st.partition), ("account", st.account), ("qos", st.qos)]
+    pairs.append(("time", st.time_limit))
+    return [(k, v) for k, v in pairs if v is not None]
+
+
+def render(
+    plan: Plan,
+    cluster: Cluster,
+    specs: Sequence[LaunchSpec],
+    *,
+    run_dir: str,
+    job: str | None,
+) -> str:
+    """The complete batch script (``autohet launch --backend slurm --dry-run`` prints it)."""
+    comps = components(specs, cluster)
+    run = shlex.quote(run_dir)
+    name = f"{plan.name}.v{plan.version}"
+    lines = [
+        "#!/bin/bash",
+        f"# autohet: plan {name} on Slurm, {len(specs)} host(s) in {len(comps)} "
+        "heterogeneous component(s):",
+    ]
+    for c in comps:
+        lines.append(
+            f"#   component {c.index}: {', '.join(c.hosts)} ({c.gpu_type}, "
+            f"{c.gpus_per_node} GPU(s) each)"
+        )
+    lines += [
+        f"# Submitted by `autohet launch` as: sbatch --parsable {run_dir}/{SCRIPT_NAME}",
+        f"#SBATCH --job-name=autohet-{name}",
+        f"#SBATCH --output={run_dir}/slurm/batch-%j.out",
+    ]
+    for c in comps:
+        if c.index:
+            lines.append("#SBATCH hetjob")
+        lines += [f"#SBATCH {d}" for d in _directives(c, cluster)]
+    lines += ["set -u", f"run={run}", ""]
+    lines += _node_part(specs, plan, job)
+    lines += _batch_part(comps)
+    return "\n".join(lines) + "\n"
+
+
+def _node_part(specs: Sequence[LaunchSpec], plan: Plan, job: str | None) -> list[str]:
+    out = [
+        "# On each node (srun runs this file with `node`): this node's torchrun.",
+        'if [ "${1:-}" = node ]; then',
+        '  node="${SLURMD_NODENAME:-}"',
+        '  case "$node" in',
+    ]
+    for s in specs:
+        out.append(f"    {shlex.quote(s.host)})")
+        out.append(f"      mkdir -p -- {shell_word(s.workdir)} || exit 1")
+        if job is not None:
+            ckpt = s.argv[list(s.argv).index("--checkpoint-dir") + 1]
+            d = f"{shell_word(ckpt)}/{shlex.quote(plan.name)}/{shlex.quote(job)}"
+            out.append(
+                f"      (umask 077 && mkdir -p -- {d} && chmod 700 -- {d} && "
+                f'{{ [ -e {d}/{KEY_FILE} ] || cp -- "$run/{KEY_NAME}" {d}/{KEY_FILE}; }}) '
+                "|| exit 1"
+            )
+        out.append(f"      {s.command_line()}")
+        out.append("      ;;")
+    out += [
+        '    *) echo "autohet: node $node is not a host of this plan" >&2; exit 2 ;;',
+        "  esac",
+        "  rc=$?",
+        '  echo "$rc" > "$run/exit/$node"',
+        "  exit $rc",
+        "fi",
+        "",
+    ]
+    return out
+
+
+def _batch_part(comps: Sequence[Component]) -> list[str]:
+    out = [
+        "# The batch step: one srun per component, one task (torchrun) per node.",
+        'mkdir -p -- "$run/slurm" "$run/exit"',
+        "export AUTOHET_LAUNCH_TIME=$(date +%s.%N)",
+    ]
+    for c in comps:
+        # A job of one component is not heterogeneous: srun refuses --het-group there.
+        group = f"--het-group={c.index} " if len(comps) > 1 else ""
+        out.append(
+            f"srun {group}--nodes={len(c.hosts)} --ntasks-per-node=1 "
+            '--kill-on-bad-exit=1 --output="$run/slurm/%N.out" --error="$run/slurm/%N.err" '
+            f'bash "$run/{SCRIPT_NAME}" node &'
+        )
+    out += [
+        "# A component that fails stops the others: its peers could only wait for it.",
+        f"left={len(comps)}; rc=0",
+        'while [ "$left" -gt 0 ]; do',
+        "  wait -n; c=$?; left=$((left - 1))",
+        '  if [ "$c" -ne 0 ] && [ "$rc" -eq 0 ]; then',
+        '    rc=$c; echo "autohet: a component ended with exit code $c; stopping the others" >&2',
+        "    kill $(jobs -p) 2>/dev/null",
+        "  fi",
+        "done",
+        'exit "$rc"',
+    ]
+    return out

@@ -1,0 +1,272 @@
+"""The Slurm backend against a real Slurm on loopback (tests/e2e/slurm.py): slurmctld,
+two slurmd (nodes sn1 and sn2, one UTS namespace each) and munged, all local.
+
+A plan over both nodes runs as a two-component heterogeneous job and trains; Ctrl-C
+cancels it with nothing left behind; a node whose processes vanish is reported as a
+lost host; the cluster file is imported from the same Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.slurm import SlurmCluster, SlurmNode, slurm_problem
+from tests.e2e.sshd import SshdFarm
+from tests.e2e.test_launch import _plan
+from tests.e2e.test_recover import EVERY, STEPS, _losses, _reference
+
+ROOT = Path(__file__).resolve().parents[2]
+# Pipeline 0 crosses the nodes (sn1 then sn2); pipeline 1 is sn1's second device.
+# sn1 runs 2 workers and sn2 one: two host groups, so two components.
+TWO_NODES = ((5, ((0, 3, "sn1"), (3, 6, "sn2"))), (3, ((0, 6, "sn1"),)))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    problem = slurm_problem()
+    if problem is not None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true but the Slurm tests cannot run: {problem}", pytrace=False)
+        pytest.skip(f"real Slurm tests skipped: {problem}")
+    cluster = SlurmCluster(
+        tmp_path_factory.mktemp("slurm"),
+        [
+            SlurmNode(name="sn1", address="127.0.0.2", cpus=2, memory_mb=4000),
+            SlurmNode(
+                name="sn2",
+                address="127.0.0.3",
+                cpus=2,
+                memory_mb=4000,
+                gres="gpu:v100:1",
+                features=("v100",),
+            ),
+        ],
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _cluster_file(
+    tmp: Path, farm: SshdFarm | None = None, remote_storage: str | None = None
+) -> Path:
+    """sn1 (2 CPU devices) and sn2 (1); with ``farm``, also reachable over its sshd."""
+    hosts: list[dict[str, object]] = [
+        {
+            "name": name,
+            "address": address,
+            "python": sys.executable,
+            "workdir": str(tmp / f"work-{name}"),
+            "checkpoint_dir": str(tmp / f"ckpt-{name}"),
+            "gpus": {"type": "cpu", "count": count},
+        }
+        for name, address, count in (("sn1", "127.0.0.2", 2), ("sn2", "127.0.0.3", 1))
+    ]
+    if farm is not None:
+        for host, fake in zip(hosts, farm.hosts, strict=True):
+            assert fake.address == host["address"]
+            host.update(
+                port=fake.port,
+                user=fake.user,
+                identity_file=str(fake.client_key.private_path),
+                workdir=str(fake.root / "work"),
+                checkpoint_dir=str(fake.checkpoint_dir),
+            )
+    doc = {
+        "schema": "autohet.cluster/v1",
+        "name": "slurm-loopback",
+        "backend": "slurm",
+        "slurm": {"partition": "debug", "time_limit": "15:00"},
+        "hosts": hosts,
+    }
+    if remote_storage:
+        doc["remote_storage"] = remote_storage
+    path = tmp / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _autohet(slurm: SlurmCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autohet_cli", *args],
+        cwd=cwd,
+        env={**slurm.env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _left_behind(tmp: Path) -> list[str]:
+    """Processes of this test's run (their command lines point into ``tmp``)."""
+    out = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True, check=True
+    ).stdout
+    return [
+        ln
+        for ln in out.splitlines()
+        if str(tmp) in ln and " Z" not in ln and "sbin/sshd" not in ln and "sshd:" not in ln
+    ]
+
+
+def _job_states(slurm: SlurmCluster, run_dir: Path) -> set[str]:
+    job_id = re.search(r"Slurm job (\d+)", (run_dir.parent.parent.parent / "out.txt").read_text())
+    assert job_id
+    res = slurm.run("scontrol", "show", "job", "-o", job_id.group(1))
+    return set(re.findall(r"JobState=(\w+)", res.stdout))
+
+
+def test_a_plan_trains_as_a_two_component_heterogeneous_job(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, _cluster_file(tmp_path), TWO_NODES)
+    proc = _autohet(slurm, tmp_path, "launch", str(plan), "--steps", "20", "--train-arg=--lr=0.003")
+    out, _ = proc.communicate(timeout=300)
+    (tmp_path / "out.txt").write_text(out)
+    assert proc.returncode == 0, out
+    losses = [float(m.group(1)) for m in re.finditer(r"step \d+ loss ([0-9.]+)", out)]
+    assert len(losses) >= 20, out
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02, losses
+    run_dir = next((tmp_path / "runs").glob("e2e.v1/*"))
+    script = (run_dir / "job.sbatch").read_text()
+    assert script.count("#SBATCH hetjob") == 1 and "--nodelist=sn1" in script
+    assert "--nodelist=sn2" in script
+    # Both components ran torchrun on their own node and exited 0.
+    assert {p.name: p.read_text().strip() for p in (run_dir / "exit").iterdir()} == {
+        "sn1": "0",
+        "sn2": "0",
+    }
+    events = json.loads((run_dir / "events.json").read_text())
+    assert events["status"] == "finished", events
+    assert _job_states(slurm, run_dir) == {"COMPLETED"}
+    assert not (run_dir / ".job-key").exists()  # the key is not left in the run directory
+    key = next(tmp_path.glob("ckpt-sn2/e2e/*/.autohet-key"))
+    assert key.stat().st_mode & 0o077 == 0
+    assert not _left_behind(tmp_path)
+
+
+def test_ctrl_c_cancels_the_job_and_leaves_no_process(slurm: SlurmCluster, tmp_path: Path) -> None:
+    plan = _plan(tmp_path, _cluster_file(tmp_path), TWO_NODES)
+    proc = _autohet(slurm, tmp_path, "launch", str(plan), "--steps", "100000")
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 1 " in line or time.monotonic() > deadline:
+            break
+    assert len(_left_behind(tmp_path)) >= 3, "".join(seen)
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=180)
+    out = "".join(seen) + rest
+    (tmp_path / "out.txt").write_text(out)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    run_dir = next((tmp_path / "runs").glob("e2e.v1/*"))
+    assert _job_states(slurm, run_dir) == {"CANCELLED"}
+    assert not _left_behind(tmp_path), out
+
+
+def test_cluster_import_reads_gres_types_and_counts(slurm: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "imported.yaml"
+    args = ["cluster", "import", "--slurm", "--partition", "debug", "--out", str(out)]
+    proc = _autohet(slurm, tmp_path, *args, "--cpu-devices", "2", "--name", "lab")
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, text
+    doc = yaml.safe_load(out.read_text())
+    assert doc["backend"] == "slurm" and doc["name"] == "lab"
+    assert doc["slurm"] == {"partition": "debug", "gpu_types": {"V100-16": {"gres": "v100"}}}
+    assert doc["hosts"] == [
+        {"name": "sn1", "address": "127.0.0.2", "gpus": {"type": "cpu", "count": 2}},
+        {"name": "sn2", "address": "127.0.0.3", "gpus": {"type": "V100-16", "count": 1}},
+    ]
+    assert "v100 taken as V100-16" in text
+    # Never overwritten; without --cpu-devices the CPU-only node is left out, said so.
+    again = _autohet(slurm, tmp_path, *args)
+    text, _ = again.communicate(timeout=60)
+    assert again.returncode == 1 and "already exists" in text and "Traceback" not in text
+    other = tmp_path / "gpu-only.yaml"
+    proc = _autohet(slurm, tmp_path, "cluster", "import", "--slurm", "--out", str(other))
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, text
+    assert [h["name"] for h in yaml.safe_load(other.read_text())["hosts"]] == ["sn2"]
+    assert "sn1: no GPU GRES; left out" in text
+
+
+def test_a_vanished_node_is_a_lost_host_and_recover_resumes_on_slurm(
+    slurm: SlurmCluster, sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    """Last in this file: sn2's slurmd stays dead (the cluster is the module's).
+
+    sn1 and sn2 also run sshd (the same loopback addresses): recover lists and copies
+    the shards over SSH and relaunches on sn1 as a new Slurm job."""
+    sshd_farm.start(2)  # 127.0.0.2 and 127.0.0.3, as the Slurm nodes
+    remote = tmp_path / "remote"
+    cluster = _cluster_file(tmp_path, farm=sshd_farm, remote_storage=str(remote))
+    plan = _plan(tmp_path, cluster, TWO_NODES)
+    train = ["--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant"]
+    every = [f"--train-arg=--checkpoint-every={EVERY}"]
+    proc = _autohet(slurm, tmp_path, "launch", str(plan), "--steps", "1000", *train, *every)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 8 " in line:
+            break
+    killed_at = time.monotonic()
+    slurm.kill_node("sn2")
+    rest, _ = proc.communicate(timeout=240)
+    detected_s = time.monotonic() - killed_at
+    out = "".join(seen) + rest
+    (tmp_path / "out.txt").write_text(out)
+    assert proc.returncode != 0, out
+    events = json.loads(next((tmp_path / "runs").glob("e2e.v1/*/events.json")).read_text())
+    assert events["status"] == "host_lost" and events["lost_hosts"] == ["sn2"], out
+    assert "autohet recover" in out and "--lost sn2" in out, out
+    assert detected_s < 60, out
+    assert not _left_behind(tmp_path), out
+
+    rec = _autohet(
+        slurm,
+        tmp_path,
+        "recover",
+        str(plan),
+        "--lost",
+        "sn2",
+        "--known-hosts",
+        str(tmp_path / "sshd" / "known_hosts"),
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(EVERY),
+        *train,
+        "--json",
+    )
+    text, _ = rec.communicate(timeout=300)
+    assert rec.returncode == 0, text
+    report = json.loads(text.strip().splitlines()[-1])
+    assert report["resumed_step"] in (6, 9) and report["bytes_from_remote"] > 0, report
+    run_dir = next((tmp_path / "runs").glob("e2e.v2/*"))
+    assert "--nodelist=sn1" in (run_dir / "job.sbatch").read_text()  # a Slurm job again
+    assert "hetjob" not in (run_dir / "job.sbatch").read_text()  # one node: one component
+    after = _losses((run_dir / "sn1.log").read_text())
+    ref = _reference(tmp_path)
+    resumed = [s for s in after if s >= report["resumed_step"]]
+    assert resumed and max(resumed) == STEPS - 1, after
+    for step in resumed:
+        assert after[step] == pytest.approx(ref[step], abs=1e-4), (step, after[step], ref[step])
+    assert not _left_behind(tmp_path)
