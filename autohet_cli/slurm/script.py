@@ -147,12 +147,20 @@ def _node_part(specs: Sequence[LaunchSpec], plan: Plan, job: str | None) -> list
                 f'{{ [ -e {d}/{KEY_FILE} ] || cp -- "$run/{KEY_NAME}" {d}/{KEY_FILE}; }}) '
                 "|| exit 1"
             )
-        out.append(f"      {s.command_line()}")
+        out.append(f"      {s.command_line()} &")
         out.append("      ;;")
     out += [
         '    *) echo "autohet: node $node is not a host of this plan" >&2; exit 2 ;;',
         "  esac",
-        "  rc=$?",
+        "  # Stay torchrun's parent until it ends: Slurm's TERM would otherwise end this",
+        "  # shell first, and proctrack/linuxproc, which follows the process tree, would",
+        "  # lose the orphaned torchrun and never kill it.",
+        "  child=$!",
+        "  trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT",
+        "  while :; do",
+        '    wait "$child"; rc=$?',
+        '    kill -0 "$child" 2>/dev/null || break',
+        "  done",
         '  echo "$rc" > "$run/exit/$node"',
         "  exit $rc",
         "fi",

@@ -122,7 +122,15 @@ if [ "${{1:-}}" = node ]; then
 {cases}
     *) echo "autohet: node $node is not a host of this plan" >&2; exit 2 ;;
   esac
-  rc=$?
+  # Stay torchrun's parent until it ends: Slurm's TERM would otherwise end this
+  # shell first, and proctrack/linuxproc, which follows the process tree, would
+  # lose the orphaned torchrun and never kill it.
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+  while :; do
+    wait "$child"; rc=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
   echo "$rc" > "$run/exit/$node"
   exit $rc
 fi
@@ -158,7 +166,7 @@ AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segm
 python3 -m torch.distributed.run --nnodes 3 --node-rank {rank} --nproc-per-node 4 \
 --master-addr 10.0.0.1 --master-port 29411 --max-restarts 0 -m autohet_cli.runtime.train \
 --plan {run}/lab.v1.yaml --run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints \
---remote-storage none --job J1 --steps=50 --checkpoint-every=auto
+--remote-storage none --job J1 --steps=50 --checkpoint-every=auto &
       ;;"""
 
 
