@@ -243,7 +243,6 @@ def run_job(
     if p.cluster.backend == "slurm":
         from autohet_cli.slurm.run import run_slurm_job  # imports this module
 
-        choice = job_choice or JobChoice()
         return run_slurm_job(
             p,
             train_args=train_args,
@@ -254,9 +253,7 @@ def run_job(
             start_timeout_s=start_timeout_s,
             runs_root=runs_root,
             printer=printer,
-            resume=choice.resume,
-            job=choice.job,
-            key=choice.key,
+            job_choice=job_choice or JobChoice(),
             stop=stop,
         )
     hosts = p.plan.hosts()
@@ -300,6 +297,20 @@ def run_job(
         shares=tuple(pl.num_microbatches for pl in p.plan.pipelines),
         start_timeout_s=None if script else start_timeout_s,
     )
+    return supervise(job, p, local_dir, printer, stop)
+
+
+def supervise(
+    job: Job,
+    p: Prepared,
+    local_dir: Path,
+    printer: Printer,
+    stop: threading.Event | None,
+    cleanup: Callable[[], None] | None = None,
+) -> JobOutcome:
+    """Start, watch and always stop ``job`` (any backend); Ctrl-C/SIGTERM or ``stop``
+    stop it. ``cleanup`` runs after the stop, whatever happened. Then the run is
+    compared with its plan."""
     if stop is not None:
         job.stop_requested = stop
     with _stop_on_signals(job.stop_requested):
@@ -309,6 +320,8 @@ def run_job(
         finally:
             job.stop_all()
             job.close()
+            if cleanup is not None:
+                cleanup()
     if job.run_report is not None:
         _check_against_plan(p, job.run_report, local_dir, printer)
     return outcome

@@ -155,6 +155,5 @@ def is_down(state: str) -> bool:
     return state.rstrip("*~#!%$@^-+").split("+")[0] in NODE_DOWN or state.endswith("*")
 
 
-def cancel(job_id: str, *, signal: str | None = None) -> None:
-    argv = ["scancel"] + ([f"--signal={signal}", "--full"] if signal else []) + [job_id]
-    run(argv)
+def cancel(job_id: str) -> None:
+    run(["scancel", job_id])

@@ -75,7 +75,6 @@ class SlurmJob(Job):
         self._tail_thread: threading.Thread | None = None
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, str] = {}
-        self.ended_state = ""
         self._no_exit_file: set[str] = set()  # hosts whose wrapper never wrote one
 
     def runner(self, host: str) -> Runner:
@@ -170,7 +169,6 @@ class SlurmJob(Job):
                 )
             if path.exists():  # written while we asked
                 return self.exit_code(host)
-            self.ended_state = "/".join(sorted(states))
             self._no_exit_file.add(host)
             return 128 + 9  # ended by Slurm (cancel, time limit) before torchrun did
         return None

@@ -41,7 +41,7 @@ from autohet_cli.transport.local import LocalRunner
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 if TYPE_CHECKING:
-    from autohet_cli.launch.session import Prepared
+    from autohet_cli.launch.session import JobChoice, Prepared
 
 # Static rendezvous on a node we cannot look at first: a random port in a range
 # that Linux does not hand out as ephemeral ports (32768-60999), printed, and
@@ -140,9 +140,7 @@ def run_slurm_job(
     start_timeout_s: float = 300.0,
     runs_root: Path = Path("runs"),
     printer: Printer = print,
-    resume: bool = False,
-    job: str | None = None,
-    key: bytes | None = None,
+    job_choice: JobChoice,
     stop: threading.Event | None = None,
 ) -> JobOutcome:
     from autohet_cli.launch import session  # it dispatches here: imported late
@@ -157,7 +155,8 @@ def run_slurm_job(
     hosts = p.plan.hosts()
     job_name, job_key = (None, None)
     if not script:
-        job_name, job_key = choose_job(p, hosts, resume, job, key, printer)
+        c = job_choice
+        job_name, job_key = choose_job(p, hosts, c.resume, c.job, c.key, printer)
     launch = build(
         p.plan,
         p.cluster,
@@ -189,16 +188,12 @@ def run_slurm_job(
         shares=tuple(pl.num_microbatches for pl in p.plan.pipelines),
         start_timeout_s=None if script else start_timeout_s,
     )
-    if stop is not None:
-        sjob.stop_requested = stop
-    with session._stop_on_signals(sjob.stop_requested):
-        try:
-            sjob.start()
-            outcome = sjob.watch()
-        finally:
-            sjob.stop_all()
-            sjob.close()
-            (run_dir / KEY_NAME).unlink(missing_ok=True)
-    if sjob.run_report is not None:
-        session._check_against_plan(p, sjob.run_report, run_dir, printer)
-    return outcome
+    # The key leaves the run directory however the job ends.
+    return session.supervise(
+        sjob,
+        p,
+        run_dir,
+        printer,
+        stop,
+        cleanup=lambda: (run_dir / KEY_NAME).unlink(missing_ok=True),
+    )
