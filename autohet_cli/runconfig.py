@@ -66,6 +66,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("model_fn", str, "package.module:function building the model"),
     Setting("init_from", str, "HuggingFace model directory on every host"),
     Setting("checkpoint_every", str, "K, auto or 0"),
+    Setting("keep_checkpoints", int, "complete steps kept per job (0: every step)", minimum=0),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -11,7 +11,9 @@ Layout
     is the run namespace: a fresh launch starts a new one, a resumed or recovered
     run continues its own, so two runs never mix. A step is written under a
     temporary name and renamed into place; a ``COMPLETE`` step is never
-    overwritten or deleted. The remote copy has the same layout under its root.
+    overwritten, and deleted only by retention (``ckpt.retention``: the newest
+    ``--keep-checkpoints`` steps and pinned ones stay). The remote copy has the
+    same layout under its root.
 
 Authentication
     Every job has a 32-byte secret, ``<job dir>/.autohet-key`` (mode 0600, in a

@@ -39,12 +39,14 @@ def export(
     """
     if format != "hf":
         raise typer.BadParameter("only 'hf' is supported", param_hint="--format")
+    from autohet_cli.runtime.ckpt_prune import reading_step
     from autohet_cli.runtime.hf_export import export_hf, open_checkpoint, parse_size, spec_for
 
-    ckpt = open_checkpoint(step_dir)
-    files = export_hf(
-        ckpt, spec_for(ckpt, plan), out, dtype=dtype, max_shard_bytes=parse_size(max_shard_size)
-    )
+    with reading_step(step_dir, holder="autohet export"):  # no prune of a running job
+        ckpt = open_checkpoint(step_dir)
+        files = export_hf(
+            ckpt, spec_for(ckpt, plan), out, dtype=dtype, max_shard_bytes=parse_size(max_shard_size)
+        )
     typer.echo(f"wrote {out}: {', '.join(f.name for f in files)}")
 
 

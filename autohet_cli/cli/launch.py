@@ -28,7 +28,8 @@ EPILOG = (
     "and prints the `autohet recover` command (--auto-recover runs it). Workers that "
     "fail on their own (a crash, a bad config) are reported with their root cause and "
     "the log path; recovering would not help them. Every fresh launch checkpoints into "
-    "a new job (namespace) beside earlier ones, which are never deleted.\n"
+    "a new job (namespace) beside earlier ones, which are never deleted; within a job "
+    "the newest complete checkpoints are kept (--keep-checkpoints, 3 by default).\n"
 )
 
 
@@ -58,6 +59,15 @@ def launch(
             "least every 30 min; 0: off. [default: auto]",
         ),
     ] = None,
+    no_emergency_save: Annotated[
+        bool,
+        typer.Option(
+            "--no-emergency-save",
+            help="A preemption notice (SIGTERM, the host's check) stops without saving. "
+            "By default every rank saves the step it is on, even with --checkpoint-every 0.",
+        ),
+    ] = False,
+    keep_checkpoints: trainopts.KeepOpt = None,
     train_arg: Annotated[
         list[str] | None,
         typer.Option(help="Extra worker argument (repeatable), for example: --train-arg=--lr=3e-4"),
@@ -130,15 +140,17 @@ def launch(
         config=config,
         steps=steps,
         checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
         data=data,
         data_fn=data_fn,
-        train_arg=train_arg,
+        train_arg=[*(train_arg or ()), *(["--no-emergency-save"] if no_emergency_save else [])],
     )
     req = session.LaunchRequest(
         plan_file=plan_file,
         cluster=cluster,
         steps=training.steps,
         checkpoint_every=training.checkpoint_every,
+        keep_checkpoints=training.keep_checkpoints,
         train_args=training.train_args,
         script=tuple(script or ()),
         master_port=master_port,
@@ -158,17 +170,25 @@ def launch(
     result = session.launch(req, (lambda _line: None) if as_json else typer.echo)
     out = result.outcome
     if as_json:
-        typer.echo(json.dumps({**out.to_dict(), "recover_command": result.recover_command}))
+        typer.echo(
+            json.dumps(
+                {
+                    **out.to_dict(),
+                    "recover_command": result.recover_command,
+                    "resume_command": result.resume_command,
+                }
+            )
+        )
     else:
-        _print_outcome(out, result.recover_command)
-    if auto_recover and out.recoverable:
+        _print_outcome(out, result.recover_command, result.resume_command)
+    if auto_recover and result.recover_command is not None:
         argv = session.recover_argv(req, out.lost_hosts, full=True)
         typer.echo(f"auto-recover: autohet {' '.join(argv)}")
         raise typer.Exit(subprocess.call([sys.executable, "-m", "autohet_cli", *argv]))
     raise typer.Exit(out.exit_code)
 
 
-def _print_outcome(out: JobOutcome, hint: str | None) -> None:
+def _print_outcome(out: JobOutcome, hint: str | None, resume: str | None = None) -> None:
     typer.echo(f"{out.status}: {out.detail or out.last_status}")
     cause = out.root_cause
     if cause and cause.get("detail"):
@@ -177,6 +197,8 @@ def _print_outcome(out: JobOutcome, hint: str | None) -> None:
     typer.echo(f"logs: {out.local_run_dir}/ (one file per host, events.json)")
     if hint:
         typer.echo(f"to continue on the survivors: {hint}")
+    elif resume:
+        typer.echo(f"no host of the cluster survives; to continue once they are back: {resume}")
 
 
 def register(app: typer.Typer) -> None:

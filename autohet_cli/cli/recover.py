@@ -56,6 +56,15 @@ def recover(
             help="As for launch: K steps, auto, or 0 (off). [default: auto]",
         ),
     ] = None,
+    no_emergency_save: Annotated[
+        bool,
+        typer.Option(
+            "--no-emergency-save",
+            help="A preemption notice (SIGTERM, the host's check) stops without saving. "
+            "By default every rank saves the step it is on, even with --checkpoint-every 0.",
+        ),
+    ] = False,
+    keep_checkpoints: trainopts.KeepOpt = None,
     train_arg: Annotated[
         list[str] | None, typer.Option(help="Extra worker argument (repeatable).")
     ] = None,
@@ -99,9 +108,10 @@ def recover(
         config=config,
         steps=steps,
         checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
         data=data,
         data_fn=data_fn,
-        train_arg=train_arg,
+        train_arg=[*(train_arg or ()), *(["--no-emergency-save"] if no_emergency_save else [])],
     )
 
     def say(message: str) -> None:
@@ -116,6 +126,7 @@ def recover(
         job=job,
         steps=training.steps,
         checkpoint_every=training.checkpoint_every,
+        keep_checkpoints=training.keep_checkpoints,
         train_args=training.train_args,
         time_limit_s=time_limit,
         dry_run=dry_run,

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from autohet_cli.ckpt.policy import parse_every
+from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import ConfigError
 from autohet_cli.runconfig import load_run_config, worker_args
 
@@ -39,6 +40,18 @@ DataOpt = Annotated[
         "[default: synthetic tokens]",
     ),
 ]
+KeepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--keep-checkpoints",
+        metavar="K",
+        min=0,
+        help="Keep the newest K complete checkpoints of the job on every host and in "
+        "remote storage; older ones are deleted after each successful save (one save of a "
+        "1.2B llama is 15 GB). The step a run resumed from and the step recover copies "
+        f"stay until no longer read. 0: keep every step. [default: {DEFAULT_KEEP}]",
+    ),
+]
 DataFnOpt = Annotated[
     str | None,
     typer.Option(
@@ -54,6 +67,7 @@ class Training:
     steps: int
     checkpoint_every: str
     train_args: tuple[str, ...]
+    keep_checkpoints: int = DEFAULT_KEEP
 
 
 def resolve(
@@ -64,13 +78,17 @@ def resolve(
     data: str | None,
     data_fn: str | None,
     train_arg: list[str] | None,
+    keep_checkpoints: int | None = None,
 ) -> Training:
     settings = load_run_config(config) if config is not None else {}
     file_every = settings.pop("checkpoint_every", None)
     every = checkpoint_every or file_every or DEFAULT_EVERY
     file_steps = settings.pop("steps", None)
+    file_keep = settings.pop("keep_checkpoints", None)
+    keep = next((k for k in (keep_checkpoints, file_keep) if k is not None), DEFAULT_KEEP)
     try:
         parse_every(every)
+        keep = parse_keep(keep)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     explicit = [f"--data={data}"] if data else []
@@ -80,5 +98,6 @@ def resolve(
     return Training(
         steps=steps,
         checkpoint_every=every,
+        keep_checkpoints=keep,
         train_args=(*worker_args(settings), *explicit, *(train_arg or ())),
     )

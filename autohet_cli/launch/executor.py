@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import json
 import re
+import signal
 import threading
 import time
 import uuid
@@ -172,7 +173,13 @@ class Job:
         self.status_every_s = 10.0
         # None: no start-up deadline (user scripts write no boot marks).
         self.start_timeout_s = start_timeout_s
+        # Ctrl-C/SIGTERM once: a notice, every rank saves its step and exits (the
+        # workers' own preemption path); twice (or the wait running out): stop at once.
         self.stop_requested = threading.Event()
+        self.kill_requested = threading.Event()
+        self.graceful_stop_s = 600.0
+        self._graceful_since: float | None = None
+        self.stop_signal: int | None = None  # what asked for the stop (session sets it)
         self._handles: dict[str, ProcessHandle] = {}
         self._logs: dict[str, TextIO] = {}
         self._tails: dict[str, collections.deque[str]] = {}
@@ -294,8 +301,8 @@ class Job:
         dropped: dict[str, str] = {}
         last_status = last_check = time.monotonic()
         while True:
-            if self.stop_requested.is_set():
-                self.stop_all()
+            if self.stop_requested.is_set() and self._stop_now():
+                self.stop_all(grace_s=1.0 if self.kill_requested.is_set() else 10.0)
                 verdict = triage.Verdict(
                     status=triage.INTERRUPTED, exit_code=130, detail="stopped on request"
                 )
@@ -318,6 +325,43 @@ class Job:
                 last_status = now
                 self.printer(f"status: {self.status.line()}")
             time.sleep(poll_s)
+
+    def _stop_now(self) -> bool:
+        """After a stop request: True to stop at once (a second request, or the save
+        did not end in ``graceful_stop_s``); the first request sends the notice."""
+        if self.kill_requested.is_set():
+            return True
+        now = time.monotonic()
+        if self._graceful_since is None:
+            self._graceful_since = now
+            self.printer(
+                "stopping: every rank saves the step it is on, then exits (Ctrl-C again "
+                "stops at once, unsaved)"
+            )
+            self.notify_all()
+            return False
+        if now - self._graceful_since > self.graceful_stop_s:
+            self.printer(
+                f"the workers did not stop within {self.graceful_stop_s:g} s of the request: "
+                "stopping them"
+            )
+            return True
+        return False
+
+    def notify_all(self) -> None:
+        """One SIGTERM to each host's torchrun agent (its process group): the workers'
+        preemption notice (``runtime.agent`` forwards it, ``runtime.preempt`` saves)."""
+        for host, handle in self._handles.items():
+            if handle.pid is None or handle.poll() is not None:
+                continue
+            try:
+                self.runner(host).run(
+                    ["sh", "-c", 'kill -TERM -- "-$1" 2>/dev/null || kill -TERM "$1"', "sh"]
+                    + [str(handle.pid)],
+                    timeout_s=20,
+                )
+            except AutohetError:
+                pass  # unreachable: the watch judges it
 
     def _poll(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
         for host, handle in self._handles.items():
@@ -367,7 +411,16 @@ class Job:
             return None
         with self._lock:
             notice = self.preemption
-        if notice is not None:
+        if self._graceful_since is not None and not (
+            self.stop_signal == signal.SIGTERM and notice is not None
+        ):
+            verdict = triage.stopped_on_request(verdict, notice)
+        elif notice is not None and self._graceful_since is not None:
+            # The launcher's own SIGTERM: its machine shuts down with the workers'.
+            hosts = tuple((s.host, "SIGTERM") for s in self.specs)
+            notice = dataclasses.replace(notice, hosts=hosts)
+            verdict = triage.preempted(verdict, notice, [s.host for s in self.specs])
+        elif notice is not None:
             verdict = triage.preempted(verdict, notice, [s.host for s in self.specs])
         if verdict.status == triage.HOST_LOST:
             self.printer(f"lost: {verdict.detail}; stopping the other hosts")

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.ckpt.format import new_key
+from autohet_cli.ckpt.notice import notice_warnings
 from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every
+from autohet_cli.ckpt.retention import DEFAULT_KEEP, describe_keep, keep_of
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, PlanError
@@ -41,6 +43,7 @@ from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_spe
 from autohet_cli.launch.sync import sync_dir as sync_directory
 from autohet_cli.plan import Plan, check_against_cluster, load_plan
 from autohet_cli.recovery.manifest import remote_root
+from autohet_cli.runtime.agent import REPEAT_WINDOW_S
 from autohet_cli.slurm.settings import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
@@ -56,6 +59,7 @@ class LaunchRequest:
     cluster: str | None = None
     steps: int = 100
     checkpoint_every: str = "auto"
+    keep_checkpoints: int = DEFAULT_KEEP
     train_args: tuple[str, ...] = ()
     script: tuple[str, ...] = ()
     master_port: int | None = None  # None: a free port on the master host
@@ -92,7 +96,9 @@ class JobChoice:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchResult:
     outcome: JobOutcome
-    recover_command: str | None  # only when a host was lost
+    recover_command: str | None  # only when a host was lost and another survives
+    # Every host of the cluster left: resume there (or anywhere) once they are back.
+    resume_command: str | None = None
 
 
 def resolve_cluster(plan: Plan, cluster: str | None) -> str:
@@ -128,6 +134,7 @@ def worker_args(req: LaunchRequest) -> list[str]:
     return [
         f"--steps={req.steps}",
         f"--checkpoint-every={req.checkpoint_every}",
+        f"--keep-checkpoints={req.keep_checkpoints}",
         *resume,
         *init,
         *req.train_args,
@@ -198,12 +205,34 @@ def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
             printer=printer,
             job_choice=JobChoice(resume=req.resume, job=req.job),
         )
-    hint = None
+    hint = resume = None
     if outcome.recoverable:
-        # With the training options: a recover without --data/--config would resume
-        # on other data (refused) or another learning-rate schedule.
-        hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts, full=True)])
-    return LaunchResult(outcome=outcome, recover_command=hint)
+        if survivors(p.cluster, outcome.lost_hosts):
+            # With the training options: a recover without --data/--config would resume
+            # on other data (refused) or another learning-rate schedule.
+            hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts, full=True)])
+        elif not req.script:
+            resume = shlex.join(["autohet", *resume_argv(req)])
+    return LaunchResult(outcome=outcome, recover_command=hint, resume_command=resume)
+
+
+def survivors(cluster: Cluster, lost: Sequence[str]) -> list[str]:
+    """The cluster's hosts that were not lost (recover replans on them)."""
+    return [h.name for h in cluster.hosts if h.name not in set(lost)]
+
+
+def resume_argv(req: LaunchRequest) -> list[str]:
+    """``launch PLAN --resume`` with the training options: the same run, same hosts."""
+    argv = ["launch", str(req.plan_file)]
+    if req.cluster:
+        argv += ["--cluster", req.cluster]
+    if req.backend:
+        argv += ["--backend", req.backend]
+    argv += ["--resume", "--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
+    argv += ["--keep-checkpoints", str(req.keep_checkpoints)]
+    argv += req.connect.argv()
+    argv += [f"--train-arg={a}" for a in req.train_args]
+    return argv
 
 
 def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False) -> list[str]:
@@ -217,6 +246,7 @@ def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False)
     argv += req.connect.argv()
     if full:
         argv += ["--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
+        argv += ["--keep-checkpoints", str(req.keep_checkpoints)]
         argv += [f"--train-arg={a}" for a in req.train_args]
     return argv
 
@@ -313,7 +343,7 @@ def supervise(
     compared with its plan."""
     if stop is not None:
         job.stop_requested = stop
-    with _stop_on_signals(job.stop_requested):
+    with _stop_on_signals(job.stop_requested, getattr(job, "kill_requested", None), job):
         try:
             job.start()
             outcome = job.watch()
@@ -384,10 +414,20 @@ def _announce_checkpoints(
     specs: Sequence[LaunchSpec], train_args: Sequence[str], p: Prepared, printer: Printer
 ) -> None:
     every = checkpoint_every_of(train_args)
+    emergency = "--no-emergency-save" not in train_args
+    if emergency:
+        is_spot = _spot_test(p.cluster)
+        for warning in notice_warnings(p.plan, is_spot):
+            printer(warning)
     if every == 0:
         printer(
-            "checkpoints: off (--checkpoint-every 0): a lost host cannot be recovered, "
-            "and the run cannot be resumed"
+            "checkpoints: no periodic saves (--checkpoint-every 0): a lost host cannot be "
+            "recovered"
+            + (
+                "; a preemption notice still saves its step"
+                if emergency
+                else ", and a preemption notice saves nothing (--no-emergency-save)"
+            )
         )
         return
     where = ", ".join(
@@ -399,7 +439,14 @@ def _announce_checkpoints(
         "none (set remote_storage in the cluster file: a shard whose every host copy is "
         "lost cannot be recovered without one)"
     )
-    printer(f"checkpoints: {describe_every(every)}; in {where}; remote copy: {remote}")
+    keep = describe_keep(keep_of(train_args))
+    printer(f"checkpoints: {describe_every(every)}; {keep}; in {where}; remote copy: {remote}")
+
+
+def _spot_test(cluster: Cluster) -> Callable[[str], bool]:
+    """Hosts that get preemption notices: ``spot: true`` or a preemption check."""
+    spot = {h.name for h in cluster.hosts if h.spot or h.preemption_check is not None}
+    return lambda name: name in spot
 
 
 def _announce_metrics(first: LaunchSpec, printer: Printer) -> None:
@@ -448,14 +495,34 @@ def _local_run_dir(root: Path, plan: Plan, run_id: str | None) -> tuple[Path, st
 
 
 @contextmanager
-def _stop_on_signals(event: threading.Event) -> Iterator[None]:
-    """Ctrl-C and SIGTERM ask the job to stop every host (main thread only)."""
+def _stop_on_signals(
+    event: threading.Event, again: threading.Event | None = None, job: object = None
+) -> Iterator[None]:
+    """Ctrl-C and SIGTERM ask the job to stop every host (main thread only); a second
+    one sets ``again`` (stop at once, without waiting for the workers' save). The
+    first signal's number goes to ``job.stop_signal``: a SIGTERM is this machine
+    shutting down (the launcher shares a spot VM with its workers), a preemption."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+
+    first: list[float] = []
+
+    def on_signal(number: int, _frame: object) -> None:
+        now = time.monotonic()
+        if not event.is_set():
+            first.append(now)
+            if job is not None and hasattr(job, "stop_signal"):
+                job.stop_signal = number
+            event.set()
+        elif number == signal.SIGTERM and first and now - first[0] <= REPEAT_WINDOW_S:
+            return  # a shutdown signalling again: the same notice (runtime.agent's rule)
+        elif again is not None:
+            again.set()
+
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in old:
-        signal.signal(sig, lambda *_: event.set())
+        signal.signal(sig, on_signal)
     try:
         yield
     finally:

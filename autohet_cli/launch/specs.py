@@ -2,8 +2,11 @@
 
 One torchrun agent per host of the plan, static rendezvous at the first host:
 
-    python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node n_i
-        --master-addr ADDR --master-port PORT --max-restarts 0 [-m] SCRIPT ARGS...
+    python -m autohet_cli.runtime.agent --nnodes N --node-rank i --nproc-per-node n_i
+        --master-addr ADDR --master-port PORT --max-restarts 0 -m autohet_cli.runtime.train ...
+
+(``runtime.agent`` is torchrun with a SIGTERM that waits for the workers' emergency
+save; a user script runs under ``python -m torch.distributed.run`` as it is.)
 
 Host order is the order in which hosts first appear in the plan. torchrun numbers
 the workers of host i after those of hosts 0..i-1, so global ranks are not the
@@ -21,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from autohet_cli.ckpt.notice import NOTICE_S
 from autohet_cli.cluster import Cluster, python_for
 from autohet_cli.errors import PlanError
 from autohet_cli.paths import expand_home, shell_word
@@ -28,6 +32,8 @@ from autohet_cli.plan import Plan
 from autohet_cli.preemption import CHECK_ENV
 
 DEFAULT_MODULE = "autohet_cli.runtime.train"
+AGENT_MODULE = "autohet_cli.runtime.agent"  # torchrun that waits for an emergency save
+NOTICE_BUDGET_ENV = "AUTOHET_NOTICE_BUDGET_S"  # read by runtime.train
 HOST_ENV = "AUTOHET_HOST"
 PLAN_ENV = "AUTOHET_PLAN"
 RUN_ENV = "AUTOHET_RUN_DIR"
@@ -51,12 +57,19 @@ class LaunchSpec:
     def command_line(self) -> str:
         """The exact shell line (cd, env, argv), for --dry-run and for humans: it runs as
         printed in sh or bash on the host (``~`` paths become ``"$HOME"/...``)."""
+        return f"cd {shell_word(self.workdir)} && {self.env_line()}"
+
+    def env_line(self) -> str:
+        """``command_line`` without its ``cd``: one simple command (``env`` execs
+        torchrun), so that ``LINE &`` makes torchrun itself the shell's child. With the
+        ``cd ... &&`` list, ``&`` forks a subshell that stays torchrun's parent and dies
+        on a SIGTERM sent to every process (Slurm's ``scancel --signal``)."""
         env = " ".join(
             f"{k}={shell_word(v)}" if _ENV_NAME.match(k) else shlex.quote(f"{k}={v}")
             for k, v in sorted(self.env.items())
         )
         argv = " ".join(shell_word(a) for a in self.argv)
-        return f"cd {shell_word(self.workdir)} && env {env} {argv}"
+        return f"env {env} {argv}"
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -103,6 +116,7 @@ def build_launch_specs(
     loopback_only = all(a.startswith("127.") or a in ("localhost", "local") for a in addresses)
     specs: list[LaunchSpec] = []
     first_rank = 0
+    spot_hosts = [h for h in hosts if cluster.host(h).spot or cluster.host(h).preemption_check]
     for node_rank, name in enumerate(hosts):
         if node_rank:
             first_rank += specs[-1].nproc_per_node
@@ -141,10 +155,15 @@ def build_launch_specs(
             # name torch reads) overrides it.
             if not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(env):
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        if spot_hosts:
+            env[NOTICE_BUDGET_ENV] = f"{NOTICE_S:g}"  # a save longer than it is warned about
         argv = [
             python_for(host),
             "-m",
-            "torch.distributed.run",
+            # The built-in trainer's hosts run torchrun through our agent, which lets the
+            # workers finish an emergency save on SIGTERM (runtime.agent); a user script
+            # gets torchrun as it is (autohet need not be installed on its hosts).
+            "torch.distributed.run" if options.script else AGENT_MODULE,
             "--nnodes",
             str(len(hosts)),
             "--node-rank",

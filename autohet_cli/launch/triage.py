@@ -316,3 +316,17 @@ def preempted(verdict: Verdict, notice: Preemption, plan_hosts: Sequence[str]) -
         root_cause=verdict.root_cause if not notice.saved else None,
         detail=f"host preempting ({why}); {saved}",
     )
+
+
+def stopped_on_request(verdict: Verdict, notice: Preemption | None) -> Verdict:
+    """The verdict of a job the launcher's Ctrl-C/SIGTERM stopped through the workers'
+    notice path: interrupted, with the step every rank saved (resumable)."""
+    if notice is not None and notice.saved:
+        detail = f"stopped on request; every rank saved step {notice.step} (resume with --resume)"
+    elif verdict.status == FINISHED:
+        detail = "stopped on request after the last step"
+    else:
+        detail = "stopped on request; no step was saved" + (
+            f" ({verdict.detail})" if verdict.detail else ""
+        )
+    return Verdict(status=INTERRUPTED, exit_code=130, detail=detail)

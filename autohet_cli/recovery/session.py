@@ -16,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autohet_cli.ckpt.format import namespace
+from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import load_cluster
 from autohet_cli.launch import jobs
 from autohet_cli.launch.session import JobChoice, Prepared, resolve_cluster, run_job
@@ -34,6 +36,7 @@ from autohet_cli.recovery.manifest import (
     parse_step_dir,
     remote_root,
 )
+from autohet_cli.recovery.pins import pinned_step
 from autohet_cli.recovery.replan import replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
@@ -53,6 +56,7 @@ class RecoverRequest:
     job: str | None = None  # None: the newest job of the plan on the survivors
     steps: int = 100
     checkpoint_every: str = "auto"
+    keep_checkpoints: int = DEFAULT_KEEP
     train_args: tuple[str, ...] = ()
     time_limit_s: float = 30.0
     dry_run: bool = False
@@ -78,7 +82,11 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     rx.check_lost_names(old, cl, req.lost)
     clock = PhaseClock()
     root = rx.remote_root_for(cl)
-    with recover_lock(req.plan_file.parent, old.name), HostPool(cl, req.connect) as pool:
+    with (
+        recover_lock(req.plan_file.parent, old.name),
+        HostPool(cl, req.connect) as pool,
+        ExitStack() as pins,
+    ):
         with clock.phase("detect"):
             gone = rx.probe_survivors(old, pool, req.lost, say)
         survivors = [h for h in old.hosts() if h not in gone]
@@ -86,6 +94,10 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             job, key = _job_and_key(old, survivors, pool, req.job, say)
             ns = namespace(old.name, job)
             choice, remote, text = _choose(old, survivors, pool, root, ns, key, req.step, say)
+            # No prune (--keep-checkpoints) may remove it while it is copied.
+            holders = sorted({h for hosts in choice.holders.values() for h in hosts})
+            in_remote = root if choice.step_dir in remote else None
+            pins.enter_context(pinned_step(pool, holders, ns, choice.step, in_remote, say))
         say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
         with clock.phase("replan"):
             inputs = {
@@ -126,6 +138,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             peers, from_remote = rx.execute_transfers(tp, pool, say)
             rx.finalize(tp, text, pool)
             rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
+        pins.close()  # from here the relaunched run keeps the step until it saved K newer
         new_plan, new_path = write_plan(r.plan, req.plan_file.parent)
         say(
             f"wrote {new_path}; {len(tp.items)} file(s) copied "
@@ -159,6 +172,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         f"--steps={req.steps}",
                         f"--resume={choice.step}",
                         f"--checkpoint-every={req.checkpoint_every}",
+                        f"--keep-checkpoints={req.keep_checkpoints}",
                         *req.train_args,
                     ],
                     master_port=req.master_port,

@@ -21,13 +21,20 @@ Saving (every rank, collectively)
     host wrote. Entries of no layer (``step``, ``run``, ...) are saved by rank 0
     alone, so they all land in rank 0's file. Every rank hashes its own files;
     rank 0 gathers the entries, records which layers each data file holds and
-    which holds the shared entries (from the metadata DCP returns: recovery's
+    which holds the shared entries (from the ``.metadata`` it wrote: recovery's
     "layers" rule moves only what a host reads), writes ``manifest.json`` signed
     with the job key (HMAC-SHA256) and ``COMPLETE`` last. The state is
     ``Trainer.state_dict`` with the optimizer flattened to one entry per full
     parameter name, and a tied parameter's optimizer state filed under the first
     name of its group whatever copy a rank holds, so every entry has one name in
     every plan.
+
+Keeping (``--keep-checkpoints K``, ``runtime.ckpt_prune``)
+    After a save whose ``COMPLETE`` and rename succeeded, every host's directory
+    owner removes the job's complete steps beyond the newest K, except pinned
+    ones (the step this run resumed from, until it saved K newer; steps
+    ``autohet recover`` copies); rank 0's uploader does the same in the remote
+    copy once a step is complete there. A failed save removes nothing.
 
 The job key
     ``<job dir>/.autohet-key`` (0600). ``autohet launch`` creates it and copies it to
@@ -63,7 +70,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -79,6 +86,7 @@ from autohet_cli.ckpt.format import (
     step_dir_name,
     verified_manifest,
 )
+from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.ckpt_files import (
     CheckpointError,
@@ -91,6 +99,7 @@ from autohet_cli.runtime.ckpt_files import (
     write_atomic,
     write_key,
 )
+from autohet_cli.runtime.ckpt_prune import Retention
 from autohet_cli.runtime.ckpt_remote import RemoteCopy, Uploader, UploadJob, remote_url
 from autohet_cli.runtime.ckpt_schedule import CheckpointHook
 from autohet_cli.runtime.ckpt_state import (
@@ -158,13 +167,18 @@ class Checkpointer:
         remote: RemoteCopy | None = None,
         upload_timeout_s: float = 1800.0,
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
+        keep: int = DEFAULT_KEEP,
     ) -> None:
         self.trainer = trainer
         self.job = check_job(job)
         self.plan_dir = root / trainer.plan.name / job
         self.plan_ref, self.plan_sha256 = plan_ref, plan_sha256
         self.remote = remote
-        self.uploader = Uploader(remote, timeout_s=upload_timeout_s) if remote else None
+        self.uploader = (
+            Uploader(remote, timeout_s=upload_timeout_s, on_complete=self._prune_remote)
+            if remote
+            else None
+        )
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         # Checkpoint collectives get their own CPU group and timeout: writing a big
@@ -182,6 +196,16 @@ class Checkpointer:
         # find the other's work done (a rename, a cleanup).
         self.shared_dir = len({m for m, d in places if d == where[1]}) > 1
         self.key = self._agree_key()
+        self.retention = Retention(
+            keep=keep,
+            job=self.job,
+            plan_dir=self.plan_dir,
+            key=self.key,
+            group=self.group,
+            owner=self.owner,
+            host=self.host,
+            remote=remote,
+        )
 
     def _prepare_dir(self, root: Path) -> str | None:
         try:
@@ -266,10 +290,8 @@ class Checkpointer:
             self.trainer.parts.tied,
             shared=self.rank == 0,  # entries of no layer: rank 0's file alone
         )
-        metadata = dcp_save(
-            state,
-            storage_writer=FileSystemWriter(tmp, overwrite=True),
-            process_group=self.group,
+        dcp_save(
+            state, storage_writer=FileSystemWriter(tmp, overwrite=True), process_group=self.group
         )
         mine = sorted(p.name for p in tmp.glob(f"__{self.rank}_*.distcp"))
         if self.rank == 0:
@@ -295,7 +317,9 @@ class Checkpointer:
                 world_size=self.world_size,
                 files=manifest_files(
                     [e for rank_entries in gathered for e in rank_entries],
-                    stored_layers(metadata),
+                    # Where entries went, from the .metadata rank 0 (the coordinator) wrote:
+                    # the Metadata save() returns lacks storage_data before torch 2.13.
+                    stored_layers(FileSystemReader(tmp).read_metadata()),
                 ),
                 tied_layers=tied_layer_groups(self.trainer.parts.tied),
             )
@@ -313,7 +337,13 @@ class Checkpointer:
             self.uploader.start(
                 UploadJob(step=step, local_dir=final, names=tuple(mine), manifest=manifest)
             )
+        # Only now, with this step whole on every host: older ones may go.
+        reading = self.uploader.reading() if self.uploader is not None else set()
+        self.retention.after_save(step, reading=reading)
         return final
+
+    def _prune_remote(self, step: int) -> None:
+        self.retention.prune_remote(step)
 
     def agree_max(self, values: Sequence[float]) -> list[float]:
         """The element-wise maximum of ``values`` over all ranks (for the save schedule)."""
@@ -362,6 +392,7 @@ class Checkpointer:
                 raise CheckpointError(f"checkpoint {d} is not usable ({why_not(chosen)})")
         source = min(r for r, view in enumerate(views) if view.get(chosen, "") is None)
         self._load(chosen, source)
+        self.retention.hold(chosen)
         return chosen
 
     def _read_source(self, step: int) -> SourceData | str:

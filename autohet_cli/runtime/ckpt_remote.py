@@ -4,7 +4,9 @@ Each rank uploads its own files of a step to ``<remote>/<plan>/<job>/step-<N>/``
 rank 0 then uploads ``.metadata`` and the manifest, waits until every file the
 manifest lists is there at its full size, and uploads ``COMPLETE`` last. Training
 goes on meanwhile; a failed upload warns and never stops training. A ``COMPLETE``
-step in the remote copy is never overwritten. Where the remote copy is a local
+step in the remote copy is never overwritten; once rank 0 has marked one, its
+uploader prunes the copy to ``--keep-checkpoints`` (``runtime.ckpt_prune``).
+Where the remote copy is a local
 path (a shared mount, or the stand-in on a single machine), its root is held to
 the same rule as checkpoint directories (ours alone, mode 0700).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +26,12 @@ from autohet_cli.ckpt.format import (
     REMOTE_ENV,
     Manifest,
     namespace,
+    parse_step_dir,
     remote_storage,
     step_dir_name,
+    verified_manifest,
 )
+from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.ckpt_files import CheckpointError, ensure_private_dir
 from autohet_cli.runtime.records import say
 
@@ -85,6 +91,45 @@ class RemoteCopy:
         tmp.replace(dest)
         return True
 
+    # ------------------------------------------------------------- retention
+
+    def entries(self) -> list[str]:
+        """The names in the job's remote directory ([] before its first upload)."""
+        try:
+            listed = self.fs.ls(f"{self.root}/{self.ns}", detail=False)
+        except FileNotFoundError:
+            return []
+        return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed]
+
+    def read_entry(self, name: str) -> str:
+        return bytes(self.fs.cat_file(f"{self.root}/{self.ns}/{name}")).decode("utf-8")
+
+    def remove_entry(self, name: str) -> None:
+        self.fs.rm_file(f"{self.root}/{self.ns}/{name}")
+
+    def complete_steps(self, key: bytes, names: Iterable[str]) -> set[int]:
+        """The steps among ``names`` marked ``COMPLETE`` whose manifest authenticates
+        with the job key: a step planted in the remote copy neither counts towards
+        ``--keep-checkpoints`` nor is removed."""
+        out = set()
+        for step in (parse_step_dir(n) for n in names):
+            if step is None or not self.is_complete(step):
+                continue
+            where = self.path(step, MANIFEST)
+            try:
+                text = bytes(self.fs.cat_file(where)).decode("utf-8")
+                if verified_manifest(text, key, where).step == step:
+                    out.add(step)
+            except (OSError, UnicodeDecodeError, ConfigError):
+                continue
+        return out
+
+    def remove_step(self, step: int) -> None:
+        """``COMPLETE`` first: a removal cut short leaves an incomplete step, which no
+        reader takes for a checkpoint."""
+        self.fs.rm_file(self.path(step, COMPLETE))
+        self.fs.rm(self.path(step), recursive=True)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UploadJob:
@@ -108,10 +153,18 @@ class Uploader:
     the remote copy catches up with the newest step as soon as it can.
     """
 
-    def __init__(self, remote: RemoteCopy, *, timeout_s: float = UPLOAD_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        remote: RemoteCopy,
+        *,
+        timeout_s: float = UPLOAD_TIMEOUT_S,
+        on_complete: Callable[[int], None] | None = None,
+    ) -> None:
         self.remote, self.timeout_s = remote, timeout_s
+        self.on_complete = on_complete  # after COMPLETE is uploaded (rank 0): the prune
         self._cond = threading.Condition()
         self._pending: UploadJob | None = None
+        self._current: UploadJob | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
@@ -131,6 +184,11 @@ class Uploader:
                     target=self._loop, name="autohet-upload", daemon=True
                 )
                 self._thread.start()
+
+    def reading(self) -> set[int]:
+        """The steps whose local files this uploader is reading or will read."""
+        with self._cond:
+            return {j.step for j in (self._current, self._pending) if j is not None}
 
     def join(self, timeout_s: float | None = CLOSE_WAIT_S) -> None:
         """Finish what is queued, waiting at most ``timeout_s`` (the end of training)."""
@@ -153,8 +211,13 @@ class Uploader:
                     self._cond.wait()
                 if self._pending is None:
                     return
-                job, self._pending = self._pending, None
-            self._run(job)
+                job = self._current = self._pending
+                self._pending = None
+            try:
+                self._run(job)
+            finally:
+                with self._cond:
+                    self._current = None
 
     def _warn(self, message: str) -> None:
         self.errors.append(message)
@@ -177,6 +240,12 @@ class Uploader:
             )
         except Exception as exc:  # a remote outage must not stop training
             self._warn(f"upload of {job.local_dir} to {self.remote.path(job.step)} failed: {exc}")
+        else:
+            if job.manifest is not None and self.on_complete is not None:
+                try:
+                    self.on_complete(job.step)
+                except Exception as exc:  # neither may a failed removal
+                    self._warn(f"pruning the remote copy {self.remote.url} failed: {exc}")
 
     def _wait_for(self, step: int, manifest: Manifest) -> None:
         deadline = time.monotonic() + self.timeout_s

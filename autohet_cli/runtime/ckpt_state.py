@@ -54,6 +54,27 @@ def rename_optimizer(flat: Mapping[str, Any], aliases: Mapping[str, str]) -> dic
     return out
 
 
+def nested_optimizer(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A flattened optimizer state dict (``state.<name>.<key>``,
+    ``param_groups.<name>.<key>``) in the nested form ``set_state_dict`` also takes:
+    ``state`` by name, and one param group per name (torch maps each to the
+    optimizer's group holding that parameter).
+
+    Why not hand torch the flat form: before 2.6 its reader of that form wants state
+    under every name of a tied parameter, and checkpoints file it under one name
+    (``KeyError: 'state.layers.5.lm_head.weight.step'`` under 2.5); every admitted
+    release reads the nested form the same way, a tied parameter under any one name."""
+    state: dict[str, dict[str, Any]] = {}
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        kind, _, rest = key.partition(".")
+        name, _, field = rest.rpartition(".")
+        if kind not in ("state", "param_groups") or not name:
+            raise ValueError(f"not a flattened optimizer entry: {key!r}")
+        (state if kind == "state" else groups).setdefault(name, {})[field] = value
+    return {"state": state, "param_groups": [{**g, "params": [n]} for n, g in groups.items()]}
+
+
 def keep_written(
     state: dict[str, Any],
     writes: Callable[[tuple[int, ...]], bool],
@@ -108,7 +129,17 @@ def entry_layer(path: Sequence[str]) -> int | None:
 
 def stored_layers(metadata: Metadata) -> dict[str, tuple[tuple[int, ...], bool]]:
     """Data file -> (the layers it holds entries of, whether it holds entries of no
-    layer), exactly as DCP's metadata (returned by ``save``) places every entry."""
+    layer), exactly as DCP's metadata places every entry.
+
+    ``metadata`` is what the coordinator wrote (``FileSystemReader.read_metadata``):
+    the copy ``save`` returns lacks ``storage_data`` in some admitted torch releases
+    (2.11's ``FileSystemWriter.finish`` fills a replaced copy), and a manifest built
+    without it would record no layers at all."""
+    if metadata.storage_data is None:
+        raise CheckpointError(
+            "DCP's metadata records no storage_data (where each entry was written): "
+            "read it back from the checkpoint's .metadata, not from what save() returned"
+        )
     planner = getattr(metadata, "planner_data", None) or {}
     layers: dict[str, set[int]] = {}
     shared: set[str] = set()

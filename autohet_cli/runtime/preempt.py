@@ -5,8 +5,13 @@ machine's shutdown sends SIGTERM to every process, and the clouds' metadata
 services announce the reclaim earlier still. Either becomes a *notice* here:
 
 SIGTERM
-    to a worker (torchrun forwards the SIGTERM it gets to its workers). A second
-    SIGTERM ends the worker at once, as without this module.
+    to a worker: the shutdown's own, or forwarded by the host's agent
+    (``runtime.agent``, torchrun that waits for the save). A shutdown signals every
+    process at once, so a worker gets several within milliseconds: all SIGTERMs
+    within ``REPEAT_WINDOW_S`` of the first are one notice. One after that ends the
+    worker at once (a person or a deadline that will not wait). The catcher is
+    installed when the worker starts (``Notices.install``), so a notice during
+    start-up or loading is kept and acted on at the first step end.
 the host's check
     ``AUTOHET_PREEMPTION_CHECK``, set by ``autohet launch`` from the cluster file's
     ``preemption_check`` (JSON: ``{"command": ...}`` or ``{"url": ..., "headers":
@@ -40,6 +45,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -49,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from autohet_cli.preemption import CheckSpec
+from autohet_cli.runtime.agent import REPEAT_WINDOW_S, NoticeClock
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
 from autohet_cli.runtime.records import PREEMPT_PREFIX
@@ -85,6 +92,103 @@ def poll_once(spec: CheckSpec) -> str | None:
     return f"{spec.url} answered: {body.splitlines()[0][:200]}"
 
 
+class Notices:
+    """This process's preemption notice: the first one (its text and wall time) wins.
+
+    Process-wide and installed before the model is built (``install``), so a
+    notice that comes while the worker starts or loads a checkpoint is kept for
+    the trainer's first step end."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S) -> None:
+        self._lock = threading.Lock()
+        self._first: tuple[str, float] | None = None
+        self._clock = NoticeClock(window_s)
+        self._stop = threading.Event()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._old_handler: Any = None
+        self._old_wakeup = -1
+        self._poller: threading.Thread | None = None
+
+    def notify(self, why: str) -> None:
+        """Record a notice (first one wins); acted on at the next step end."""
+        with self._lock:
+            if self._first is None:
+                self._first = (why, time.time())
+
+    def first(self) -> tuple[str, float] | None:
+        """(why, unix time) of the notice, or None."""
+        with self._lock:
+            return self._first
+
+    def on_sigterm(self, now: float) -> bool:
+        """One SIGTERM at monotonic ``now``: False when it must end the process."""
+        seen = self._clock.absorb(now)
+        if seen is None:
+            self.notify("SIGTERM")
+        return seen is not False
+
+    def install(self) -> None:
+        """SIGTERM through a wakeup socket read by a thread of ours (main thread only).
+
+        A Python signal handler runs only when the main thread runs Python code, and
+        a rank waiting in a collective (a peer is slow, or stopped) or in a long save
+        runs none for as long as it waits; the C-level handler still writes the
+        signal's number to the wakeup fd at once, so the notice is recorded at once,
+        and a SIGTERM past the window ends the process at once (exit 143, as a killed
+        worker's shell reports), whatever the main thread is doing."""
+        if self._wake is not None or threading.current_thread() is not threading.main_thread():
+            return
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        self._wake = (reader, writer)
+        self._old_handler = signal.signal(signal.SIGTERM, lambda _s, _f: None)
+        self._old_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(
+            target=self._signal_loop, args=(reader,), name="sigterm", daemon=True
+        ).start()
+
+    def _signal_loop(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for number in data:
+                if number == signal.SIGTERM and not self.on_sigterm(time.monotonic()):
+                    os._exit(128 + signal.SIGTERM)  # a shutdown that will not wait
+
+    def poll(self, check: CheckSpec) -> None:
+        """Poll the host's check in a daemon thread until it gives a notice."""
+
+        def loop() -> None:
+            while not self._stop.wait(check.interval_s):
+                found = poll_once(check)
+                if found is not None:
+                    self.notify(f"preemption check: {found}")
+                    return
+
+        self._poller = threading.Thread(target=loop, name="preempt", daemon=True)
+        self._poller.start()
+
+    def close(self) -> None:
+        """Stop polling. The SIGTERM catcher stays for the rest of the process: a
+        shutdown's late repeat must not kill a worker that saved and is exiting."""
+        self._stop.set()
+
+
+_NOTICES: Notices | None = None
+
+
+def notices() -> Notices:
+    """This process's notices (created on first use)."""
+    global _NOTICES
+    if _NOTICES is None:
+        _NOTICES = Notices()
+    return _NOTICES
+
+
 class PreemptionHook(Hook):
     """Turns notices into a stop after the current step (every rank, same step)."""
 
@@ -99,97 +203,45 @@ class PreemptionHook(Hook):
         emit: Callable[[str], None] | None = None,
         install_signal: bool = True,
         saved_steps: Callable[[], Sequence[int]] | None = None,
+        source: Notices | None = None,
     ) -> None:
         self.host, self.rank, self.check = host, rank, check
         self.saved_steps = saved_steps or (lambda: ())
         self.say = say or (lambda _m: None)
         self.emit = emit or (lambda line: print(line, flush=True))
-        self._notice: str | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.notices = source if source is not None else notices()
         self.stopped_at: int | None = None
+        self.notice_at: float | None = None  # unix time of the earliest rank's notice
         self.hosts: dict[str, str] = {}
         # One gloo group: the agreement runs on CPU whatever the training backend.
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self._old_handler: Any = None
-        self._old_wakeup = -1
-        self._wake: tuple[socket.socket, socket.socket] | None = None
-        if install_signal and threading.current_thread() is threading.main_thread():
-            self._install_sigterm()
+        if install_signal:
+            self.notices.install()
         if check is not None and poll:
-            self._thread = threading.Thread(target=self._poll_loop, name="preempt", daemon=True)
-            self._thread.start()
-
-    # ----------------------------------------------------------------- notices
+            self.notices.poll(check)
 
     def notify(self, why: str) -> None:
         """Record a notice (first one wins); acted on at the next step end."""
-        with self._lock:
-            if self._notice is None:
-                self._notice = why
-
-    def _install_sigterm(self) -> None:
-        """SIGTERM through a wakeup socket read by a thread of ours.
-
-        A Python signal handler runs only when the main thread runs Python code, and
-        a rank waiting in a collective (a peer is slow, or stopped) runs none for as
-        long as it waits; the C-level handler still writes the signal's number to
-        the wakeup fd at once, so the notice is recorded at once, and a second
-        SIGTERM ends the process at once (exit 143, as a killed worker's shell
-        reports), whatever the main thread is doing."""
-        reader, writer = socket.socketpair()
-        writer.setblocking(False)
-        self._wake = (reader, writer)
-        self._old_handler = signal.signal(signal.SIGTERM, lambda _s, _f: None)
-        self._old_wakeup = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-        threading.Thread(
-            target=self._signal_loop, args=(reader,), name="sigterm", daemon=True
-        ).start()
-
-    def _signal_loop(self, reader: socket.socket) -> None:
-        seen = 0
-        while True:
-            try:
-                data = reader.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            for number in data:
-                if number != signal.SIGTERM:
-                    continue
-                seen += 1
-                if seen == 1:
-                    self.notify("SIGTERM")
-                else:
-                    os._exit(128 + signal.SIGTERM)  # a shutdown that will not wait
-
-    def _poll_loop(self) -> None:
-        assert self.check is not None
-        while not self._stop.wait(self.check.interval_s):
-            found = poll_once(self.check)
-            if found is not None:
-                self.notify(f"preemption check: {found}")
-                return
+        self.notices.notify(why)
 
     # ----------------------------------------------------------------- agreement
 
     def on_step_end(self, trainer: Any, result: StepResult) -> None:
-        with self._lock:
-            mine = self._notice
+        mine = self.notices.first()
         flag = torch.tensor([1 if mine is not None else 0], dtype=torch.int64)
         if self.group is not None:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if not int(flag.item()):
             return
-        reports: list[Any] = [(self.host, mine)]
+        report = (self.host, *(mine if mine is not None else (None, None)))
+        reports: list[Any] = [report]
         if self.group is not None:
             reports = [None] * dist.get_world_size()
-            dist.all_gather_object(reports, (self.host, mine), group=self.group)
-        for host, why in reports:
+            dist.all_gather_object(reports, report, group=self.group)
+        for host, why, at in reports:
             if why is not None:
                 self.hosts.setdefault(host, why)
+                self.notice_at = at if self.notice_at is None else min(self.notice_at, at)
         self.stopped_at = trainer.step
         trainer.stop_reason = "preempted"
         if self.rank == 0:
@@ -209,26 +261,15 @@ class PreemptionHook(Hook):
         if self.stopped_at is None or self.rank != 0:
             return
         saved = self.stopped_at if self.stopped_at in self.saved_steps() else None
-        self.emit(
-            PREEMPT_PREFIX
-            + json.dumps({"event": "saved", "step": saved, "hosts": self.hosts}, sort_keys=True)
-        )
+        took = round(time.time() - self.notice_at, 3) if self.notice_at is not None else None
+        event = {"event": "saved", "step": saved, "hosts": self.hosts, "notice_to_complete_s": took}
+        self.emit(PREEMPT_PREFIX + json.dumps(event, sort_keys=True))
         self.say(
-            f"preempted: step {saved} saved, exiting"
-            if saved is not None
-            else "preempted: no checkpoint saved (checkpoints are off); exiting"
+            f"preempted: step {saved} saved, COMPLETE {took:.1f} s after the notice; exiting"
+            if saved is not None and took is not None
+            else "preempted: no checkpoint saved (checkpoints are off, or "
+            "--no-emergency-save); exiting"
         )
 
     def close(self) -> None:
-        self._stop.set()
-        if self._old_handler is not None:
-            try:
-                signal.signal(signal.SIGTERM, self._old_handler)
-                signal.set_wakeup_fd(self._old_wakeup)
-            except ValueError:
-                pass  # not the main thread
-            self._old_handler = None
-        if self._wake is not None:
-            for sock in self._wake:
-                sock.close()
-            self._wake = None
+        self.notices.close()

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
+from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import AutohetError
 from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
@@ -53,13 +54,14 @@ from autohet_cli.runtime.health import (
 )
 from autohet_cli.runtime.metrics import TENSORBOARD_DIR
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
-from autohet_cli.runtime.preempt import PreemptionHook
+from autohet_cli.runtime.preempt import PreemptionHook, notices
 from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
 from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
+NOTICE_BUDGET_ENV = "AUTOHET_NOTICE_BUDGET_S"
 
 
 def _training_options(p: argparse.ArgumentParser) -> None:
@@ -182,6 +184,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         + "; 0: never",
     )
     p.add_argument(
+        "--no-emergency-save",
+        dest="emergency_save",
+        action="store_false",
+        help="a preemption notice (SIGTERM, the host's check) stops training without "
+        "saving; by default every rank saves the step they agree on, also with "
+        "--checkpoint-every 0",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        default=DEFAULT_KEEP,
+        metavar="K",
+        help=f"keep the newest K complete steps of the job on every host and in the remote "
+        f"copy, older ones are removed after each save (default {DEFAULT_KEEP}); 0: keep "
+        "every step. The step a run resumed from stays until it saved K newer ones",
+    )
+    p.add_argument(
         "--checkpoint-dir",
         type=Path,
         metavar="DIR",
@@ -245,6 +263,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--grad-clip must be >= 0 (0: no clipping)")
     try:
         args.checkpoint_every = parse_every(args.checkpoint_every)
+        args.keep_checkpoints = parse_keep(args.keep_checkpoints)
     except ValueError as exc:
         p.error(str(exc))
     if args.resume not in (None, "latest"):
@@ -317,14 +336,28 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             checkpointer.resume(None if args.resume == "latest" else args.resume)
         # The watchdog's step ends before a save: saves have their own, longer timeout.
         trainer.hooks.append(health)
-        if checkpointer is not None and args.checkpoint_every != 0:
+        if checkpointer is not None and (args.checkpoint_every != 0 or args.emergency_save):
             if trainer.runtime.global_rank == 0:
+                when = describe_every(args.checkpoint_every)
+                if args.checkpoint_every == 0:
+                    when = "no periodic saves (--checkpoint-every 0)"
+                notice = (
+                    "; a preemption notice saves its step"
+                    if args.emergency_save
+                    else "; a preemption notice saves nothing (--no-emergency-save)"
+                )
                 say(
-                    f"checkpoints: {describe_every(args.checkpoint_every)}, in "
+                    f"checkpoints: {when}{notice}, in "
                     f"{checkpointer.plan_dir}"
                     + (f" (remote copy: {checkpointer.remote.url})" if checkpointer.remote else "")
                 )
-            saver = CheckpointHook(checkpointer, args.checkpoint_every, say=say)
+            saver = CheckpointHook(
+                checkpointer,
+                args.checkpoint_every,
+                say=say,
+                emergency=args.emergency_save,
+                notice_budget_s=_notice_budget_s(),
+            )
             trainer.hooks.append(saver)
         # After the checkpoint hook: its final save is the emergency checkpoint.
         trainer.hooks.append(_preemption_hook(trainer, saver))
@@ -382,10 +415,11 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _checkpointer(
     args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
 ) -> Checkpointer | None:
-    if args.checkpoint_every == 0 and args.resume is None:
+    if args.checkpoint_every == 0 and args.resume is None and not args.emergency_save:
         return None
     root = checkpoint_root(args.checkpoint_dir, run_dir)
-    if root is None and args.checkpoint_every is None and args.resume is None:
+    optional = args.checkpoint_every is None or args.checkpoint_every == 0
+    if root is None and optional and args.resume is None:
         if trainer.runtime.global_rank == 0:
             say("note: no checkpoint directory (--checkpoint-dir, --run-dir): not saving")
         return None
@@ -402,11 +436,25 @@ def _checkpointer(
         plan_ref=f"{plan.name}.v{plan.version}",
         plan_sha256=hashlib.sha256(args.plan.read_bytes()).hexdigest(),
         job=args.job,
+        keep=args.keep_checkpoints,
         remote=RemoteCopy(url, plan.name, args.job) if url else None,
     )
 
 
+def _notice_budget_s() -> float | None:
+    """``$AUTOHET_NOTICE_BUDGET_S``: the shortest notice a spot host of the plan gets
+    (set by the launcher); a save longer than it is warned about."""
+    raw = os.environ.get(NOTICE_BUDGET_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # First: a shutdown's SIGTERM during start-up or loading is a notice, not a death.
+    notices().install()
     args = parse_args(argv)
     run_dir = _run_dir(args)
     write_boot(run_dir)

@@ -4,6 +4,7 @@ step on every rank, exit 0, resume there with the losses of an uninterrupted run
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -196,15 +197,21 @@ def test_the_hosts_preemption_check_stops_training_at_a_saved_step(tmp_path: Pat
     _check_resumes_exactly(tmp_path, step)
 
 
-def test_a_second_sigterm_ends_the_worker_at_once(tmp_path: Path) -> None:
-    """The first is a notice; one more (a shutdown that will not wait) is obeyed."""
+def test_a_sigterm_past_the_repeat_window_ends_the_worker_at_once(tmp_path: Path) -> None:
+    """The first is a notice and repeats within the window are the same notice; one
+    later (a person or a deadline that will not wait) is obeyed."""
+    from autohet_cli.runtime.agent import REPEAT_WINDOW_S
+
     procs = _start_two(tmp_path, {})
     _wait_for_step(tmp_path / "metrics.jsonl", 1, procs)
-    # Stop rank 0 so no step boundary comes, then two SIGTERMs to rank 1.
+    # Stop rank 0 so no step boundary comes, then SIGTERMs to rank 1.
     procs[0].send_signal(signal.SIGSTOP)
     try:
         procs[1].send_signal(signal.SIGTERM)
         time.sleep(0.5)
+        procs[1].send_signal(signal.SIGTERM)  # the shutdown again: still alive
+        time.sleep(REPEAT_WINDOW_S + 0.5)
+        assert procs[1].poll() is None
         procs[1].send_signal(signal.SIGTERM)
         procs[1].wait(timeout=30)
         assert procs[1].returncode == 128 + signal.SIGTERM
@@ -213,3 +220,52 @@ def test_a_second_sigterm_ends_the_worker_at_once(tmp_path: Path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_sigterm_to_the_agent_and_every_worker_at_once_is_one_notice(tmp_path: Path) -> None:
+    """A shutdown as it happens: SIGTERM to torchrun's agent (ours, runtime.agent) and to
+    each worker, shuffled, twice within a second; with --checkpoint-every 0."""
+    import random
+
+    from autohet_cli.runtime.agent import child_pids
+
+    _, path = write_plan(make_plan("pre", [(4, [(0, 3), (3, 6)])], optimizer="adam"), tmp_path)
+    args = _args(
+        path,
+        MANY,
+        *("--metrics", str(tmp_path / "metrics.jsonl"), "--checkpoint-every", "0"),
+        *("--checkpoint-dir", str(tmp_path / "disk"), "--remote-storage", "none"),
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "autohet_cli.runtime.agent", "--standalone"]
+        + ["--nproc-per-node", "2", *args],
+        cwd=ROOT,
+        env=_env() | {"AUTOHET_HOST": "localhost"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_step(tmp_path / "metrics.jsonl", 2, [agent])
+        pids = [agent.pid, *child_pids(agent.pid)]
+        assert len(pids) == 3, pids  # the agent and its two workers
+        rng = random.Random(5)
+        for _ in range(2):
+            rng.shuffle(pids)
+            for pid in pids:
+                os.kill(pid, signal.SIGTERM)
+            time.sleep(0.3)
+        out, err = agent.communicate(timeout=TIMEOUT_S)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+    assert agent.returncode == 0, err[-4000:]
+    assert "SignalException" not in err and "forwarded to 2 worker(s)" in err
+    notice, saved = _events(out)
+    assert notice["hosts"] == {"localhost": "SIGTERM"}
+    step = int(saved["step"])  # type: ignore[call-overload]
+    assert saved["step"] == notice["step"] and isinstance(saved["notice_to_complete_s"], float)
+    assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
+    _check_resumes_exactly(tmp_path, step)

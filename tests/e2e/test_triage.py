@@ -93,7 +93,7 @@ def test_workers_that_never_start_are_named_after_the_start_deadline(
     cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml")
     hang = _wrapper(
         tmp_path / "hangpy",
-        f'case "$*" in *torch.distributed.run*) exec sleep 600;; esac\nexec {sys.executable} "$@"',
+        f'case "$*" in *runtime.agent*) exec sleep 600;; esac\nexec {sys.executable} "$@"',
     )
     _set_python(cluster, "fake-3", hang)
     plan = _plan(tmp_path, cluster)

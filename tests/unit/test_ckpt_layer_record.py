@@ -25,6 +25,7 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.errors import ConfigError
+from autohet_cli.runtime.ckpt_files import CheckpointError
 from autohet_cli.runtime.ckpt_state import (
     entry_layer,
     keep_written,
@@ -179,6 +180,13 @@ def test_stored_layers_reads_where_dcp_put_each_entry() -> None:
         (".metadata", None, None),
         ("__3_0.distcp", (), False),  # DCP put nothing there
     ]
+
+
+def test_stored_layers_refuses_metadata_without_storage_data() -> None:
+    """What ``dcp.save`` returns under torch 2.11 (no storage_data) is never read as
+    "no file holds any layer": the writer reads the written .metadata instead."""
+    with pytest.raises(CheckpointError, match=r"no storage_data .*\.metadata"):
+        stored_layers(Metadata(state_dict_metadata={}, storage_data=None))
 
 
 def test_entry_layer_and_tied_groups() -> None:

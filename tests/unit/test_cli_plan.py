@@ -284,7 +284,7 @@ def test_launch_refuses_a_plan_made_for_another_cluster_file(tmp_path: Path) -> 
     assert "sha256" in res.stderr and "re-plan" in res.stderr and "--force" in res.stderr
     res = autohet("launch", plan, "--dry-run", "--force", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "torch.distributed.run" in res.stdout
+    assert "autohet_cli.runtime.agent" in res.stdout
 
 
 def test_zero1_plans_carry_the_flag_and_estimate_the_smaller_optimizer_state(

@@ -66,7 +66,7 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
     assert v100.argv == (
         "/opt/venv/bin/python",
         "-m",
-        "torch.distributed.run",
+        "autohet_cli.runtime.agent",
         "--nnodes",
         "2",
         "--node-rank",
@@ -111,7 +111,7 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
         f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
         "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /opt/venv/bin/python -m "
-        "torch.distributed.run --nnodes 2 --node-rank 0 --nproc-per-node 1 "
+        "autohet_cli.runtime.agent --nnodes 2 --node-rank 0 --nproc-per-node 1 "
         "--master-addr 127.0.0.3 --master-port 29600 "
         f"--max-restarts 0 -m autohet_cli.runtime.train --plan {run}/lab.v3.yaml "
         f'--run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints --remote-storage none '

@@ -83,6 +83,7 @@ def test_every_setting_is_a_worker_flag() -> None:
         "model_fn": "m:g",
         "init_from": "/hf",
         "checkpoint_every": "4",
+        "keep_checkpoints": 2,
     }
     assert set(values) == {s.key for s in SETTINGS}
     args = parse_args(["--plan", "p.yaml", *worker_args(values)])

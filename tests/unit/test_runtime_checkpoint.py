@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -119,6 +120,27 @@ def test_save_then_resume_continues_bitwise(tmp_path: Path) -> None:
     got = _params(resumed)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+
+
+def test_the_layer_record_comes_from_the_written_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: under torch 2.11 ``dcp.save`` returns a Metadata without storage_data
+    (its writer fills a replaced copy); the manifest must come from what was written."""
+    from autohet_cli.runtime import checkpoint
+
+    real = checkpoint.dcp_save
+
+    def like_211(*args: Any, **kw: Any) -> Any:
+        return dataclasses.replace(real(*args, **kw), storage_data=None)
+
+    monkeypatch.setattr(checkpoint, "dcp_save", like_211)
+    _, ckpt = _fresh(tmp_path, 1)
+    step_dir = ckpt.save()
+    ckpt.close()
+    assert step_dir is not None
+    data = load_manifest(step_dir / "manifest.json").file("__0_0.distcp")
+    assert (data.layers, data.shared) == (tuple(range(6)), True)
 
 
 def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:

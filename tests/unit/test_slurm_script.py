@@ -124,7 +124,9 @@ if [ "${{1:-}}" = node ]; then
   esac
   # Stay torchrun's parent until it ends: Slurm's TERM would otherwise end this
   # shell first, and proctrack/linuxproc, which follows the process tree, would
-  # lose the orphaned torchrun and never kill it.
+  # lose the orphaned torchrun and never kill it. A TERM that Slurm sends to every
+  # process of the step (scancel --signal, the time limit's --signal) reaches
+  # torchrun too; the one forwarded here is the same notice (runtime.agent).
   child=$!
   trap 'kill -TERM "$child" 2>/dev/null' TERM INT
   while :; do
@@ -161,12 +163,13 @@ CASE = """\
 chmod 700 -- "$HOME"/autohet/checkpoints/lab/J1 && \
 {{ [ -e "$HOME"/autohet/checkpoints/lab/J1/.autohet-key ] || \
 cp -- "$run/.job-key" "$HOME"/autohet/checkpoints/lab/J1/.autohet-key; }}) || exit 1
-      cd "$HOME"/autohet && env AUTOHET_HOST={host} AUTOHET_PLAN={run}/lab.v1.yaml \
+      cd "$HOME"/autohet || exit 1
+      env AUTOHET_HOST={host} AUTOHET_PLAN={run}/lab.v1.yaml \
 AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-python3 -m torch.distributed.run --nnodes 3 --node-rank {rank} --nproc-per-node 4 \
+python3 -m autohet_cli.runtime.agent --nnodes 3 --node-rank {rank} --nproc-per-node 4 \
 --master-addr 10.0.0.1 --master-port 29411 --max-restarts 0 -m autohet_cli.runtime.train \
 --plan {run}/lab.v1.yaml --run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints \
---remote-storage none --job J1 --steps=50 --checkpoint-every=auto &
+--remote-storage none --job J1 --steps=50 --checkpoint-every=auto --keep-checkpoints=3 &
       ;;"""
 
 

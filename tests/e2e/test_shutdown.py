@@ -1,0 +1,159 @@
+"""A real spot shutdown: SIGTERM to every process of a host at once (torchrun's agent and
+its workers, in any order, repeated), through real sshd hosts and real torchrun trees.
+
+One notice: every rank agrees on a step, saves it, exits 0; launch says ``preempted``;
+``--auto-recover`` resumes from exactly that step on the survivors, and with no
+survivor the hint is a ``--resume`` of the same run, which continues exactly."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.sshd import SshdFarm
+from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive, free_port
+from tests.e2e.test_recover import _losses, _reference
+
+pytestmark = pytest.mark.e2e
+STEPS = 40  # far beyond the notice: the run stops at the notice's step
+
+
+def _host_pids(root: Path) -> list[int]:
+    """Every live process of one fake host: command lines that point into its workdir
+    (the torchrun agent and its workers; sshd's own processes do not)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,stat=,args="], capture_output=True, text=True)
+    pids = []
+    for line in out.stdout.splitlines():
+        pid, stat, args = line.split(None, 2)
+        if str(root / "work") in args and not stat.startswith("Z") and "ps -ww" not in args:
+            pids.append(int(pid))
+    return pids
+
+
+def _shutdown(roots: list[Path], rng: random.Random) -> int:
+    """What a VM's shutdown does to each host: SIGTERM to all of its processes at
+    once, in a shuffled order, then once more to all of them 0.3 s later."""
+    pids = [p for r in roots for p in _host_pids(r)]
+    assert len(pids) >= 2 * len(roots), pids  # an agent and at least one worker per host
+    for _ in range(2):
+        rng.shuffle(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+    return len(pids)
+
+
+def _run_until_step(proc: subprocess.Popen[str], step: int) -> list[str]:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if f"step {step} " in line:
+            return seen
+    raise AssertionError("".join(seen)[-4000:])
+
+
+def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    # fake-4 alone holds its pipeline's shards: the remote copy brings them back.
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        *("--steps", str(STEPS), "--checkpoint-every", "0"),  # the notice saves anyway
+        *("--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant", "--auto-recover"),
+        *("--master-port", str(free_port())),
+    )
+    seen = _run_until_step(proc, 3)
+    fake4 = next(h for h in sshd_farm.hosts if h.name == "fake-4")
+    _shutdown([fake4.root], random.Random(1))
+    rest, _ = proc.communicate(timeout=600)
+    out = "".join(seen) + rest
+    assert proc.returncode == 0, out[-6000:]
+    first, _, after = out.partition("auto-recover: autohet recover")
+    assert "--lost fake-4" in after.splitlines()[0], out[-6000:]
+    assert "host preempting: fake-4 (SIGTERM)" in first, first[-4000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", first)
+    assert saved, first[-4000:]
+    step = int(saved.group(1))
+    assert re.search(r"COMPLETE \d+\.\d s after the notice", first), first[-4000:]
+    assert "preempted: host preempting" in first and "SignalException" not in first
+    before, resumed = _losses(first), _losses(after)
+    assert max(before) == step - 1  # the last printed step is in the checkpoint
+    assert min(resumed) == step and f"at step {step}" in after
+    ref = _reference(tmp_path, STEPS)
+    for s, loss in {**before, **resumed}.items():
+        assert loss == pytest.approx(ref[s], abs=1e-4), (s, loss, ref[s])
+    assert not _workers_alive(sshd_farm)
+
+
+def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
+    sshd_farm: SshdFarm, tmp_path: Path
+) -> None:
+    sshd_farm.start(3)
+    # A rank may read a shard another host wrote (DCP deduplicates replicas): the
+    # resume fetches those from the remote copy.
+    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
+    plan = _plan(tmp_path, cluster)
+    proc = _launch(
+        plan,
+        tmp_path,
+        *("--steps", str(STEPS), "--checkpoint-every", "1000"),
+        *("--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant"),
+    )
+    seen = _run_until_step(proc, 2)
+    _shutdown([h.root for h in sshd_farm.hosts], random.Random(2))
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(seen) + rest
+    assert proc.returncode == 3, out[-6000:]  # preempted
+    assert "preempted: host preempting" in out, out[-4000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
+    assert saved, out[-4000:]
+    step = int(saved.group(1))
+    assert max(_losses(out)) == step - 1
+    for h in sshd_farm.hosts:  # every host's shards; COMPLETE on rank 0's (fake-2)
+        (d,) = (h.checkpoint_dir / "e2e").glob(f"*/step-{step:08d}")
+        assert list(d.glob("*.distcp")) and (d / "COMPLETE").is_file() == (h.name == "fake-2")
+    assert "to continue on the survivors" not in out  # nobody survives: no recover hint
+    hint = re.search(r"no host of the cluster survives; to continue once they are back: (.*)", out)
+    assert hint, out[-3000:]
+    assert "launch" in hint.group(1) and "--resume" in hint.group(1)
+    assert not _workers_alive(sshd_farm)
+    # The hint's command, as printed, on the same hosts (back up), to step + 2.
+    argv = hint.group(1).split()[1:]
+    argv[argv.index("--steps") + 1] = str(step + 2)
+    resumed = _launch(Path(argv[1]), tmp_path, *argv[2:], "--master-port", str(free_port()))
+    again, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, again[-6000:]
+    assert f"at step {step}" in again
+    after = _losses(again)
+    assert min(after) == step and max(after) == step + 1
+    ref = _reference(tmp_path, step + 2)
+    for s, loss in {**_losses(out), **after}.items():
+        assert loss == pytest.approx(ref[s], abs=1e-4), (s, loss, ref[s])
+
+
+def test_the_agent_is_torchrun_with_a_sigterm_that_waits(tmp_path: Path) -> None:
+    """Without sshd: the agent parses torchrun's own flags (--help is torchrun's)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "autohet_cli.runtime.agent", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0 and "--nproc-per-node" in res.stdout
