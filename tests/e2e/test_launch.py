@@ -198,9 +198,41 @@ def test_ctrl_c_leaves_no_process_on_any_host(farm3: SshdFarm, tmp_path: Path) -
         if "step 1 " in line or time.monotonic() > deadline:
             break
     assert len(_workers_alive(farm3)) >= 3
+    os.killpg(proc.pid, signal.SIGINT)  # the first Ctrl-C: save the step, then stop
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-4000:]
+    saved = re.search(r"interrupted: stopped on request; every rank saved step (\d+)", out)
+    assert saved, out[-4000:]
+    time.sleep(1)
+    assert not _workers_alive(farm3)
+
+
+def test_a_second_ctrl_c_stops_at_once_without_waiting_for_a_save(
+    farm3: SshdFarm, tmp_path: Path
+) -> None:
+    plan = _plan(tmp_path, _cluster_file(farm3, tmp_path / "cluster.yaml"))
+    proc = _launch(plan, tmp_path, "--steps", "100000")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "step 1 " in line:
+            break
+    # Rank 0's host frozen: no step can end, so no save can finish.
+    fake2 = [int(ln.split()[0]) for ln in _workers_alive(farm3) if "host-2" in ln]
+    for pid in fake2:
+        os.kill(pid, signal.SIGSTOP)
     os.killpg(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    time.sleep(2)
+    assert proc.poll() is None  # waiting for the save
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert time.monotonic() - started < 30, out[-3000:]
+    assert proc.returncode == 130 and "interrupted: stopped on request" in out, out[-3000:]
+    for pid in fake2:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
     time.sleep(1)
     assert not _workers_alive(farm3)
 
