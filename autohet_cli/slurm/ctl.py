@@ -157,3 +157,10 @@ def is_down(state: str) -> bool:
 
 def cancel(job_id: str) -> None:
     run(["scancel", job_id])
+
+
+def signal_steps(job_id: str, signal: str) -> None:
+    """``scancel --signal`` without ``--full``/``-b``: every process of the job's steps
+    on every node gets the signal (the batch shell does not, so the job stays), as
+    from the time limit's ``--signal``."""
+    run(["scancel", f"--signal={signal}", job_id])

@@ -17,7 +17,8 @@ with it, and through Slurm:
   stand still (frozen or gone before slurmctld noticed: its timeout is minutes).
 
 Stopping is ``scancel`` (Slurm signals and then kills every step on every node),
-waiting until Slurm says the job ended.
+waiting until Slurm says the job ended; the first Ctrl-C's notice is ``scancel
+--signal=TERM`` (the steps' processes only: they save the step and exit).
 """
 
 from __future__ import annotations
@@ -231,6 +232,24 @@ class SlurmJob(Job):
         return [ln.rstrip("\r") for ln in lines[:-1]]
 
     # ------------------------------------------------------------ stop
+
+    def notify_all(self) -> None:
+        """The stop request's notice (the first Ctrl-C): the executor's SIGTERM to each
+        host's torchrun needs a pid, which the nodes' processes have none of here, so
+        Slurm sends it: every agent and worker of every node gets one SIGTERM, the
+        notice that saves the step every rank is on (runtime.agent, runtime.preempt)."""
+        if self.job_id is None:
+            return
+        st = self.refresh(force=True)
+        if st is not None and st.pending:
+            # Still queued: nothing runs, so nothing to save (and Slurm signals no
+            # pending job): stop at once, which cancels it.
+            self.kill_requested.set()
+            return
+        try:
+            ctl.signal_steps(self.job_id, "TERM")
+        except ctl.SlurmError as exc:
+            self.printer(f"warning: {exc}")  # ended already, or Slurm did not answer
 
     def stop_all(self, skip: set[str] | None = None, grace_s: float = 10.0) -> None:
         """scancel the job (Slurm TERMs, then KILLs every step on every node) and wait

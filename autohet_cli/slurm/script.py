@@ -147,14 +147,19 @@ def _node_part(specs: Sequence[LaunchSpec], plan: Plan, job: str | None) -> list
                 f'{{ [ -e {d}/{KEY_FILE} ] || cp -- "$run/{KEY_NAME}" {d}/{KEY_FILE}; }}) '
                 "|| exit 1"
             )
-        out.append(f"      {s.command_line()} &")
+        # cd first, then one simple command in the background: $! is then torchrun
+        # itself (see the wait below), not a subshell between it and this shell.
+        out.append(f"      cd {shell_word(s.workdir)} || exit 1")
+        out.append(f"      {s.env_line()} &")
         out.append("      ;;")
     out += [
         '    *) echo "autohet: node $node is not a host of this plan" >&2; exit 2 ;;',
         "  esac",
         "  # Stay torchrun's parent until it ends: Slurm's TERM would otherwise end this",
         "  # shell first, and proctrack/linuxproc, which follows the process tree, would",
-        "  # lose the orphaned torchrun and never kill it.",
+        "  # lose the orphaned torchrun and never kill it. A TERM that Slurm sends to every",
+        "  # process of the step (scancel --signal, the time limit's --signal) reaches",
+        "  # torchrun too; the one forwarded here is the same notice (runtime.agent).",
         "  child=$!",
         "  trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT",
         "  while :; do",

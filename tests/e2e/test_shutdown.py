@@ -21,6 +21,7 @@ import pytest
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive, free_port
 from tests.e2e.test_recover import _losses, _reference
+from tests.e2e.test_slurm import _rest
 
 pytestmark = pytest.mark.e2e
 STEPS = 40  # far beyond the notice: the run stops at the notice's step
@@ -81,8 +82,7 @@ def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
     seen = _run_until_step(proc, 3)
     fake4 = next(h for h in sshd_farm.hosts if h.name == "fake-4")
     _shutdown([fake4.root], random.Random(1))
-    rest, _ = proc.communicate(timeout=600)
-    out = "".join(seen) + rest
+    out = "".join(seen) + _rest(proc, 600)
     assert proc.returncode == 0, out[-6000:]
     first, _, after = out.partition("auto-recover: autohet recover")
     assert "--lost fake-4" in after.splitlines()[0], out[-6000:]
@@ -117,8 +117,7 @@ def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
     )
     seen = _run_until_step(proc, 2)
     _shutdown([h.root for h in sshd_farm.hosts], random.Random(2))
-    rest, _ = proc.communicate(timeout=300)
-    out = "".join(seen) + rest
+    out = "".join(seen) + _rest(proc, 300)
     assert proc.returncode == 3, out[-6000:]  # preempted
     assert "preempted: host preempting" in out, out[-4000:]
     saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)

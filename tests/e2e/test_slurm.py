@@ -2,8 +2,10 @@
 two slurmd (nodes sn1 and sn2, one UTS namespace each) and munged, all local.
 
 A plan over both nodes runs as a two-component heterogeneous job and trains; Ctrl-C
-cancels it with nothing left behind; a node whose processes vanish is reported as a
-lost host; the cluster file is imported from the same Slurm.
+saves the step and stops it with nothing left behind; Slurm's SIGTERM to the steps
+(``scancel --signal=TERM``, the time limit's ``--signal``) is a preemption notice that
+saves the step; a node whose processes vanish is reported as a lost host; the cluster
+file is imported from the same Slurm.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,9 +64,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 def _cluster_file(
-    tmp: Path, farm: SshdFarm | None = None, remote_storage: str | None = None
+    tmp: Path,
+    farm: SshdFarm | None = None,
+    remote_storage: str | None = None,
+    slurm: dict[str, object] | None = None,
 ) -> Path:
-    """sn1 (2 CPU devices) and sn2 (1); with ``farm``, also reachable over its sshd."""
+    """sn1 (2 CPU devices) and sn2 (1); with ``farm``, also reachable over its sshd;
+    ``slurm``: settings over the default ones (partition, a 15 minutes time limit)."""
     hosts: list[dict[str, object]] = [
         {
             "name": name,
@@ -89,7 +96,7 @@ def _cluster_file(
         "schema": "autohet.cluster/v1",
         "name": "slurm-loopback",
         "backend": "slurm",
-        "slurm": {"partition": "debug", "time_limit": "15:00"},
+        "slurm": {"partition": "debug", "time_limit": "15:00", **(slurm or {})},
         "hosts": hosts,
     }
     if remote_storage:
@@ -140,6 +147,40 @@ def _job_states(slurm: SlurmCluster, run_dir: Path) -> set[str]:
     return set(re.findall(r"JobState=(\w+)", res.stdout))
 
 
+def _parent(pid: int) -> tuple[int, str]:
+    """(parent pid, parent command line) of ``pid``; (0, "") once it is gone."""
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        args = Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, ValueError):
+        return 0, ""
+    return ppid, args.strip()
+
+
+def _step_ancestor(pid: int) -> str:
+    """The ``slurmstepd: [...]`` command line above ``pid`` (the step it runs in), or ""."""
+    while pid > 1:
+        pid, args = _parent(pid)
+        if args.startswith("slurmstepd:"):
+            return args
+    return ""
+
+
+def _rest(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The rest of ``proc``'s output, once it exits (killed after ``timeout_s``). Not
+    ``communicate(timeout=...)``: that reads the pipe's descriptor and loses the lines
+    that iterating ``proc.stdout`` had already buffered."""
+    assert proc.stdout is not None
+    timer = threading.Timer(timeout_s, os.killpg, (proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        rest = proc.stdout.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+    return rest
+
+
 def test_a_plan_trains_as_a_two_component_heterogeneous_job(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -169,7 +210,9 @@ def test_a_plan_trains_as_a_two_component_heterogeneous_job(
     assert not _gone(tmp_path)
 
 
-def test_ctrl_c_cancels_the_job_and_leaves_no_process(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_ctrl_c_saves_the_step_and_leaves_no_process(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The first Ctrl-C is a notice (``scancel --signal=TERM`` to the steps): every rank
+    saves its step, the job ends on its own; nothing is left running."""
     plan = _plan(tmp_path, _cluster_file(tmp_path), TWO_NODES)
     proc = _autohet(slurm, tmp_path, "launch", str(plan), "--steps", "100000")
     assert proc.stdout is not None
@@ -181,13 +224,88 @@ def test_ctrl_c_cancels_the_job_and_leaves_no_process(slurm: SlurmCluster, tmp_p
             break
     assert len(_left_behind(tmp_path)) >= 3, "".join(seen)
     os.killpg(proc.pid, signal.SIGINT)
-    rest, _ = proc.communicate(timeout=180)
-    out = "".join(seen) + rest
+    out = "".join(seen) + _rest(proc, 180)
     (tmp_path / "out.txt").write_text(out)
     assert proc.returncode == 130, out
-    assert "interrupted" in out
+    assert re.search(r"interrupted: stopped on request; every rank saved step \d+", out), out
     run_dir = next((tmp_path / "runs").glob("e2e.v1/*"))
-    assert _job_states(slurm, run_dir) == {"CANCELLED"}
+    assert _job_states(slurm, run_dir) == {"COMPLETED"}
+    assert not _gone(tmp_path), out
+
+
+# Before the time limit's signal: far from 15 minutes, within 3 (see the test).
+SIGNAL_BEFORE_END_S = 180
+
+
+@pytest.mark.parametrize("sender", ["scancel", "time_limit"])
+def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the_step(
+    slurm: SlurmCluster, tmp_path: Path, sender: str
+) -> None:
+    """Slurm sends a step's signal to every process of the step (proctrack/linuxproc
+    walks the process tree) and leaves the batch shell alone: each node's wrapper
+    shell, torchrun agent and workers get one SIGTERM each, at once, as at a spot
+    shutdown. Two senders, one delivery: ``scancel --signal=TERM`` (no ``--full`` or
+    ``-b``), and the time limit's ``--signal=TERM@N``, which slurmctld's periodic
+    time-limit pass (every 30 s) sends through the same ``job_signal``, steps only,
+    to every component. The pass sends it once the end is within N + 30 s: the job
+    starts with 15 minutes, and after a few steps its limit drops to 3 minutes, so
+    the next pass (within 30 s) signals it long before the limit itself."""
+    cluster = _cluster_file(tmp_path, slurm={"signal_before_end_s": SIGNAL_BEFORE_END_S})
+    plan = _plan(tmp_path, cluster, TWO_NODES)
+    args = ["--steps", "100000", "--checkpoint-every", "0"]  # only the notice saves
+    proc = _autohet(slurm, tmp_path, "launch", str(plan), *args)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "step 1 " in line:
+            break
+    job = re.search(r"submitted: Slurm job (\d+)", "".join(seen))
+    assert job, "".join(seen)
+    # Every agent and worker runs inside a job step (what the signal reaches), not the
+    # batch step, and each agent is its node wrapper's own child: a subshell between
+    # them would die on the TERM and take the wrapper with it (exit 143, step killed).
+    agents, workers = [], []
+    for ln in _left_behind(tmp_path):
+        pid = int(ln.split()[0])
+        if "autohet_cli.runtime.agent" in ln:
+            agents.append(_step_ancestor(pid))
+            assert "job.sbatch node" in _parent(pid)[1], ln
+        elif "autohet_cli.runtime.train" in ln:
+            workers.append(_step_ancestor(pid))
+    assert len(agents) == 2 and len(workers) == 3, (agents, workers)
+    assert all(w and "batch" not in w for w in agents + workers), (agents, workers)
+    if sender == "scancel":
+        res = slurm.run("scancel", "--signal=TERM", job.group(1))
+    else:
+        res = slurm.run("scontrol", "update", f"JobId={job.group(1)}", "TimeLimit=3")
+    assert res.returncode == 0, res.stderr
+    out = "".join(seen) + _rest(proc, 180)
+    (tmp_path / "out.txt").write_text(out)
+    assert proc.returncode == 3, out[-6000:]  # preempted
+    # One notice per node: each agent took it (the wrapper's forwarded TERM is a repeat
+    # of it, not a second notice), and the workers of both nodes gave it.
+    for node, n in (("sn1", 2), ("sn2", 1)):
+        assert f"[{node}] [autohet agent] SIGTERM: a preemption notice; forwarded to {n}" in out
+    assert "SIGTERM again" not in out and "SignalException" not in out, out[-6000:]
+    assert "host preempting: sn1 (SIGTERM); sn2 (SIGTERM)" in out, out[-6000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
+    assert saved, out[-6000:]
+    step = int(saved.group(1))
+    assert max(_losses(out)) == step - 1  # the last printed step is in the checkpoint
+    (d,) = tmp_path.glob(f"ckpt-sn1/e2e/*/step-{step:08d}")  # rank 0's node
+    assert (d / "COMPLETE").is_file() and list(d.glob("*.distcp"))
+    assert re.search(r"^preempted: host preempting .*every rank saved step", out, re.M), out
+    run_dir = next((tmp_path / "runs").glob("e2e.v1/*"))
+    script = (run_dir / "job.sbatch").read_text()
+    assert script.count(f"#SBATCH --signal=TERM@{SIGNAL_BEFORE_END_S}") == 2  # each component
+    events = json.loads((run_dir / "events.json").read_text())
+    assert events["status"] == "preempted", events
+    assert {p.name: p.read_text().strip() for p in (run_dir / "exit").iterdir()} == {
+        "sn1": "0",
+        "sn2": "0",
+    }
+    assert _job_states(slurm, run_dir) == {"COMPLETED"}  # it ended on its own, in time
     assert not _gone(tmp_path), out
 
 
