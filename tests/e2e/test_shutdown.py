@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.runtime.agent import child_pids
+from autohet_cli.settings import TrainingSettings
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive, free_port
 from tests.e2e.test_recover import _losses, _reference
@@ -156,3 +159,89 @@ def test_the_agent_is_torchrun_with_a_sigterm_that_waits(tmp_path: Path) -> None
         timeout=120,
     )
     assert res.returncode == 0 and "--nproc-per-node" in res.stdout
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (the launcher, its torchrun agent, the workers)."""
+    out = [pid]
+    for kid in child_pids(pid):
+        out += _tree(kid)
+    return out
+
+
+def test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption(
+    tmp_path: Path,
+) -> None:
+    """The embedded localhost cluster: the shutdown signals the launcher too. It is a
+    preemption (exit 3, the step saved), and the printed --resume continues it."""
+    plan = Plan(
+        name="local",
+        version=0,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(
+            global_batch_size=4, micro_batch_size=1, seq_len=64, precision="fp32"
+        ),
+        tensor_parallel=1,
+        pipelines=(
+            Pipeline(
+                num_microbatches=4,
+                stages=tuple(
+                    Stage(
+                        layer_start=a,
+                        layer_end=b,
+                        gpu_type="cpu",
+                        tensor_parallel=1,
+                        devices=(Device(host="localhost", gpu=g),),
+                    )
+                    for g, (a, b) in enumerate(((0, 3), (3, 6)))
+                ),
+            ),
+        ),
+    )
+    _, path = write_plan(plan, tmp_path / "plans")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "autohet_cli", "launch", str(path), "--steps", str(STEPS)]
+    proc = subprocess.Popen(
+        [*cmd, "--checkpoint-every", "0", "--master-port", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen = _run_until_step(proc, 2)
+    pids = _tree(proc.pid)
+    assert len(pids) >= 4, pids  # launcher, agent, two workers
+    rng = random.Random(3)
+    for _ in range(2):
+        rng.shuffle(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+    out = "".join(seen) + _rest(proc, 300)
+    assert proc.returncode == 3, out[-5000:]
+    assert "preempted: host preempting (localhost: SIGTERM)" in out, out[-3000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
+    assert saved, out[-3000:]
+    step = int(saved.group(1))
+    assert max(_losses(out)) == step - 1
+    hint = re.search(r"to continue once they are back: (.*)", out)
+    assert hint and "to continue on the survivors" not in out, out[-3000:]
+    argv = hint.group(1).split()[1:]
+    argv[argv.index("--steps") + 1] = str(step + 2)
+    again = subprocess.run(
+        [sys.executable, "-m", "autohet_cli", *argv, "--master-port", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, (again.stdout + again.stderr)[-5000:]
+    after = _losses(again.stdout)
+    assert f"at step {step}" in again.stdout and min(after) == step, again.stdout[-3000:]
