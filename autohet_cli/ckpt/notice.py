@@ -21,6 +21,9 @@ from collections.abc import Callable, Mapping
 from autohet_cli.plan import Plan
 
 NOTICE_S = 30.0  # the shortest notice a major cloud gives a spot VM (GCP)
+# In each host's job directory: the seconds its last save took (its directory owner's
+# measure, written by the workers, read by the next launch or resume of the job).
+LAST_SAVE_FILE = ".last-save-s"
 ASSUMED_WRITE_GBPS = 0.5
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the compute precision
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}

@@ -14,25 +14,27 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from autohet_cli.ckpt.format import KEY_FILE, check_job, check_key, parse_step_dir
+from autohet_cli.ckpt.notice import LAST_SAVE_FILE
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
 
 Say = Callable[[str], None]
 
-# For each job directory of a plan on a host:
-# "<job> <newest complete step or -> <key?> <creation time: the key's mtime, else the dir's>".
+# For each job directory of a plan on a host: "<job> <newest complete step or -> <key?>
+# <creation time: the key's mtime, else the dir's> <last save's seconds or ->".
 _JOBS = (
     'cd "$1" 2>/dev/null || exit 0; for j in *; do [ -d "$j" ] || continue; '
     'best=-; for s in "$j"/step-*; do [ -f "$s/COMPLETE" ] && best=${s##*/step-}; done; '
     'k=0; t=$(stat -c %Y -- "$j"); '
     '[ -f "$j/.autohet-key" ] && k=1 && t=$(stat -c %Y -- "$j/.autohet-key"); '
-    'echo "$j $best $k $t"; done'
+    f'v=-; [ -f "$j/{LAST_SAVE_FILE}" ] && v=$(head -c 16 -- "$j/{LAST_SAVE_FILE}" | tr -cd 0-9.); '
+    'echo "$j $best $k $t ${v:--}"; done'
 )
 
 
@@ -46,6 +48,7 @@ class JobInfo:
     newest_step: int | None  # newest COMPLETE step seen on any host
     key_hosts: tuple[str, ...]  # hosts holding its key
     created_unix: int = 0  # when it began (its key's mtime, earliest host)
+    save_s: Mapping[str, float] = field(default_factory=dict)  # host -> its last save's s
 
 
 def new_job_id() -> str:
@@ -55,16 +58,16 @@ def new_job_id() -> str:
 def list_jobs(pool: HostPool, hosts: Sequence[str], plan_name: str) -> dict[str, JobInfo]:
     """The jobs of ``plan_name`` on the reachable ``hosts``, oldest first (by creation)."""
 
-    def jobs_on(name: str) -> list[tuple[str, int | None, bool, int]]:
+    def jobs_on(name: str) -> list[tuple[str, int | None, bool, int, float | None]]:
         d = f"{pool.checkpoint_dir(name).rstrip('/')}/{plan_name}"
         res = pool.runner(name).run(["sh", "-c", _JOBS, "sh", d], timeout_s=60)
         out = []
         for line in res.stdout.splitlines():
             parts = line.split()
-            if len(parts) != 4 or not _is_job(parts[0]) or not parts[3].isdigit():
+            if len(parts) != 5 or not _is_job(parts[0]) or not parts[3].isdigit():
                 continue  # not a job directory (an old-layout step-N, a temp dir)
             step = parse_step_dir(f"step-{parts[1]}") if parts[1] != "-" else None
-            out.append((parts[0], step, parts[2] == "1", int(parts[3])))
+            out.append((parts[0], step, parts[2] == "1", int(parts[3]), _seconds(parts[4])))
         return out
 
     found = fan_out([pool.host(h) for h in hosts], lambda h: jobs_on(h.name))
@@ -72,7 +75,7 @@ def list_jobs(pool: HostPool, hosts: Sequence[str], plan_name: str) -> dict[str,
     for host, rows in found.items():
         if isinstance(rows, Exception):
             continue
-        for job, step, has_key, created in rows:
+        for job, step, has_key, created, save_s in rows:
             old = merged.get(job, JobInfo(name=job, newest_step=None, key_hosts=()))
             steps = [s for s in (old.newest_step, step) if s is not None]
             merged[job] = JobInfo(
@@ -80,9 +83,19 @@ def list_jobs(pool: HostPool, hosts: Sequence[str], plan_name: str) -> dict[str,
                 newest_step=max(steps) if steps else None,
                 key_hosts=old.key_hosts + ((host,) if has_key else ()),
                 created_unix=min(t for t in (old.created_unix, created) if t) or created,
+                save_s={**old.save_s, **({host: save_s} if save_s is not None else {})},
             )
     # Oldest first by when each began: names given by hand need not sort by time.
     return dict(sorted(merged.items(), key=lambda kv: (kv[1].created_unix, kv[0])))
+
+
+def _seconds(text: str) -> float | None:
+    """A save time as the workers wrote it; None for '-' or anything else."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value < 1e7 else None
 
 
 def _is_job(name: str) -> bool:

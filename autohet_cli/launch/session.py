@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,7 +304,9 @@ def run_job(
     port = master_port if master_port is not None else reports[master].free_port
     assert port is not None
     local_dir, rid = _local_run_dir(runs_root, p.plan, run_id)  # refuses a reused run id
-    job_name = None if script else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
+    job_name, measured = (
+        (None, {}) if script else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
+    )
     options = LaunchOptions(
         run_id=rid,
         master_port=port,
@@ -316,7 +318,7 @@ def run_job(
     specs = build_launch_specs(p.plan, p.cluster, options, {h: r.home for h, r in reports.items()})
     printer(f"rendezvous: {specs[0].address}:{port}; run {rid}; logs in {local_dir}")
     if not script:
-        _announce_checkpoints(specs, train_args, p, printer)
+        _announce_checkpoints(specs, train_args, p, printer, measured)
         _announce_metrics(specs[0], printer)
     job = Job(
         specs,
@@ -380,12 +382,13 @@ def _check_against_plan(
 
 def _prepare_job(
     p: Prepared, pool: HostPool, hosts: Sequence[str], choice: JobChoice, printer: Printer
-) -> str:
-    """The job to run in, with its key on every host."""
+) -> tuple[str, dict[str, float]]:
+    """The job to run in, with its key on every host, and the seconds its hosts' last
+    saves took (a job run before: for the spot-notice check)."""
     name = p.plan.name
     if choice.key is not None and choice.job is not None:
         jobs.distribute_key(pool, hosts, name, choice.job, choice.key)
-        return choice.job
+        return choice.job, {}
     found = jobs.list_jobs(pool, hosts, name)
     job, is_new = jobs.choose_job(
         found, resume=choice.resume, job=choice.job, plan_name=name, say=printer
@@ -407,17 +410,23 @@ def _prepare_job(
             )
         key = jobs.fetch_key(pool, holders[0], name, job)
     jobs.distribute_key(pool, hosts, name, job, key)
-    return job
+    return job, dict(found[job].save_s) if job in found else {}
 
 
 def _announce_checkpoints(
-    specs: Sequence[LaunchSpec], train_args: Sequence[str], p: Prepared, printer: Printer
+    specs: Sequence[LaunchSpec],
+    train_args: Sequence[str],
+    p: Prepared,
+    printer: Printer,
+    measured: Mapping[str, float] | None = None,
 ) -> None:
+    """Where checkpoints go and when; spot hosts whose save (``measured``: the job's
+    last, per host; else estimated) would not fit a preemption notice."""
     every = checkpoint_every_of(train_args)
     emergency = "--no-emergency-save" not in train_args
     if emergency:
         is_spot = _spot_test(p.cluster)
-        for warning in notice_warnings(p.plan, is_spot):
+        for warning in notice_warnings(p.plan, is_spot, measured_s=measured):
             printer(warning)
     if every == 0:
         printer(

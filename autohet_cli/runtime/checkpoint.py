@@ -61,6 +61,7 @@ import os
 import pickle
 import shutil
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -86,6 +87,7 @@ from autohet_cli.ckpt.format import (
     step_dir_name,
     verified_manifest,
 )
+from autohet_cli.ckpt.notice import LAST_SAVE_FILE
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.ckpt_files import (
@@ -267,6 +269,7 @@ class Checkpointer:
 
     def save(self) -> Path | None:
         """Write step ``trainer.step``; returns this rank's step directory (None: kept)."""
+        started = time.monotonic()
         step = self.trainer.step
         final = self.plan_dir / step_dir_name(step)
         tmp = self.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}"
@@ -333,6 +336,8 @@ class Checkpointer:
                 if not (self.shared_dir and final.is_dir()):
                     raise  # not another owner's rename of a shared directory: a real failure
         dist.barrier(group=self.group)
+        if self.owner:
+            self._record_save_s(time.monotonic() - started)
         if self.uploader is not None:
             self.uploader.start(
                 UploadJob(step=step, local_dir=final, names=tuple(mine), manifest=manifest)
@@ -341,6 +346,14 @@ class Checkpointer:
         reading = self.uploader.reading() if self.uploader is not None else set()
         self.retention.after_save(step, reading=reading)
         return final
+
+    def _record_save_s(self, seconds: float) -> None:
+        """This host's save time, for the next launch's spot-notice check (best effort:
+        a full disk here must not fail a save that succeeded)."""
+        try:
+            write_atomic(self.plan_dir / LAST_SAVE_FILE, f"{seconds:.3f}\n".encode())
+        except OSError:
+            pass
 
     def _prune_remote(self, step: int) -> None:
         self.retention.prune_remote(step)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autohet_cli.ckpt.notice import LAST_SAVE_FILE
 from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
 from autohet_cli.runtime.agent import child_pids
 from autohet_cli.settings import TrainingSettings
@@ -130,6 +131,7 @@ def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
     for h in sshd_farm.hosts:  # every host's shards; COMPLETE on rank 0's (fake-2)
         (d,) = (h.checkpoint_dir / "e2e").glob(f"*/step-{step:08d}")
         assert list(d.glob("*.distcp")) and (d / "COMPLETE").is_file() == (h.name == "fake-2")
+        assert float((d.parent / LAST_SAVE_FILE).read_text()) > 0  # for the next launch
     assert "to continue on the survivors" not in out  # nobody survives: no recover hint
     hint = re.search(r"no host of the cluster survives; to continue once they are back: (.*)", out)
     assert hint, out[-3000:]
