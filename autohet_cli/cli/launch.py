@@ -59,14 +59,7 @@ def launch(
             "least every 30 min; 0: off. [default: auto]",
         ),
     ] = None,
-    no_emergency_save: Annotated[
-        bool,
-        typer.Option(
-            "--no-emergency-save",
-            help="A preemption notice (SIGTERM, the host's check) stops without saving. "
-            "By default every rank saves the step it is on, even with --checkpoint-every 0.",
-        ),
-    ] = False,
+    no_emergency_save: trainopts.NoEmergencyOpt = False,
     keep_checkpoints: trainopts.KeepOpt = None,
     train_arg: Annotated[
         list[str] | None,

@@ -52,6 +52,14 @@ KeepOpt = Annotated[
         f"stay until no longer read. 0: keep every step. [default: {DEFAULT_KEEP}]",
     ),
 ]
+NoEmergencyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-emergency-save",
+        help="A preemption notice (SIGTERM, the host's check) stops without saving. "
+        "By default every rank saves the step it is on, even with --checkpoint-every 0.",
+    ),
+]
 DataFnOpt = Annotated[
     str | None,
     typer.Option(

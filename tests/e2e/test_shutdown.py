@@ -69,33 +69,45 @@ def _run_until_step(proc: subprocess.Popen[str], step: int) -> list[str]:
     raise AssertionError("".join(seen)[-4000:])
 
 
+def _shut_down_mid_run(
+    farm: SshdFarm, tmp: Path, hosts: list[str], seed: int, *extra: str
+) -> tuple[str, int, int | None]:
+    """Launch on three sshd hosts (a remote copy for shards no survivor holds, or that a
+    rank of another host reads), shut ``hosts`` down after step 2; (output, saved step,
+    launch's exit code)."""
+    farm.start(3)
+    cluster = _cluster_file(farm, tmp / "cluster.yaml", str(tmp / "remote"))
+    proc = _launch(
+        _plan(tmp, cluster),
+        tmp,
+        *("--steps", str(STEPS), "--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant"),
+        *extra,
+    )
+    seen = _run_until_step(proc, 2)
+    _shutdown([h.root for h in farm.hosts if h.name in hosts], random.Random(seed))
+    out = "".join(seen) + _rest(proc, 600)
+    assert "SignalException" not in out, out[-4000:]
+    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
+    assert saved, out[-4000:]
+    assert re.search(r"COMPLETE \d+\.\d s after the notice", out), out[-4000:]
+    return out, int(saved.group(1)), proc.returncode
+
+
 def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
-    sshd_farm.start(3)
-    # fake-4 alone holds its pipeline's shards: the remote copy brings them back.
-    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
-    plan = _plan(tmp_path, cluster)
-    proc = _launch(
-        plan,
+    out, step, code = _shut_down_mid_run(
+        sshd_farm,
         tmp_path,
-        *("--steps", str(STEPS), "--checkpoint-every", "0"),  # the notice saves anyway
-        *("--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant", "--auto-recover"),
-        *("--master-port", str(free_port())),
+        ["fake-4"],
+        1,
+        *("--checkpoint-every", "0", "--auto-recover"),  # the notice saves anyway
     )
-    seen = _run_until_step(proc, 3)
-    fake4 = next(h for h in sshd_farm.hosts if h.name == "fake-4")
-    _shutdown([fake4.root], random.Random(1))
-    out = "".join(seen) + _rest(proc, 600)
-    assert proc.returncode == 0, out[-6000:]
+    assert code == 0, out[-6000:]  # the recovered run finished
     first, _, after = out.partition("auto-recover: autohet recover")
     assert "--lost fake-4" in after.splitlines()[0], out[-6000:]
     assert "host preempting: fake-4 (SIGTERM)" in first, first[-4000:]
-    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", first)
-    assert saved, first[-4000:]
-    step = int(saved.group(1))
-    assert re.search(r"COMPLETE \d+\.\d s after the notice", first), first[-4000:]
-    assert "preempted: host preempting" in first and "SignalException" not in first
+    assert "preempted: host preempting" in first
     before, resumed = _losses(first), _losses(after)
     assert max(before) == step - 1  # the last printed step is in the checkpoint
     assert min(resumed) == step and f"at step {step}" in after
@@ -108,25 +120,11 @@ def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
 def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
-    sshd_farm.start(3)
-    # A rank may read a shard another host wrote (DCP deduplicates replicas): the
-    # resume fetches those from the remote copy.
-    cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
-    plan = _plan(tmp_path, cluster)
-    proc = _launch(
-        plan,
-        tmp_path,
-        *("--steps", str(STEPS), "--checkpoint-every", "1000"),
-        *("--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant"),
+    out, step, code = _shut_down_mid_run(
+        sshd_farm, tmp_path, ["fake-2", "fake-3", "fake-4"], 2, "--checkpoint-every", "1000"
     )
-    seen = _run_until_step(proc, 2)
-    _shutdown([h.root for h in sshd_farm.hosts], random.Random(2))
-    out = "".join(seen) + _rest(proc, 300)
-    assert proc.returncode == 3, out[-6000:]  # preempted
+    assert code == 3, out[-6000:]  # preempted
     assert "preempted: host preempting" in out, out[-4000:]
-    saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
-    assert saved, out[-4000:]
-    step = int(saved.group(1))
     assert max(_losses(out)) == step - 1
     for h in sshd_farm.hosts:  # every host's shards; COMPLETE on rank 0's (fake-2)
         (d,) = (h.checkpoint_dir / "e2e").glob(f"*/step-{step:08d}")
