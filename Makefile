@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 PLANS ?= plans
 DATA ?= build
 
-.PHONY: install demo test unit lint bench clean
+.PHONY: install demo test test-torch unit lint bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,31 @@ demo: install
 test: install lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
+# The torch range, proven: `make test-torch TORCH=2.11.0` runs the runtime, checkpoint,
+# launch and recovery tests under that release, in .venv-torch-2.11.0 (.ci/run: the floor
+# of pyproject.toml's range and the CUDA image's 2.11). torch comes from PyPI, a CUDA build
+# that runs on CPU; the constraint keeps the project's dependencies from replacing it.
+TORCH ?=
+# More pins for that venv, e.g. 'transformers<5' (5.x needs torch 2.6).
+TORCH_CONSTRAINTS ?=
+TORCH_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py \
+  tests/unit/test_recovery_*.py tests/dist tests/e2e/test_launch.py tests/e2e/test_recover.py \
+  tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
+
+.venv-torch-%/.installed-stamp: pyproject.toml
+	python3 -m venv .venv-torch-$*
+	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
+	printf '%s\n' 'torch==$*' $(foreach c,$(TORCH_CONSTRAINTS),'$(c)') \
+	  > .venv-torch-$*/constraints.txt
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt 'torch==$*'
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e '.[dev]'
+	touch $@
+
+test-torch: $(if $(TORCH),.venv-torch-$(TORCH)/.installed-stamp)
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.11.0" >&2; exit 2; }
+	.venv-torch-$(TORCH)/bin/python -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH)", torch.__version__'
+	OMP_NUM_THREADS=1 .venv-torch-$(TORCH)/bin/python -m pytest -q $(TORCH_TESTS)
+
 unit: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
 
@@ -49,4 +74,4 @@ bench: install
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache

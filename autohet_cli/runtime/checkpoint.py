@@ -321,7 +321,7 @@ class Checkpointer:
                 files=manifest_files(
                     [e for rank_entries in gathered for e in rank_entries],
                     # Where entries went, from the .metadata rank 0 (the coordinator) wrote:
-                    # the Metadata save() returns lacks storage_data before torch 2.13.
+                    # the Metadata save() returns lacks storage_data under torch 2.11.
                     stored_layers(FileSystemReader(tmp).read_metadata()),
                 ),
                 tied_layers=tied_layer_groups(self.trainer.parts.tied),

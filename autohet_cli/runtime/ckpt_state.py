@@ -60,10 +60,10 @@ def nested_optimizer(flat: Mapping[str, Any]) -> dict[str, Any]:
     ``state`` by name, and one param group per name (torch maps each to the
     optimizer's group holding that parameter).
 
-    Why not hand torch the flat form: before 2.6 its reader of that form wants state
+    Why not hand torch the flat form: torch 2.5's reader of that form wants state
     under every name of a tied parameter, and checkpoints file it under one name
-    (``KeyError: 'state.layers.5.lm_head.weight.step'`` under 2.5); every admitted
-    release reads the nested form the same way, a tied parameter under any one name."""
+    (``KeyError: 'state.layers.5.lm_head.weight.step'``); every admitted release
+    reads the nested form the same way, a tied parameter under any one name."""
     state: dict[str, dict[str, Any]] = {}
     groups: dict[str, dict[str, Any]] = {}
     for key, value in flat.items():

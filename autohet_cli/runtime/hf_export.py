@@ -13,6 +13,7 @@ as ``save_pretrained`` writes them.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -136,9 +137,12 @@ def _load(ckpt: Checkpoint, names: list[str]) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import load
 
     state = {MODEL_PREFIX + n: torch.empty(ckpt.shapes[n], dtype=ckpt.dtypes[n]) for n in names}
+    # One process, even where a process group exists. torch 2.5's ``load`` has no
+    # ``no_dist`` and decides by itself: one process when no group is initialised.
+    one = {"no_dist": True} if "no_dist" in inspect.signature(load).parameters else {}
     with warnings.catch_warnings():  # "no process group: loading in one process": intended
         warnings.simplefilter("ignore", UserWarning)
-        load(state, storage_reader=FileSystemReader(str(ckpt.step_dir)), no_dist=True)
+        load(state, storage_reader=FileSystemReader(str(ckpt.step_dir)), **one)
     return {n: state[MODEL_PREFIX + n] for n in names}
 
 

@@ -9,6 +9,7 @@ TP-sharded parameters are DTensors, which DCP reshards on load).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -24,6 +25,15 @@ from autohet_cli.runtime.model_api import (
     ModelRequest,
     layer_of,
     local_layers,
+)
+
+# Every TP rank built the same full weights, so each slices its own part (no
+# broadcast). Before torch 2.7 ``parallelize_module`` has no ``src_data_rank`` and
+# scatters from the mesh's first rank instead: the same numbers, one collective more.
+_LOCAL_SLICE = (
+    {"src_data_rank": None}
+    if "src_data_rank" in inspect.signature(parallelize_module).parameters
+    else {}
 )
 
 
@@ -88,8 +98,7 @@ def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> tuple[StageMo
                     f"but its stage has tensor_parallel {runtime.info.tp_size}"
                 )
             frozen = [n for n, p in layer.named_parameters() if not p.requires_grad]
-            # Every TP rank built the same full weights: slice locally, no broadcast.
-            parallelize_module(layer, runtime.tp_mesh, tp_plan(), src_data_rank=None)
+            parallelize_module(layer, runtime.tp_mesh, tp_plan(), **_LOCAL_SLICE)
             for name in frozen:  # distributing a parameter makes it trainable again
                 layer.get_parameter(name).requires_grad_(False)
     info = runtime.info

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state
+from autohet_cli.runtime.ckpt_state import nested_optimizer
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -449,11 +450,7 @@ class Trainer:
         Refuses a checkpoint whose data differ from this run's: the same step would
         then see other samples than the interrupted run.
         """
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         saved = json.loads(state["run"]) if state.get("run") else None
         if saved is not None:
@@ -468,16 +465,14 @@ class Trainer:
             optim = {
                 k: v for k, v in optim.items() if k.partition(".")[2].rpartition(".")[0] not in mine
             }
-        options = StateDictOptions(flatten_optimizer_state_dict=flat)
         if self.optimizer is None:
-            set_model_state_dict(self.stage, state["model"], options=options)
+            set_model_state_dict(self.stage, state["model"])
         else:
             set_state_dict(
                 self.stage,
                 self.optimizer,
                 model_state_dict=state["model"],
-                optim_state_dict=optim,
-                options=options,
+                optim_state_dict=nested_optimizer(optim) if flat else optim,
             )
         self.step = int(state["step"])
         if self.scaler is not None and state.get("loss_scale"):

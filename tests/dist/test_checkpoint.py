@@ -41,7 +41,7 @@ from autohet_cli.runtime.checkpoint import sha256_file
 pytestmark = pytest.mark.dist
 
 SEED, LR, STEPS = "7", "0.001", 6
-TIMEOUT_S = 150
+TIMEOUT_S = 300  # 7 workers of a CUDA build of torch (the torch-range runs) on 2 cores
 NAME = "ckpt"  # every plan below shares it, so they share the checkpoints
 NS = Path(NAME) / "default"  # the job namespace of workers started without the launcher
 STEP_2, STEP_4 = "step-00000002", "step-00000004"

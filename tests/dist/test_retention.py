@@ -18,6 +18,7 @@ import pytest
 from test_checkpoint import _args, _losses, _run, _two_host_plan, _workers
 from test_runtime_exact import NUM_LAYERS, make_plan
 
+from autohet_cli.ckpt.notice import LAST_SAVE_FILE
 from autohet_cli.plan import write_plan
 from autohet_cli.runtime.ckpt_files import list_steps, read_key
 
@@ -28,7 +29,8 @@ NS = Path("ckpt") / "default"  # plan name / the job of workers started without 
 
 
 def _names(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.name != ".autohet-key")
+    """The job directory's entries but its key and the last save's time."""
+    return sorted(p.name for p in d.iterdir() if p.name not in (".autohet-key", LAST_SAVE_FILE))
 
 
 @pytest.mark.timeout(400)

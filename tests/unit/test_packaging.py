@@ -37,3 +37,15 @@ def test_the_dev_venv_pin_lies_inside_the_range() -> None:
     pins = re.findall(r"pip install -q torch==([0-9.]+)", makefile)
     assert len(pins) == 1, "the Makefile should pin the CPU torch of the dev venv once"
     assert Version(pins[0]) in _torch_requirement().specifier
+
+
+def test_ci_runs_the_floor_of_the_range() -> None:
+    """The range is proven, not claimed (issue 27): .ci/run runs `make test-torch` under
+    a release of the floor's minor version, and every release it runs lies in the range."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    runs = [Version(v) for v in re.findall(r"^make test-torch TORCH=([0-9.]+)", ci, re.M)]
+    assert runs, ".ci/run runs no `make test-torch TORCH=...`"
+    spec = _torch_requirement().specifier
+    assert all(v in spec for v in runs), f"{runs} not all in {spec}"
+    (floor,) = [Version(s.version) for s in spec if s.operator == ">="]
+    assert min(runs).release[:2] == floor.release[:2], f"CI's oldest {min(runs)}, floor {floor}"

@@ -28,6 +28,7 @@ from autohet_cli.runtime.checkpoint import (
     sha256_file,
     tied_aliases,
 )
+from autohet_cli.runtime.ckpt_state import nested_optimizer
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from autohet_cli.settings import TrainingSettings
 from tests.planting import plant_step
@@ -242,6 +243,39 @@ def test_tied_optimizer_state_is_filed_under_the_groups_first_name() -> None:
     back = rename_optimizer(renamed, {v: k for k, v in aliases.items()})
     assert back == head_only
     assert tied_aliases(["state.layers.0.wte.weight.step"], tied) == {}
+
+
+def test_a_tied_parameters_flat_optimizer_state_loads_under_one_name() -> None:
+    """Issue 27: torch 2.5's reader of the flat form wanted state under every name of a
+    tied parameter; checkpoints hold one, so the trainer hands torch the nested form."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    def tied_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.ModuleDict({"wte": torch.nn.Linear(3, 3), "head": torch.nn.Linear(3, 3)})
+        model["head"].weight = model["wte"].weight
+        return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    model, opt = tied_model()
+    sum(m(torch.ones(2, 3)).sum() for m in model.values()).backward()
+    opt.step()
+    flat = get_optimizer_state_dict(
+        model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
+    assert not any(k.startswith("state.head.weight.") for k in flat)  # one name per tensor
+    nested = nested_optimizer(flat)
+    assert nested["state"]["wte.weight"]["exp_avg"] is flat["state.wte.weight.exp_avg"]
+    assert {"params": ["head.bias"], **{"lr": 0.1}}.items() <= nested["param_groups"][-1].items()
+    fresh, fresh_opt = tied_model()
+    set_optimizer_state_dict(fresh, fresh_opt, nested)
+    for p, q in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], fresh_opt.state[q]["exp_avg"])
+    with pytest.raises(ValueError, match="not a flattened optimizer entry: 'step'"):
+        nested_optimizer({"step": 1})
 
 
 def test_step_directories_and_their_markers(tmp_path: Path) -> None:
