@@ -1,5 +1,13 @@
-"""The checkpoint contract shared by the runtime (writer) and recovery (reader): pure.
+"""Checkpoints, in one package: the contract both sides share, and the runtime's side.
 
-``policy``: when to save (``--checkpoint-every``).
-``retention``: which complete steps stay (``--keep-checkpoints``) and pins.
+Pure (no torch; the launcher and ``autohet recover`` import them):
+``format`` (layout, manifest, key), ``policy`` (when to save, ``--checkpoint-every``),
+``retention`` (which complete steps stay, ``--keep-checkpoints``, pins),
+``notice`` (will a save fit a spot host's notice).
+
+The workers' side (torch.distributed, imported only by workers and exports):
+``checkpointer`` (save and load, collectively), ``files`` (private directories, the
+job key, listing, verified reads), ``state`` (what a state dict holds under which
+name), ``schedule`` (the trainer hook), ``prune`` (removing steps), ``remote`` (the
+remote copy).
 """

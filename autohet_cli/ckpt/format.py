@@ -1,6 +1,6 @@
 """The checkpoint format (``autohet.checkpoint/v1``), one contract for writer and reader (pure).
 
-The runtime writes it (``runtime.checkpoint``), recovery reads and moves it
+The runtime writes it (``ckpt.checkpointer``), recovery reads and moves it
 (``recovery``); both import it from here. The full description is
 docs/checkpoint-format.md. In short:
 

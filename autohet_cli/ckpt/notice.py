@@ -4,7 +4,7 @@ A preemption notice is only as good as the save it triggers: GCP gives a spot VM
 30 s between its notice and the end, AWS two minutes. The launcher warns, before
 any worker starts, about spot hosts whose save would not fit the shorter of the
 two; the workers warn again once a save has been measured
-(``runtime.ckpt_schedule``), which is the figure to trust.
+(``ckpt.schedule``), which is the figure to trust.
 
 The estimate: the bytes a host writes are at most the fp32 weights and optimizer
 state of the layers its stages hold (a stage's TP ranks share one host, so together

@@ -6,7 +6,7 @@ Why
     keeps its newest K complete steps (default 3: the newest, and two to fall back
     on when the newest turns out bad or lost a shard with its host); ``0`` keeps
     every step. The runtime applies this after each save, on every host and in the
-    remote copy (``runtime.ckpt_prune``); this module only decides.
+    remote copy (``ckpt.prune``); this module only decides.
 
 What is never removed (:func:`choose_prune`)
     - a step among the newest K complete ones. *Complete* means ``COMPLETE`` and a

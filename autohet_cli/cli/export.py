@@ -39,7 +39,7 @@ def export(
     """
     if format != "hf":
         raise typer.BadParameter("only 'hf' is supported", param_hint="--format")
-    from autohet_cli.runtime.ckpt_prune import reading_step
+    from autohet_cli.ckpt.prune import reading_step
     from autohet_cli.runtime.hf_export import export_hf, open_checkpoint, parse_size, spec_for
 
     with reading_step(step_dir, holder="autohet export"):  # no prune of a running job

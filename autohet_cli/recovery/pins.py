@@ -1,7 +1,7 @@
 """`autohet recover` pins the step it copies (effects), so no prune removes it meanwhile.
 
 Workers prune a job to its newest ``--keep-checkpoints`` complete steps after
-each save (``runtime.ckpt_prune``). Recover refuses to start while workers of
+each save (``ckpt.prune``). Recover refuses to start while workers of
 the plan run on a survivor, but one it cannot see (a host cut off from this
 machine and not from its disks, a launch started meanwhile) could still save and
 prune. So the chosen step is pinned from the moment it is chosen until every

@@ -16,7 +16,7 @@ Failing fast
     watchdog in the same thread covers every collective: a step running longer than
     the timeout (twice that for the first step, three times the slowest step if
     that is more) is declared stuck. Checkpoint saves run after the watched part of
-    a step, under their own group's longer timeout (``runtime.checkpoint``).
+    a step, under their own group's longer timeout (``ckpt.checkpointer``).
 
     A stuck step, an exception from a collective (gloo reports a dead peer's closed
     connection at once) or a peer process gone from this machine (checked every

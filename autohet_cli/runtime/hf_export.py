@@ -78,8 +78,8 @@ def open_checkpoint(step_dir: str | Path) -> Checkpoint:
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    from autohet_cli.ckpt.files import incomplete_reason, read_key, sha256_file
     from autohet_cli.ckpt.format import MANIFEST, verified_manifest
-    from autohet_cli.runtime.ckpt_files import incomplete_reason, read_key, sha256_file
 
     root = Path(step_dir)
     key = read_key(root.parent) if root.parent.is_dir() else None

@@ -10,8 +10,8 @@ single-process reference every distributed plan must match.
 
 ``--steps N`` is the step training ends at: a run resumed from step k
 (``--resume``) runs steps k .. N-1. ``--checkpoint-every`` (``auto`` by default,
-``runtime.ckpt_schedule``) saves on a schedule and at the end
-(``runtime.checkpoint``; docs/checkpoint-format.md); every rank beats a heartbeat
+``ckpt.schedule``) saves on a schedule and at the end
+(``ckpt.checkpointer``; docs/checkpoint-format.md); every rank beats a heartbeat
 under ``RUN_DIR/heartbeat/`` and a lost peer ends the run within the collective
 timeout (``runtime.health``). A worker marks its start under ``RUN_DIR/boot/`` and
 records why it failed under ``RUN_DIR/errors/`` (``runtime.records``), which is
@@ -30,12 +30,7 @@ from pathlib import Path
 
 import torch
 
-from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
-from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
-from autohet_cli.errors import AutohetError
-from autohet_cli.plan import load_plan
-from autohet_cli.preemption import CHECK_ENV, check_from_env
-from autohet_cli.runtime.checkpoint import (
+from autohet_cli.ckpt.checkpointer import (
     CHECKPOINT_DIR_ENV,
     DEFAULT_JOB,
     Checkpointer,
@@ -45,6 +40,11 @@ from autohet_cli.runtime.checkpoint import (
     checkpoint_root,
     remote_url,
 )
+from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
+from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
+from autohet_cli.errors import AutohetError
+from autohet_cli.plan import load_plan
+from autohet_cli.preemption import CHECK_ENV, check_from_env
 from autohet_cli.runtime.context import WorkerEnv, pick_device
 from autohet_cli.runtime.health import (
     DEFAULT_INTERVAL_S,

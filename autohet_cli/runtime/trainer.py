@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autohet_cli.ckpt.state import nested_optimizer
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state
-from autohet_cli.runtime.ckpt_state import nested_optimizer
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -416,7 +416,7 @@ class Trainer:
         ``torch.distributed.checkpoint`` from every rank, it loads under any plan.
         ``flat_optimizer``: one entry per name and key (``state.<name>.exp_avg``,
         ``param_groups.<name>.lr``) instead of ``param_groups`` lists, which differ
-        between plans; what checkpoints use (``runtime.checkpoint``). ``run`` is
+        between plans; what checkpoints use (``ckpt.checkpointer``). ``run`` is
         ``run_state()`` as one JSON string (one checkpoint entry whatever it holds).
         """
         from torch.distributed.checkpoint.state_dict import (

@@ -36,7 +36,7 @@ from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
 from autohet_cli.plan import Device, Plan, write_plan
 from autohet_cli.recovery.manifest import load_manifest
 from autohet_cli.recovery.transfer import needed_files
-from autohet_cli.runtime.checkpoint import sha256_file
+from autohet_cli.ckpt.checkpointer import sha256_file
 
 pytestmark = pytest.mark.dist
 

@@ -20,7 +20,7 @@ from test_runtime_exact import NUM_LAYERS, make_plan
 
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE
 from autohet_cli.plan import write_plan
-from autohet_cli.runtime.ckpt_files import list_steps, read_key
+from autohet_cli.ckpt.files import list_steps, read_key
 
 pytestmark = pytest.mark.dist
 

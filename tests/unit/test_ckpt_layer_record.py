@@ -15,6 +15,7 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 
+from autohet_cli.ckpt.files import CheckpointError
 from autohet_cli.ckpt.format import (
     ManifestAuthError,
     mac_of,
@@ -24,15 +25,14 @@ from autohet_cli.ckpt.format import (
     signed_manifest_text,
     verified_manifest,
 )
-from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.ckpt_files import CheckpointError
-from autohet_cli.runtime.ckpt_state import (
+from autohet_cli.ckpt.state import (
     entry_layer,
     keep_written,
     manifest_files,
     stored_layers,
     tied_layer_groups,
 )
+from autohet_cli.errors import ConfigError
 
 KEY = b"k" * 32
 SHA = "ab" * 32

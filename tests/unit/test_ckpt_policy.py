@@ -13,7 +13,7 @@ from autohet_cli.ckpt.policy import (
     describe_every,
     parse_every,
 )
-from autohet_cli.runtime.ckpt_schedule import CheckpointHook
+from autohet_cli.ckpt.schedule import CheckpointHook
 
 
 def test_parse_every_accepts_auto_zero_and_counts_and_names_the_flag_on_errors() -> None:

@@ -157,6 +157,7 @@ def _dcp_checkpoint(stage: StageModule, job_dir: Path) -> Path:
     the job key listing every file's sha256, COMPLETE last (docs/checkpoint-format.md)."""
     from torch.distributed.checkpoint import FileSystemWriter, save
 
+    from autohet_cli.ckpt.files import sha256_file
     from autohet_cli.ckpt.format import (
         KEY_FILE,
         Manifest,
@@ -164,7 +165,6 @@ def _dcp_checkpoint(stage: StageModule, job_dir: Path) -> Path:
         new_key,
         signed_manifest_text,
     )
-    from autohet_cli.runtime.ckpt_files import sha256_file
 
     step_dir = job_dir / "step-00000003"
     save({"model": stage.state_dict()}, storage_writer=FileSystemWriter(step_dir), no_dist=True)

@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from autohet_cli.ckpt.prune import read_pins
 from autohet_cli.ckpt.retention import choose_prune, parse_pin_name
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.recovery.pins import PIN_TTL_S, pinned_step
-from autohet_cli.runtime.ckpt_prune import read_pins
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 NS = "lab/J"

@@ -11,12 +11,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from autohet_cli.ckpt.files import ensure_private_dir, read_key, write_key
 from autohet_cli.ckpt.format import Manifest, ManifestFile
+from autohet_cli.ckpt.remote import RemoteCopy, Uploader, UploadJob
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.launch.executor import _PROBE
 from autohet_cli.launch.jobs import list_jobs
-from autohet_cli.runtime.ckpt_files import ensure_private_dir, read_key, write_key
-from autohet_cli.runtime.ckpt_remote import RemoteCopy, Uploader, UploadJob
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 SHA = "0" * 64

@@ -12,9 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
-from autohet_cli.recovery.manifest import Manifest, ManifestFile, load_manifest
-from autohet_cli.runtime.checkpoint import (
+from autohet_cli.ckpt.checkpointer import (
     Checkpointer,
     CheckpointError,
     RemoteCopy,
@@ -28,7 +26,9 @@ from autohet_cli.runtime.checkpoint import (
     sha256_file,
     tied_aliases,
 )
-from autohet_cli.runtime.ckpt_state import nested_optimizer
+from autohet_cli.ckpt.state import nested_optimizer
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.recovery.manifest import Manifest, ManifestFile, load_manifest
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from autohet_cli.settings import TrainingSettings
 from tests.planting import plant_step
@@ -128,7 +128,7 @@ def test_the_layer_record_comes_from_the_written_metadata(
 ) -> None:
     """Issue 27: under torch 2.11 ``dcp.save`` returns a Metadata without storage_data
     (its writer fills a replaced copy); the manifest must come from what was written."""
-    from autohet_cli.runtime import checkpoint
+    from autohet_cli.ckpt import checkpointer as checkpoint
 
     real = checkpoint.dcp_save
 

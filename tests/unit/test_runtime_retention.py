@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from autohet_cli.ckpt import checkpointer as checkpoint_module
+from autohet_cli.ckpt.checkpointer import Checkpointer, RemoteCopy
+from autohet_cli.ckpt.prune import pinned, reading_step, remove_steps
 from autohet_cli.ckpt.retention import Pin, choose_prune, pin_name, pin_to_text
-from autohet_cli.runtime import checkpoint as checkpoint_module
-from autohet_cli.runtime.checkpoint import Checkpointer, RemoteCopy
-from autohet_cli.runtime.ckpt_prune import pinned, reading_step, remove_steps
 from autohet_cli.runtime.trainer import Trainer
 from tests.planting import plant_step
 from tests.unit.test_runtime_checkpoint import CONFIG, PLAN

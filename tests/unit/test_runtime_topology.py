@@ -146,7 +146,7 @@ def test_checkpoint_writes_one_layout_per_name() -> None:
 
 
 def test_keep_written_filters_model_and_optimizer_entries_by_name() -> None:
-    from autohet_cli.runtime.ckpt_state import keep_written
+    from autohet_cli.ckpt.state import keep_written
 
     state = {
         "model": {"layers.0.wte.weight": 1, "layers.5.lm_head.weight": 2, "layers.3.b": 3},

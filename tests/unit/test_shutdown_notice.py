@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from autohet_cli.ckpt.notice import notice_warnings, save_bytes_per_host
+from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.launch import triage
 from autohet_cli.launch.session import _stop_on_signals, survivors
 from autohet_cli.models import get_model
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.runtime.agent import NoticeClock, child_pids, patched_handler
-from autohet_cli.runtime.ckpt_schedule import CheckpointHook
 from autohet_cli.runtime.preempt import Notices
 from autohet_cli.settings import TrainingSettings
 

@@ -5,7 +5,7 @@ rank 0 then uploads ``.metadata`` and the manifest, waits until every file the
 manifest lists is there at its full size, and uploads ``COMPLETE`` last. Training
 goes on meanwhile; a failed upload warns and never stops training. A ``COMPLETE``
 step in the remote copy is never overwritten; once rank 0 has marked one, its
-uploader prunes the copy to ``--keep-checkpoints`` (``runtime.ckpt_prune``).
+uploader prunes the copy to ``--keep-checkpoints`` (``ckpt.prune``).
 Where the remote copy is a local
 path (a shared mount, or the stand-in on a single machine), its root is held to
 the same rule as checkpoint directories (ours alone, mode 0700).
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autohet_cli.ckpt.files import CheckpointError, ensure_private_dir
 from autohet_cli.ckpt.format import (
     COMPLETE,
     MANIFEST,
@@ -32,7 +33,6 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.ckpt_files import CheckpointError, ensure_private_dir
 from autohet_cli.runtime.records import say
 
 UPLOAD_TIMEOUT_S = 600.0  # rank 0 waits this long for the other ranks' uploads

@@ -2,7 +2,7 @@
 
 The format (layout, manifest, key, authentication) is ``autohet_cli.ckpt.format``
 and docs/checkpoint-format.md; files, keys and private directories are
-``runtime.ckpt_files``; the remote copy is ``runtime.ckpt_remote``.
+``ckpt.files``; the remote copy is ``ckpt.remote``.
 
 Where
     ``<checkpoint dir>/<plan name>/<job>/step-<N:08d>/`` on every host. The job is
@@ -29,7 +29,7 @@ Saving (every rank, collectively)
     name of its group whatever copy a rank holds, so every entry has one name in
     every plan.
 
-Keeping (``--keep-checkpoints K``, ``runtime.ckpt_prune``)
+Keeping (``--keep-checkpoints K``, ``ckpt.prune``)
     After a save whose ``COMPLETE`` and rename succeeded, every host's directory
     owner removes the job's complete steps beyond the newest K, except pinned
     ones (the step this run resumed from, until it saved K newer; steps
@@ -75,6 +75,17 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from autohet_cli.ckpt.files import (
+    CheckpointError,
+    VerifyingReader,
+    ensure_private_dir,
+    incomplete_reason,
+    list_steps,
+    read_key,
+    sha256_file,
+    write_atomic,
+    write_key,
+)
 from autohet_cli.ckpt.format import (
     COMPLETE,
     MANIFEST,
@@ -88,23 +99,11 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE
+from autohet_cli.ckpt.prune import Retention
+from autohet_cli.ckpt.remote import RemoteCopy, Uploader, UploadJob, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
-from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.ckpt_files import (
-    CheckpointError,
-    VerifyingReader,
-    ensure_private_dir,
-    incomplete_reason,
-    list_steps,
-    read_key,
-    sha256_file,
-    write_atomic,
-    write_key,
-)
-from autohet_cli.runtime.ckpt_prune import Retention
-from autohet_cli.runtime.ckpt_remote import RemoteCopy, Uploader, UploadJob, remote_url
-from autohet_cli.runtime.ckpt_schedule import CheckpointHook
-from autohet_cli.runtime.ckpt_state import (
+from autohet_cli.ckpt.schedule import CheckpointHook
+from autohet_cli.ckpt.state import (
     checkpoint_failure,
     keep_written,
     manifest_files,
@@ -113,6 +112,7 @@ from autohet_cli.runtime.ckpt_state import (
     tied_aliases,
     tied_layer_groups,
 )
+from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
 

@@ -10,9 +10,9 @@ from typing import Any
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
+from autohet_cli.ckpt.files import CheckpointError
 from autohet_cli.ckpt.format import ManifestFile
 from autohet_cli.errors import AutohetError
-from autohet_cli.runtime.ckpt_files import CheckpointError
 from autohet_cli.runtime.model_api import layer_of
 
 # --------------------------------------------------------------------- tied names

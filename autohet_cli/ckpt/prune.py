@@ -38,7 +38,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from autohet_cli.ckpt.files import list_steps, write_atomic
 from autohet_cli.ckpt.format import parse_step_dir, step_dir_name
+from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.ckpt.retention import (
     Pin,
     Prune,
@@ -52,8 +54,6 @@ from autohet_cli.ckpt.retention import (
     prune_message,
 )
 from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.ckpt_files import list_steps, write_atomic
-from autohet_cli.runtime.ckpt_remote import RemoteCopy
 from autohet_cli.runtime.records import say
 
 # How long a reader's pin lasts where its death cannot be seen (another machine on NFS).
