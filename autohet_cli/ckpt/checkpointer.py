@@ -9,25 +9,33 @@ Where
     the run namespace (``--job``): a fresh launch starts a new one, a resumed or
     recovered run continues its own, so two runs never mix.
 
-Saving (every rank, collectively)
-    A step is written under ``.tmp-step-<N>`` and renamed into place when every
-    rank is done, so a step directory is either whole or absent; a step that is
-    already ``COMPLETE`` is never written again (it is kept, with a note), and
-    only incomplete leftovers of this job are removed. Each rank hands
-    ``torch.distributed.checkpoint.save`` a ``FileSystemWriter`` on ITS host's
-    directory: DCP names every rank's data file (``__<rank>_0.distcp``), only the
-    coordinator writes ``.metadata``, and its planner deduplicates replicated
-    entries onto one of their holders, so a loading rank may need a file another
-    host wrote. Entries of no layer (``step``, ``run``, ...) are saved by rank 0
-    alone, so they all land in rank 0's file. Every rank hashes its own files;
-    rank 0 gathers the entries, records which layers each data file holds and
+Saving (every rank, collectively; asynchronous)
+    Training stops only to agree on the step and to snapshot each rank's state
+    into reused host buffers (``ckpt.snapshot``: pinned on GPUs); the rest runs
+    in a background thread with a process group of its own, at most one save in
+    flight (the next save waits for it). A step is written under
+    ``.tmp-step-<N>`` and renamed into place when every rank is done, so a step
+    directory is either whole or absent; a step that is already ``COMPLETE`` is
+    never written again (it is kept, with a note), and only incomplete leftovers
+    of this job are removed. Each rank hands ``torch.distributed.checkpoint.save``
+    a ``FileSystemWriter`` on ITS host's directory with several writer threads
+    (``ckpt.persist``): DCP names every rank's data files (``__<rank>_<n>.distcp``),
+    only the coordinator writes ``.metadata``, and its planner deduplicates
+    replicated entries onto one of their holders, so a loading rank may need a
+    file another host wrote. Entries of no layer (``step``, ``run``, ...) are
+    saved by rank 0 alone, so they all land in rank 0's files. Every file is
+    hashed on its way out and fsynced; rank 0 gathers the entries once every
+    rank's files are durable, records which layers each data file holds and
     which holds the shared entries (from the ``.metadata`` it wrote: recovery's
     "layers" rule moves only what a host reads), writes ``manifest.json`` signed
-    with the job key (HMAC-SHA256) and ``COMPLETE`` last. The state is
+    with the job key (HMAC-SHA256) and ``COMPLETE`` last, so a crash mid-save
+    never leaves a COMPLETE step. Where host memory is short for the snapshot
+    the rank writes synchronously, and says why. The state is
     ``Trainer.state_dict`` with the optimizer flattened to one entry per full
     parameter name, and a tied parameter's optimizer state filed under the first
     name of its group whatever copy a rank holds, so every entry has one name in
-    every plan.
+    every plan. Each save's figures (``ckpt.persist.SaveRecord``) go to the
+    listeners (the metrics file and the log, on rank 0).
 
 Keeping (``--keep-checkpoints K``, ``ckpt.prune``)
     After a save whose ``COMPLETE`` and rename succeeded, every host's directory
@@ -43,7 +51,7 @@ The job key
     ranks that lack it over the process group; every rank then checks that all
     hold the same key.
 
-Loading (``--resume [STEP]``)
+Loading (``--resume [STEP]``, ``ckpt.loading``)
     Every rank lists its own job directory and verifies each manifest's HMAC; the
     newest step some rank sees complete and authentic is chosen (an explicit STEP
     that is not is refused, naming the directory and why). The lowest rank holding
@@ -58,12 +66,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import shutil
 import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,46 +78,41 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from autohet_cli.ckpt import finish, loading
 from autohet_cli.ckpt.files import (
     CheckpointError,
-    VerifyingReader,
     ensure_private_dir,
     incomplete_reason,
     list_steps,
     read_key,
     sha256_file,
-    write_atomic,
     write_key,
 )
+from autohet_cli.ckpt.finish import SaveJob
 from autohet_cli.ckpt.format import (
     COMPLETE,
-    MANIFEST,
-    METADATA,
     TMP_PREFIX,
-    Manifest,
     check_job,
     new_key,
-    signed_manifest_text,
     step_dir_name,
-    verified_manifest,
 )
-from autohet_cli.ckpt.notice import LAST_SAVE_FILE
+from autohet_cli.ckpt.persist import SaveRecord, writer_threads
 from autohet_cli.ckpt.prune import Retention
-from autohet_cli.ckpt.remote import RemoteCopy, Uploader, UploadJob, remote_url
+from autohet_cli.ckpt.remote import RemoteCopy, Uploader, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.ckpt.schedule import CheckpointHook
+from autohet_cli.ckpt.snapshot import (
+    Snapshotter,
+    available_memory_bytes,
+    memory_verdict,
+    ranks_on_this_host,
+)
 from autohet_cli.ckpt.state import (
     checkpoint_failure,
     keep_written,
-    manifest_files,
     rename_optimizer,
-    stored_layers,
     tied_aliases,
-    tied_layer_groups,
 )
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.records import say
@@ -149,12 +151,6 @@ def checkpoint_root(explicit: Path | None, run_dir: Path | None) -> Path | None:
 # --------------------------------------------------------------------- the checkpointer
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SourceData:
-    manifest_text: str
-    metadata: bytes
-
-
 class Checkpointer:
     """Save and load ``trainer``'s state under ``root/<plan name>/<job>/`` (collective calls)."""
 
@@ -170,6 +166,7 @@ class Checkpointer:
         upload_timeout_s: float = 1800.0,
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
         keep: int = DEFAULT_KEEP,
+        background: bool = True,
     ) -> None:
         self.trainer = trainer
         self.job = check_job(job)
@@ -186,9 +183,22 @@ class Checkpointer:
         # Checkpoint collectives get their own CPU group and timeout: writing a big
         # checkpoint may take longer than the training collectives' timeout allows.
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        # The second half of a save (writing, the manifest, COMPLETE, pruning) runs in a
+        # background thread while training goes on: its collectives get a group of
+        # their own, which nothing else uses, so the two threads never interleave
+        # collectives on one group.
+        self.persist_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self.snapshots = Snapshotter()
+        self.ranks_on_host = ranks_on_this_host()
+        self.writer_threads = writer_threads(self.ranks_on_host)
+        self.background = background
+        self.listeners: list[Callable[[SaveRecord], None]] = []  # rank 0, after each save
+        self.last_record: SaveRecord | None = None  # the latest finished save's figures
+        self._inflight: threading.Thread | None = None
+        self._failure: BaseException | None = None
         self.host = trainer.runtime.info.device.host
         problem = self._prepare_dir(root)
-        self._agree_no_problem(problem)
+        self.agree_no_problem(problem)
         # The lowest rank writing to a directory (one machine, one path) owns it.
         where = (socket.gethostname(), str(self.plan_dir.resolve()))
         places: list[Any] = [None] * self.world_size
@@ -203,7 +213,7 @@ class Checkpointer:
             job=self.job,
             plan_dir=self.plan_dir,
             key=self.key,
-            group=self.group,
+            group=self.persist_group,  # it prunes after a save, in the persist thread
             owner=self.owner,
             host=self.host,
             remote=remote,
@@ -216,10 +226,10 @@ class Checkpointer:
             return str(exc)
         return None
 
-    def _agree_no_problem(self, problem: str | None) -> None:
+    def agree_no_problem(self, problem: str | None, *, group: Any = None) -> None:
         """Every rank stops with the first rank's problem, not only the rank that saw it."""
         seen: list[Any] = [None] * self.world_size
-        dist.all_gather_object(seen, problem, group=self.group)
+        dist.all_gather_object(seen, problem, group=group or self.group)
         first = next((p for p in seen if p), None)
         if first:
             raise CheckpointError(first)
@@ -231,7 +241,7 @@ class Checkpointer:
             problem = None
         except (CheckpointError, ConfigError) as exc:
             mine, problem = None, str(exc)
-        self._agree_no_problem(problem)
+        self.agree_no_problem(problem)
         digests: list[Any] = [None] * self.world_size
         digest = hashlib.sha256(mine).hexdigest() if mine is not None else None
         dist.all_gather_object(digests, digest, group=self.group)
@@ -259,7 +269,8 @@ class Checkpointer:
     def _aliases(self, optimizer: Mapping[str, Any]) -> dict[str, str]:
         return tied_aliases(list(optimizer), self.trainer.parts.tied)
 
-    def _state(self) -> tuple[dict[str, Any], dict[str, str]]:
+    def state(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The trainer's state as checkpoints name it, and the tied-name aliases used."""
         state = self.trainer.state_dict(flat_optimizer=True)
         aliases = self._aliases(state["optimizer"])
         state["optimizer"] = rename_optimizer(state["optimizer"], aliases)
@@ -268,8 +279,17 @@ class Checkpointer:
     # ----------------------------------------------------------------- save
 
     def save(self) -> Path | None:
-        """Write step ``trainer.step``; returns this rank's step directory (None: kept)."""
+        """Save step ``trainer.step``; returns as soon as training may go on.
+
+        Training waits for the previous save if it is still in flight (at most one),
+        agrees on the step with every rank and snapshots its state into host memory;
+        the files, the manifest and COMPLETE follow in the background (``wait``
+        returns when they are durable). When host memory is short, or
+        ``background`` is off, the whole save runs here and says why. Returns this
+        rank's step directory to be (None: that step is already saved and kept).
+        """
         started = time.monotonic()
+        self.wait()
         step = self.trainer.step
         final = self.plan_dir / step_dir_name(step)
         tmp = self.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}"
@@ -285,7 +305,7 @@ class Checkpointer:
                 # Hosts sharing one directory (NFS) each have an owner: both may clear it.
                 shutil.rmtree(d, ignore_errors=True)
         dist.barrier(group=self.group)
-        state, _ = self._state()
+        state, _ = self.state()
         runtime = self.trainer.runtime
         state = keep_written(
             state,
@@ -293,67 +313,77 @@ class Checkpointer:
             self.trainer.parts.tied,
             shared=self.rank == 0,  # entries of no layer: rank 0's file alone
         )
-        dcp_save(
-            state, storage_writer=FileSystemWriter(tmp, overwrite=True), process_group=self.group
+        why_inline = self._why_inline(state, step)
+        if why_inline is None:
+            state = self.snapshots.take(state)
+        job = SaveJob(
+            step=step, state=state, tmp=tmp, final=final, started=started, inline=bool(why_inline)
         )
-        mine = sorted(p.name for p in tmp.glob(f"__{self.rank}_*.distcp"))
-        if self.rank == 0:
-            mine.append(METADATA)
-        entries = [
-            {
-                "path": name,
-                "sha256": sha256_file(tmp / name),
-                "bytes": (tmp / name).stat().st_size,
-                "host": self.host,
-                "rank": self.rank,
-            }
-            for name in mine
-        ]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, entries, group=self.group)
-        manifest = None
-        if self.rank == 0:
-            manifest = Manifest(
-                step=step,
-                plan=self.plan_ref,
-                plan_sha256=self.plan_sha256,
-                world_size=self.world_size,
-                files=manifest_files(
-                    [e for rank_entries in gathered for e in rank_entries],
-                    # Where entries went, from the .metadata rank 0 (the coordinator) wrote:
-                    # the Metadata save() returns lacks storage_data under torch 2.11.
-                    stored_layers(FileSystemReader(tmp).read_metadata()),
-                ),
-                tied_layers=tied_layer_groups(self.trainer.parts.tied),
-            )
-            write_atomic(tmp / MANIFEST, signed_manifest_text(manifest, self.key).encode())
-            write_atomic(tmp / COMPLETE, b"")
-        dist.barrier(group=self.group)
-        if self.owner:
-            try:
-                tmp.rename(final)
-            except OSError:
-                if not (self.shared_dir and final.is_dir()):
-                    raise  # not another owner's rename of a shared directory: a real failure
-        dist.barrier(group=self.group)
-        if self.owner:
-            self._record_save_s(time.monotonic() - started)
-        if self.uploader is not None:
-            self.uploader.start(
-                UploadJob(step=step, local_dir=final, names=tuple(mine), manifest=manifest)
-            )
-        # Only now, with this step whole on every host: older ones may go.
-        reading = self.uploader.reading() if self.uploader is not None else set()
-        self.retention.after_save(step, reading=reading)
+        if why_inline is not None:
+            job.blocked_s = time.monotonic() - started  # updated when the save is done
+            self._persist(job)
+            return final
+        job.blocked_s = time.monotonic() - started
+        thread = threading.Thread(
+            target=self._persist, args=(job,), name=f"autohet-save-{step}", daemon=True
+        )
+        self._inflight = thread
+        thread.start()
         return final
 
-    def _record_save_s(self, seconds: float) -> None:
-        """This host's save time, for the next launch's spot-notice check (best effort:
-        a full disk here must not fail a save that succeeded)."""
+    def _why_inline(self, state: dict[str, Any], step: int) -> str | None:
+        """Why this rank writes step ``step`` synchronously (None: in the background)."""
+        if not self.background:
+            return "asynchronous saves are off"
+        verdict = memory_verdict(
+            self.snapshots.new_bytes(state),
+            ranks_on_host=self.ranks_on_host,
+            available_bytes=available_memory_bytes(),
+        )
+        if verdict.fits:
+            return None
+        say(
+            f"note: rank {self.rank} on {self.host} writes step {step} synchronously "
+            f"(training waits): {verdict.reason}"
+        )
+        self.snapshots.release()  # the buffers would not be reused either
+        return verdict.reason
+
+    def wait(self) -> None:
+        """Return when the save in flight (if any) is durable; raise its failure."""
+        thread, self._inflight = self._inflight, None
+        if thread is not None:
+            thread.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def poll(self) -> None:
+        """Raise the failure of a background save as soon as it is known (no waiting)."""
+        thread = self._inflight
+        if thread is not None and not thread.is_alive():
+            self.wait()
+
+    def _persist(self, job: SaveJob) -> None:
+        """The second half of a save (this rank's files, then with every rank: the
+        manifest, COMPLETE, the rename, pruning), in the persist thread or inline."""
         try:
-            write_atomic(self.plan_dir / LAST_SAVE_FILE, f"{seconds:.3f}\n".encode())
-        except OSError:
-            pass
+            finish.write_and_finish(self, job)
+        except CheckpointException as exc:
+            self._failure = checkpoint_failure(exc)
+        except OSError as exc:  # a full or failing disk, named with the step
+            self._failure = CheckpointError(
+                f"step {job.step} was not saved: {exc.strerror or exc} "
+                f"({exc.filename or job.tmp}); the steps saved before it are kept"
+            )
+        except BaseException as exc:  # kept for the training thread: wait() raises it
+            self._failure = exc
+        if job.inline:
+            self.wait()
+
+    def previous_record(self) -> dict[str, float] | None:
+        """The figures of this job's last save on this host (None: unknown)."""
+        return finish.previous_record(self.plan_dir)
 
     def _prune_remote(self, step: int) -> None:
         self.retention.prune_remote(step)
@@ -365,110 +395,16 @@ class Checkpointer:
         return [float(x) for x in t.tolist()]
 
     def close(self) -> None:
-        """Wait for this rank's upload."""
-        if self.uploader is not None:
-            self.uploader.join()
+        """Wait for the save in flight to be durable, then for this rank's upload."""
+        try:
+            self.wait()
+        finally:
+            if self.uploader is not None:
+                self.uploader.join()
+            self.snapshots.release()
 
     # ----------------------------------------------------------------- load
 
     def resume(self, step: int | None = None) -> int | None:
-        """Load ``step`` (None: the newest complete one); returns the step loaded, or None.
-
-        With ``step`` None and no complete checkpoint, training starts afresh.
-        """
-        listing = list_steps(self.plan_dir, self.key)
-        views: list[Any] = [None] * self.world_size
-        dist.all_gather_object(views, listing, group=self.group)
-        complete = {s for view in views for s, why in view.items() if why is None}
-        seen = {s for view in views for s in view}
-        here = self.plan_dir
-
-        def why_not(s: int) -> str:
-            reasons = {view[s] for view in views if view.get(s)}
-            return "; ".join(sorted(reasons)) or f"{COMPLETE} or {MANIFEST} missing on every host"
-
-        if step is None:
-            chosen = max(complete, default=None)
-            if self.rank == 0:
-                for s in sorted(s for s in seen - complete if chosen is None or s > chosen):
-                    say(f"note: skipping checkpoint {here / step_dir_name(s)} ({why_not(s)})")
-                if chosen is None:
-                    say(f"note: no complete checkpoint under {here}: starting at step 0")
-            if chosen is None:
-                return None
-        else:
-            chosen = step
-            if chosen not in complete:
-                d = here / step_dir_name(chosen)
-                if chosen not in seen:
-                    raise CheckpointError(f"no checkpoint {d} on any host")
-                raise CheckpointError(f"checkpoint {d} is not usable ({why_not(chosen)})")
-        source = min(r for r, view in enumerate(views) if view.get(chosen, "") is None)
-        self._load(chosen, source)
-        self.retention.hold(chosen)
-        return chosen
-
-    def _read_source(self, step: int) -> SourceData | str:
-        d = self.plan_dir / step_dir_name(step)
-        try:
-            text = (d / MANIFEST).read_text(encoding="utf-8")
-            manifest = verified_manifest(text, self.key, str(d / MANIFEST))
-        except (OSError, ConfigError) as exc:
-            return f"cannot use {d / MANIFEST}: {exc}"
-        if manifest.step != step:
-            return f"{d / MANIFEST} says step {manifest.step}, but its directory is step {step}"
-        if manifest.plan_name != self.trainer.plan.name:
-            return f"{d / MANIFEST} was written by plan {manifest.plan}, not by this plan's lineage"
-        meta = d / METADATA
-        if not meta.is_file():
-            return f"{meta} is missing (DCP's metadata, written on rank 0's host)"
-        data = meta.read_bytes()
-        digest, want = hashlib.sha256(data).hexdigest(), manifest.file(METADATA).sha256
-        if digest != want:
-            return f"{meta} is corrupt: its sha256 is {digest}, but {MANIFEST} says {want}"
-        return SourceData(manifest_text=text, metadata=data)
-
-    def _load(self, step: int, source: int) -> None:
-        payload: list[Any] = [self._read_source(step) if self.rank == source else None]
-        dist.broadcast_object_list(payload, src=source, group=self.group)
-        got = payload[0]
-        if isinstance(got, str):
-            raise CheckpointError(got)
-        assert isinstance(got, SourceData)
-        # Verified again here: every rank trusts only what its own key authenticates.
-        manifest = verified_manifest(got.manifest_text, self.key, MANIFEST)
-        if hashlib.sha256(got.metadata).hexdigest() != manifest.file(METADATA).sha256:
-            raise CheckpointError(f"{METADATA} of step {step} does not match its manifest")
-        metadata = pickle.loads(got.metadata)  # authenticated above: the job wrote it
-        local = self.plan_dir / step_dir_name(step)
-        remote = self.remote
-
-        def fetch(name: str, dest: Path) -> bool:
-            return remote is not None and remote.fetch(manifest.step, name, dest)
-
-        reader = VerifyingReader(
-            local, metadata=metadata, manifest=manifest, rank=self.rank, fetch=fetch
-        )
-        state, aliases = self._state()
-        if "run" not in getattr(metadata, "state_dict_metadata", {"run": None}):
-            state.pop("run")  # written before checkpoints held the schedule and data
-        try:
-            dcp_load(state, storage_reader=reader, process_group=self.group)
-        except CheckpointException as exc:
-            raise checkpoint_failure(exc) from None
-        for name in reader.fetched:
-            assert self.remote is not None
-            say(f"note: fetched {name} from {self.remote.url} into {local}")
-        state["optimizer"] = rename_optimizer(
-            state["optimizer"], {new: old for old, new in aliases.items()}
-        )
-        self.trainer.load_state_dict(state)
-        if self.trainer.step != manifest.step:
-            raise CheckpointError(
-                f"{local}: the state says step {self.trainer.step}, {MANIFEST} says {manifest.step}"
-            )
-        if self.rank == 0:
-            say(
-                f"resumed from {local} at step {step} (saved by plan {manifest.plan}, "
-                f"{manifest.world_size} ranks)"
-            )
+        """Load ``step`` (None: the newest complete one); see ``ckpt.loading``."""
+        return loading.resume(self, step)

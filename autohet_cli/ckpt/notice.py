@@ -24,6 +24,9 @@ NOTICE_S = 30.0  # the shortest notice a major cloud gives a spot VM (GCP)
 # In each host's job directory: the seconds its last save took (its directory owner's
 # measure, written by the workers, read by the next launch or resume of the job).
 LAST_SAVE_FILE = ".last-save-s"
+# Beside it, the last save's metrics record (``ckpt_blocked_s``, ``ckpt_persist_s``, ...):
+# a resumed run's first save waits for the interval these give (``ckpt.schedule``).
+LAST_SAVE_RECORD = ".last-save.json"
 ASSUMED_WRITE_GBPS = 0.5
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the compute precision
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd": 4}

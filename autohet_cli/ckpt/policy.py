@@ -18,6 +18,16 @@ Why this default: a preemption costs half an interval of work on average,
 checkpointing costs one save per interval; 2% keeps the cost invisible beside the
 step-time noise of a shared fleet, while small models (the demo, most tests) still
 save within seconds of starting.
+
+Saves are asynchronous (``ckpt.checkpointer``): ``save_s`` is what training loses
+to one, the time it stood still (``ckpt_blocked_s``), and since one save is in
+flight at a time, K steps must also cover the time a save takes to become durable
+(``ckpt_persist_s`` of the latest finished one): K >= persist_s / step_s.
+
+A resumed run does not save right after its first step: its first save comes
+K steps after the step it resumed from, K from the figures of the job's last save
+(kept beside its checkpoints) and the first step's time; without such figures it
+saves after its first step, as a fresh run does.
 """
 
 from __future__ import annotations
@@ -77,6 +87,7 @@ def auto_interval_steps(
     save_s: float,
     step_s: float,
     *,
+    persist_s: float = 0.0,
     overhead_fraction: float = OVERHEAD_FRACTION,
     max_interval_s: float = MAX_INTERVAL_S,
 ) -> int:
@@ -85,4 +96,5 @@ def auto_interval_steps(
         return 1
     by_overhead = math.ceil(max(save_s, 0.0) / (overhead_fraction * step_s))
     by_time = max(1, math.floor(max_interval_s / step_s))
-    return max(1, min(by_overhead, by_time))
+    in_flight = math.ceil(max(persist_s, 0.0) / step_s) if math.isfinite(persist_s) else 1
+    return max(1, min(by_overhead, by_time), in_flight)

@@ -1,14 +1,19 @@
 """The runtime side of ``--checkpoint-every``: a trainer hook that saves on the policy's
 schedule (``autohet_cli.ckpt.policy``), once more after the last step, and the step a
 preemption notice stopped at (``runtime.preempt``; also with ``--checkpoint-every 0``,
-unless ``--no-emergency-save``)."""
+unless ``--no-emergency-save``).
+
+Saves are asynchronous: ``save()`` returns once training may go on, and the hook
+waits for durability only at the end of training (``close``), which is what an
+emergency save needs before the process exits."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from autohet_cli.ckpt.persist import SaveRecord
 from autohet_cli.ckpt.policy import auto_interval_steps
 from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
 
@@ -44,66 +49,106 @@ class CheckpointHook(Hook):
         self.say = say or (lambda _message: None)
         self._last_saved: int | None = None
         self._next: int | None = None
+        self._resumed_costs: list[float] | None = None  # a resumed run's first interval
         self._step_times: list[float] = []
         self._warned = False
         self.saved_steps: list[int] = []
-        self.save_times_s: list[float] = []  # each save's time (agreed where a budget is)
+        self.records: list[SaveRecord] = []  # finished saves (rank 0)
+        listeners = getattr(checkpointer, "listeners", None)
+        if listeners is not None:
+            listeners.append(self._on_record)
 
     def on_train_start(self, trainer: Trainer) -> None:
         self._last_saved = trainer.step  # a resumed run starts from a saved step
-        self._next = trainer.step + 1 if self.every is None else None
+        self._next = None
+        if self.every is None:
+            if trainer.step > 0:
+                previous: Any = getattr(self.checkpointer, "previous_record", lambda: None)()
+                # Every rank takes part in the agreement at the first step, record or not.
+                self._resumed_costs = (
+                    [previous["ckpt_blocked_s"], previous["ckpt_persist_s"]]
+                    if previous
+                    else [-1.0, -1.0]
+                )
+            else:
+                self._next = trainer.step + 1
 
     def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+        poll = getattr(self.checkpointer, "poll", None)
+        if poll is not None:
+            poll()  # a failed background save stops training now, not at the next save
         self._step_times.append(result.time_s)
         if self.every is not None:
             if self.every and trainer.step % self.every == 0:
-                self._timed(trainer, self._save(trainer))
+                self._save(trainer)
             return
+        if self._resumed_costs is not None:
+            self._first_interval_after_resume(trainer, result.time_s)
         if self._next is not None and trainer.step >= self._next:
-            save_s = self._save(trainer)
+            blocked_s = self._save(trainer)
             # The first step of a run carries warm-up; leave it out when others exist.
             times = self._step_times[1:] or self._step_times
             step_s = sum(times) / len(times)
-            save_s, step_s = self.checkpointer.agree_max([save_s, step_s])
-            self._timed(trainer, save_s, agreed=True)
-            k = auto_interval_steps(save_s, step_s)
+            last = getattr(self.checkpointer, "last_record", None)
+            persist_s = last.persist_s if last is not None else 0.0
+            blocked_s, step_s, persist_s = self.checkpointer.agree_max(
+                [blocked_s, step_s, persist_s]
+            )
+            k = auto_interval_steps(blocked_s, step_s, persist_s=persist_s)
             self._next = trainer.step + k
             self._step_times = []
             if trainer.runtime.global_rank == 0:
-                share = save_s / (k * step_s) if step_s > 0 else 0.0
+                share = blocked_s / (k * step_s) if step_s > 0 else 0.0
                 self.say(
-                    f"checkpoint at step {trainer.step} took {save_s:.2f} s; next in {k} "
-                    f"step(s) (~{k * step_s:.0f} s of training, {share:.1%} overhead)"
+                    f"checkpoint at step {trainer.step} blocked training {blocked_s:.2f} s; "
+                    f"next in {k} step(s) (~{k * step_s:.0f} s of training, {share:.1%} overhead)"
                 )
 
+    def _first_interval_after_resume(self, trainer: Trainer, step_s: float) -> None:
+        """No save right after a resume: the first one comes the policy's interval
+        after the resumed step, from the job's last save figures (every rank's
+        maximum); with none on any host, save now, as a fresh run does."""
+        assert self._resumed_costs is not None and self._last_saved is not None
+        blocked_s, persist_s, step_s = self.checkpointer.agree_max([*self._resumed_costs, step_s])
+        self._resumed_costs = None
+        if blocked_s < 0:
+            self._next = trainer.step
+            return
+        k = auto_interval_steps(blocked_s, step_s, persist_s=max(persist_s, 0.0))
+        self._next = self._last_saved + k
+        if trainer.runtime.global_rank == 0:
+            self.say(
+                f"checkpoints: first save at step {self._next}, {k} step(s) after the resumed "
+                f"step (the job's last save blocked training {blocked_s:.2f} s)"
+            )
+
     def _save(self, trainer: Trainer) -> float:
+        """Save now; returns how long training stood still for it (this rank)."""
         start = time.perf_counter()
         self.checkpointer.save()
         self._last_saved = trainer.step
         self.saved_steps.append(trainer.step)
         return time.perf_counter() - start
 
-    def _timed(self, trainer: Trainer, save_s: float, *, agreed: bool = False) -> None:
-        """Keep a save's time; warn once when it would not fit a spot host's notice
-        (the slowest rank's time: every rank calls this, so the agreement is safe)."""
+    def _on_record(self, record: SaveRecord) -> None:
+        """A save finished (rank 0, the save's thread): keep it; warn once when the
+        time to a durable step would not fit a spot host's notice (an emergency save
+        must be durable before the host goes)."""
+        self.records.append(record)
         budget = self.notice_budget_s
-        if budget is not None and not agreed:
-            save_s = self.checkpointer.agree_max([save_s])[0]
-        self.save_times_s.append(save_s)
-        if budget is None or save_s <= budget or self._warned:
+        if budget is None or record.persist_s <= budget or self._warned:
             return
         self._warned = True
-        if trainer.runtime.global_rank == 0:
-            self.say(
-                f"warning: a save takes {save_s:.1f} s, longer than the {budget:g} s notice "
-                "a spot host of this plan gets: a preemption would lose the steps since the "
-                "last save (use faster checkpoint disks, or fewer bytes per host: more "
-                "hosts in the plan, or ZeRO-1)"
-            )
+        self.say(
+            f"warning: a save takes {record.persist_s:.1f} s to be durable, longer than the "
+            f"{budget:g} s notice a spot host of this plan gets: a preemption would lose the "
+            "steps since the last save (use faster checkpoint disks, or fewer bytes per host: "
+            "more hosts in the plan, or ZeRO-1)"
+        )
 
     def on_train_end(self, trainer: Trainer) -> None:
         preempted = getattr(trainer, "stop_reason", None) == "preempted"
         wanted = self.emergency if preempted else self.final
         if wanted and self._last_saved is not None and trainer.step != self._last_saved:
-            self._timed(trainer, self._save(trainer))
-        self.checkpointer.close()
+            self._save(trainer)
+        self.checkpointer.close()  # the last save is durable (or its failure raised) here

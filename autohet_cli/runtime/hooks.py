@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autohet_cli.runtime.metrics import MetricsWriter, StepResult
 
@@ -64,6 +64,12 @@ class MetricsHook(Hook):
     def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
         if self.writer is not None:
             self.writer.write_eval(step, loss)
+
+    def write_checkpoint(self, record: dict[str, Any]) -> None:
+        """A save's record (rank 0; from the save's thread, also after training ended)."""
+        writer = self.writer or (MetricsWriter(self.path, echo=False) if self.path else None)
+        if writer is not None:
+            writer.write_checkpoint(record)
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.writer is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import resource
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from autohet_cli.plan import Plan
 
 TENSORBOARD_DIR = "tensorboard"
+_APPEND_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,10 +115,14 @@ class MetricsWriter:
             else:
                 self.tb = SummaryWriter(str(tensorboard_dir))
 
-    def write(self, result: StepResult) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
+        """One JSON line; checkpoint records come from the save's thread, hence the lock."""
         if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(result.to_json()) + "\n")
+            with _APPEND_LOCK, self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def write(self, result: StepResult) -> None:
+        self._append(result.to_json())
         if self.tb is not None:
             self._scalars(result)
         if self.echo:
@@ -126,10 +132,20 @@ class MetricsWriter:
                 line += f" grad_norm {result.grad_norm:.3f}"
             print(line, flush=True)
 
+    def write_checkpoint(self, record: dict[str, Any]) -> None:
+        """A save's figures (``ckpt.persist.SaveRecord.to_json``): step, ckpt_blocked_s,
+        ckpt_persist_s, ckpt_bytes. Written when the save is durable, so its line may
+        follow later steps' lines."""
+        self._append(record)
+        tb = self.tb  # closed (None) once training ended: the final save's line is enough
+        if tb is not None:
+            for key in ("ckpt_blocked_s", "ckpt_persist_s", "ckpt_bytes"):
+                tb.add_scalar(
+                    f"checkpoint/{key.removeprefix('ckpt_')}", record[key], record["step"]
+                )
+
     def write_eval(self, step: int, loss: float) -> None:
-        if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, "eval_loss": loss}) + "\n")
+        self._append({"step": step, "eval_loss": loss})
         if self.tb is not None:
             self.tb.add_scalar("eval/loss", loss, step)
         if self.echo:
@@ -148,5 +164,6 @@ class MetricsWriter:
             add(f"memory/peak_bytes/rank{rank}", nbytes, r.step)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        tb, self.tb = self.tb, None
+        if tb is not None:
+            tb.close()

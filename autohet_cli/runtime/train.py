@@ -192,6 +192,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--checkpoint-every 0",
     )
     p.add_argument(
+        "--sync-checkpoints",
+        action="store_true",
+        help="write each checkpoint while training waits, instead of snapshotting the "
+        "state into host memory and writing it in the background (the default; a rank "
+        "short of host memory writes synchronously by itself and says so)",
+    )
+    p.add_argument(
         "--keep-checkpoints",
         default=DEFAULT_KEEP,
         metavar="K",
@@ -310,7 +317,8 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = args.run_dir / "metrics.jsonl"
     tb_dir = (metrics.parent / TENSORBOARD_DIR) if metrics is not None else None
-    hooks: list[Hook] = [MetricsHook(metrics, tensorboard_dir=tb_dir)]
+    metrics_hook = MetricsHook(metrics, tensorboard_dir=tb_dir)
+    hooks: list[Hook] = [metrics_hook]
     trace = None
     if args.trace is not None:
         trace = Path(args.trace) if args.trace else (run_dir or Path(".")) / "trace.json"
@@ -332,6 +340,11 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     saver: CheckpointHook | None = None
     try:
         checkpointer = _checkpointer(args, trainer, run_dir)
+        if checkpointer is not None and trainer.runtime.global_rank == 0:
+            checkpointer.listeners.append(lambda record: say(record.describe()))
+            checkpointer.listeners.append(
+                lambda record: metrics_hook.write_checkpoint(record.to_json())
+            )
         if checkpointer is not None and args.resume is not None:
             checkpointer.resume(None if args.resume == "latest" else args.resume)
         # The watchdog's step ends before a save: saves have their own, longer timeout.
@@ -438,6 +451,7 @@ def _checkpointer(
         job=args.job,
         keep=args.keep_checkpoints,
         remote=RemoteCopy(url, plan.name, args.job) if url else None,
+        background=not args.sync_checkpoints,
     )
 
 

@@ -38,7 +38,8 @@ def _args(plan_path: Path, steps: int, *extra: str) -> list[str]:
 
 
 def _losses(metrics: Path) -> dict[int, float]:
-    return {m["step"]: m["loss"] for m in map(json.loads, metrics.read_text().splitlines())}
+    lines = map(json.loads, metrics.read_text().splitlines())
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}  # not the save records
 
 
 def _start_two(tmp: Path, env_extra: dict[str, str]) -> list[subprocess.Popen[str]]:

@@ -158,7 +158,7 @@ def collect(out: Path, plan: Plan, *, clipped: bool = True) -> RunResult:
     """``clipped``: the run trained on ``realdata`` with ``--clip CLIP``, which must act
     at the first step (runs on other data and weights have their own norms)."""
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    metrics = [json.loads(line) for line in lines]
+    metrics = [m for m in map(json.loads, lines) if "loss" in m]  # steps, not saves
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(m["tokens_per_s"] > 0 for m in metrics)
     if clipped:

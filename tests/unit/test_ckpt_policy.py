@@ -70,12 +70,47 @@ def _run(hook: CheckpointHook, saver: FakeSaver, start: int, steps: int, step_s:
 
 
 def test_auto_saves_after_the_first_step_then_on_the_agreed_interval_then_at_the_end() -> None:
-    saver = FakeSaver(0.0, [0.1, 0.01])  # other ranks: 0.1 s saves, 10 ms steps -> K = 500
+    # Other ranks: 0.1 s blocked, 10 ms steps, no save finished yet -> K = 500.
+    saver = FakeSaver(0.0, [0.1, 0.01, 0.0])
     said: list[str] = []
     hook = CheckpointHook(saver, None, say=said.append)
     _run(hook, saver, start=0, steps=1200, step_s=0.005)
     assert saver.saved == [1, 501, 1001, 1200] and saver.closed
     assert "next in 500 step(s)" in said[0]
+
+
+def test_a_save_in_flight_bounds_the_interval_from_below() -> None:
+    """Asynchronous saves: training loses only the blocked time, but the next save
+    must not come before the last one is durable (one in flight)."""
+    assert auto_interval_steps(0.001, 0.01) == 5  # 1 ms blocked per 10 ms steps: 2% at 5
+    assert auto_interval_steps(0.001, 0.01, persist_s=2.0) == 200  # 2 s to be durable
+    assert auto_interval_steps(0.001, 0.01, persist_s=float("inf")) == 5
+    saver = FakeSaver(0.0, [0.001, 0.01, 2.0])  # another rank's last save took 2 s
+    _run(CheckpointHook(saver, None), saver, start=0, steps=450, step_s=0.01)
+    assert saver.saved == [1, 201, 401, 450]
+
+
+class ResumedSaver(FakeSaver):
+    def __init__(self, record: dict[str, float] | None, others: Sequence[float]) -> None:
+        super().__init__(0.0, others)
+        self.record = record
+
+    def previous_record(self) -> dict[str, float] | None:
+        return self.record
+
+
+def test_a_resumed_run_saves_after_the_policys_interval_not_right_away() -> None:
+    """Issue 28: no save right after a resume unless the interval has passed."""
+    last = {"ckpt_blocked_s": 0.1, "ckpt_persist_s": 1.0}
+    saver = ResumedSaver(last, [-1.0, -1.0, 0.01])  # 10 ms steps -> K = 500 after step 100
+    said: list[str] = []
+    _run(CheckpointHook(saver, None, say=said.append), saver, start=100, steps=700, step_s=0.01)
+    assert saver.saved[0] == 600  # nothing between the resumed step and its interval
+    assert "first save at step 600, 500 step(s) after the resumed step" in said[0]
+    # No figures on any host (a job saved before they were kept): save at once.
+    unknown = ResumedSaver(None, [-1.0, -1.0, 0.01])
+    _run(CheckpointHook(unknown, None), unknown, start=100, steps=3, step_s=0.01)
+    assert unknown.saved[0] == 101
 
 
 def test_fixed_interval_and_final_save_and_resumed_runs_do_not_resave_their_start() -> None:

@@ -17,7 +17,6 @@ from autohet_cli.ckpt.checkpointer import (
     CheckpointError,
     RemoteCopy,
     Uploader,
-    UploadJob,
     checkpoint_root,
     incomplete_reason,
     list_steps,
@@ -26,6 +25,7 @@ from autohet_cli.ckpt.checkpointer import (
     sha256_file,
     tied_aliases,
 )
+from autohet_cli.ckpt.remote import UploadJob
 from autohet_cli.ckpt.state import nested_optimizer
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.recovery.manifest import Manifest, ManifestFile, load_manifest
@@ -100,9 +100,13 @@ def test_save_then_resume_continues_bitwise(tmp_path: Path) -> None:
     assert step_dir == tmp_path / "ckpt" / "one" / "j1" / "step-00000002"
     manifest = load_manifest(step_dir / "manifest.json")  # the recovery side's parser
     assert (manifest.step, manifest.plan, manifest.world_size) == (2, "one.v3", 1)
-    assert sorted(f.path for f in manifest.files) == [".metadata", "__0_0.distcp"]
-    data = manifest.file("__0_0.distcp")  # one rank: every layer and the shared entries
-    assert (data.layers, data.shared, manifest.tied_layers) == (tuple(range(6)), True, ((0, 5),))
+    # One rank, one data file per writer thread (the host's cores): every layer and the
+    # shared entries between them, each file's sha256 taken on its way out.
+    data = [f for f in manifest.files if f.path != ".metadata"]
+    assert ".metadata" in {f.path for f in manifest.files}
+    assert sorted(f.path for f in data) == [f"__0_{i}.distcp" for i in range(ckpt.writer_threads)]
+    assert sorted({n for f in data for n in f.layers}) == list(range(6))
+    assert any(f.shared for f in data) and manifest.tied_layers == ((0, 5),)
     for f in manifest.files:
         assert (f.host, f.rank) == ("h0", 0)
         assert sha256_file(step_dir / f.path) == f.sha256
@@ -128,7 +132,7 @@ def test_the_layer_record_comes_from_the_written_metadata(
 ) -> None:
     """Issue 27: under torch 2.11 ``dcp.save`` returns a Metadata without storage_data
     (its writer fills a replaced copy); the manifest must come from what was written."""
-    from autohet_cli.ckpt import checkpointer as checkpoint
+    from autohet_cli.ckpt import finish as checkpoint
 
     real = checkpoint.dcp_save
 
@@ -140,8 +144,9 @@ def test_the_layer_record_comes_from_the_written_metadata(
     step_dir = ckpt.save()
     ckpt.close()
     assert step_dir is not None
-    data = load_manifest(step_dir / "manifest.json").file("__0_0.distcp")
-    assert (data.layers, data.shared) == (tuple(range(6)), True)
+    data = [f for f in load_manifest(step_dir / "manifest.json").files if f.is_data]
+    assert sorted({n for f in data for n in f.layers or ()}) == list(range(6))
+    assert any(f.shared for f in data)
 
 
 def test_resume_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
@@ -170,6 +175,7 @@ def test_a_complete_step_is_never_overwritten_and_leftovers_are_cleared(tmp_path
     trainer, ckpt = _fresh(tmp_path, 1)
     job = tmp_path / "ckpt" / "one" / "j1"
     done = ckpt.save()
+    ckpt.wait()  # durable (the files were written in the background)
     assert done is not None
     before = {p.name: p.read_bytes() for p in done.iterdir()}
     assert ckpt.save() is None  # the same step again: kept as it was

@@ -1,0 +1,166 @@
+"""The second half of a save: this rank's files (hashed on their way out, fsynced),
+then with every rank the manifest, COMPLETE, the rename, the figures and pruning.
+It runs in the checkpointer's persist thread (or inline, for a synchronous save)
+over the persist process group alone (``ckpt.checkpointer``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from autohet_cli.ckpt.files import CheckpointError, sha256_file, write_atomic
+from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, Manifest, signed_manifest_text
+from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
+from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
+from autohet_cli.ckpt.remote import UploadJob
+from autohet_cli.ckpt.state import manifest_files, stored_layers, tied_layer_groups
+
+if TYPE_CHECKING:
+    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+
+@dataclass(slots=True, kw_only=True)
+class SaveJob:
+    """A save between its snapshot and its COMPLETE."""
+
+    step: int
+    state: dict[str, Any]
+    tmp: Path
+    final: Path
+    started: float  # time.monotonic() when training stopped for it
+    inline: bool  # written synchronously (no snapshot)
+    blocked_s: float = 0.0
+
+
+def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
+    """The second half of a save, on every rank (see ``ckpt.checkpointer``)."""
+    group, tmp, step = ckpt.persist_group, job.tmp, job.step
+    writer, fs = hashing_writer(tmp, thread_count=ckpt.writer_threads)
+    dcp_save(job.state, storage_writer=writer, process_group=group)
+    job.state = {}  # the snapshot's tensors stay in the reused buffers
+    entries: list[dict[str, Any]] | str
+    try:
+        entries = _entries(ckpt, tmp, fs.written())
+        fsync_dir(tmp)  # the files' directory entries, before COMPLETE can exist
+    except OSError as exc:
+        entries = f"cannot finish {tmp}: {exc.strerror or exc}"
+    if job.inline:
+        job.blocked_s = time.monotonic() - job.started
+    gathered: list[Any] = [None] * ckpt.world_size
+    dist.all_gather_object(gathered, (entries, job.blocked_s), group=group)
+    problems = [e for e, _ in gathered if isinstance(e, str)]
+    if problems:
+        raise CheckpointError(f"step {step} was not saved: {problems[0]}")
+    files = [e for rank_entries, _ in gathered for e in rank_entries]
+    manifest, problem = None, None
+    if ckpt.rank == 0:
+        try:
+            manifest = _write_manifest(ckpt, job, files)
+        except OSError as exc:
+            problem = f"cannot write the manifest of {tmp}: {exc.strerror or exc}"
+    ckpt.agree_no_problem(problem, group=group)
+    problem = _rename(ckpt, tmp, job.final) if ckpt.owner else None
+    ckpt.agree_no_problem(problem, group=group)
+    record = SaveRecord(
+        step=step,
+        blocked_s=max(b for _, b in gathered),
+        persist_s=time.monotonic() - job.started,
+        nbytes=sum(int(e["bytes"]) for e in files),
+        synchronous=job.inline,
+    )
+    ckpt.last_record = record
+    if ckpt.owner:
+        _record_save(ckpt, record)
+    if ckpt.uploader is not None:
+        mine = tuple(str(e["path"]) for e in files if e["rank"] == ckpt.rank)
+        ckpt.uploader.start(
+            UploadJob(step=step, local_dir=job.final, names=mine, manifest=manifest)
+        )
+    # Only now, with this step whole on every host: older ones may go.
+    reading = ckpt.uploader.reading() if ckpt.uploader is not None else set()
+    ckpt.retention.after_save(step, reading=reading)
+    if ckpt.rank == 0:
+        for listener in ckpt.listeners:
+            listener(record)
+
+
+def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dict[str, Any]]:
+    """This rank's files: hashed on their way out (read back only where the
+    stream could not be followed)."""
+    mine = sorted(p.name for p in tmp.glob(f"__{ckpt.rank}_*.distcp"))
+    if ckpt.rank == 0:
+        mine.append(METADATA)
+    out = []
+    for name in mine:
+        got = written.get(name)
+        sha, nbytes = (
+            (got.sha256, got.nbytes)
+            if got is not None
+            else (sha256_file(tmp / name), (tmp / name).stat().st_size)
+        )
+        out.append(
+            {"path": name, "sha256": sha, "bytes": nbytes, "host": ckpt.host, "rank": ckpt.rank}
+        )
+    return out
+
+
+def _write_manifest(ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]]) -> Manifest:
+    manifest = Manifest(
+        step=job.step,
+        plan=ckpt.plan_ref,
+        plan_sha256=ckpt.plan_sha256,
+        world_size=ckpt.world_size,
+        files=manifest_files(
+            files,
+            # Where entries went, from the .metadata rank 0 (the coordinator) wrote:
+            # the Metadata save() returns lacks storage_data under torch 2.11.
+            stored_layers(FileSystemReader(job.tmp).read_metadata()),
+        ),
+        tied_layers=tied_layer_groups(ckpt.trainer.parts.tied),
+    )
+    write_atomic(job.tmp / MANIFEST, signed_manifest_text(manifest, ckpt.key).encode())
+    write_atomic(job.tmp / COMPLETE, b"")
+    fsync_dir(job.tmp)
+    return manifest
+
+
+def _rename(ckpt: Checkpointer, tmp: Path, final: Path) -> str | None:
+    try:
+        tmp.rename(final)
+    except OSError as exc:
+        if not (ckpt.shared_dir and final.is_dir()):  # another owner's rename (NFS)
+            return f"cannot rename {tmp} to {final.name}: {exc.strerror or exc}"
+    try:
+        fsync_dir(ckpt.plan_dir)
+    except OSError as exc:
+        return f"cannot sync {ckpt.plan_dir}: {exc.strerror or exc}"
+    return None
+
+
+def _record_save(ckpt: Checkpointer, record: SaveRecord) -> None:
+    """This host's save figures, for the next launch's spot-notice check (the time
+    to a durable step, ``LAST_SAVE_FILE``) and the next run's save schedule
+    (``LAST_SAVE_RECORD``). Best effort: a full disk here must not fail a save
+    that succeeded."""
+    try:
+        write_atomic(ckpt.plan_dir / LAST_SAVE_FILE, f"{record.persist_s:.3f}\n".encode())
+        write_atomic(ckpt.plan_dir / LAST_SAVE_RECORD, json.dumps(record.to_json()).encode())
+    except OSError:
+        pass
+
+
+def previous_record(plan_dir: Path) -> dict[str, float] | None:
+    """The figures of a job's last save on this host (``LAST_SAVE_RECORD``), None
+    when unknown or unreadable."""
+    try:
+        got = json.loads((plan_dir / LAST_SAVE_RECORD).read_text(encoding="utf-8"))
+        return {k: float(got[k]) for k in ("ckpt_blocked_s", "ckpt_persist_s")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,139 @@
+"""Loading a step (``--resume [STEP]``): choose it with every rank, authenticate it,
+let DCP read what each rank needs (see ``ckpt.checkpointer``'s docstring)."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from autohet_cli.ckpt.files import CheckpointError, VerifyingReader, list_steps
+from autohet_cli.ckpt.format import (
+    COMPLETE,
+    MANIFEST,
+    METADATA,
+    step_dir_name,
+    verified_manifest,
+)
+from autohet_cli.ckpt.state import checkpoint_failure, rename_optimizer
+from autohet_cli.errors import ConfigError
+from autohet_cli.runtime.records import say
+
+if TYPE_CHECKING:
+    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceData:
+    manifest_text: str
+    metadata: bytes
+
+
+def resume(ckpt: Checkpointer, step: int | None = None) -> int | None:
+    """Load ``step`` (None: the newest complete one); returns the step loaded, or None.
+
+    With ``step`` None and no complete checkpoint, training starts afresh.
+    """
+    listing = list_steps(ckpt.plan_dir, ckpt.key)
+    views: list[Any] = [None] * ckpt.world_size
+    dist.all_gather_object(views, listing, group=ckpt.group)
+    complete = {s for view in views for s, why in view.items() if why is None}
+    seen = {s for view in views for s in view}
+    here = ckpt.plan_dir
+
+    def why_not(s: int) -> str:
+        reasons = {view[s] for view in views if view.get(s)}
+        return "; ".join(sorted(reasons)) or f"{COMPLETE} or {MANIFEST} missing on every host"
+
+    if step is None:
+        chosen = max(complete, default=None)
+        if ckpt.rank == 0:
+            for s in sorted(s for s in seen - complete if chosen is None or s > chosen):
+                say(f"note: skipping checkpoint {here / step_dir_name(s)} ({why_not(s)})")
+            if chosen is None:
+                say(f"note: no complete checkpoint under {here}: starting at step 0")
+        if chosen is None:
+            return None
+    else:
+        chosen = step
+        if chosen not in complete:
+            d = here / step_dir_name(chosen)
+            if chosen not in seen:
+                raise CheckpointError(f"no checkpoint {d} on any host")
+            raise CheckpointError(f"checkpoint {d} is not usable ({why_not(chosen)})")
+    source = min(r for r, view in enumerate(views) if view.get(chosen, "") is None)
+    _load(ckpt, chosen, source)
+    ckpt.retention.hold(chosen)
+    return chosen
+
+
+def _read_source(ckpt: Checkpointer, step: int) -> SourceData | str:
+    d = ckpt.plan_dir / step_dir_name(step)
+    try:
+        text = (d / MANIFEST).read_text(encoding="utf-8")
+        manifest = verified_manifest(text, ckpt.key, str(d / MANIFEST))
+    except (OSError, ConfigError) as exc:
+        return f"cannot use {d / MANIFEST}: {exc}"
+    if manifest.step != step:
+        return f"{d / MANIFEST} says step {manifest.step}, but its directory is step {step}"
+    if manifest.plan_name != ckpt.trainer.plan.name:
+        return f"{d / MANIFEST} was written by plan {manifest.plan}, not by this plan's lineage"
+    meta = d / METADATA
+    if not meta.is_file():
+        return f"{meta} is missing (DCP's metadata, written on rank 0's host)"
+    data = meta.read_bytes()
+    digest, want = hashlib.sha256(data).hexdigest(), manifest.file(METADATA).sha256
+    if digest != want:
+        return f"{meta} is corrupt: its sha256 is {digest}, but {MANIFEST} says {want}"
+    return SourceData(manifest_text=text, metadata=data)
+
+
+def _load(ckpt: Checkpointer, step: int, source: int) -> None:
+    payload: list[Any] = [_read_source(ckpt, step) if ckpt.rank == source else None]
+    dist.broadcast_object_list(payload, src=source, group=ckpt.group)
+    got = payload[0]
+    if isinstance(got, str):
+        raise CheckpointError(got)
+    assert isinstance(got, SourceData)
+    # Verified again here: every rank trusts only what its own key authenticates.
+    manifest = verified_manifest(got.manifest_text, ckpt.key, MANIFEST)
+    if hashlib.sha256(got.metadata).hexdigest() != manifest.file(METADATA).sha256:
+        raise CheckpointError(f"{METADATA} of step {step} does not match its manifest")
+    metadata = pickle.loads(got.metadata)  # authenticated above: the job wrote it
+    local = ckpt.plan_dir / step_dir_name(step)
+    remote = ckpt.remote
+
+    def fetch(name: str, dest: Any) -> bool:
+        return remote is not None and remote.fetch(manifest.step, name, dest)
+
+    reader = VerifyingReader(
+        local, metadata=metadata, manifest=manifest, rank=ckpt.rank, fetch=fetch
+    )
+    state, aliases = ckpt.state()
+    if "run" not in getattr(metadata, "state_dict_metadata", {"run": None}):
+        state.pop("run")  # written before checkpoints held the schedule and data
+    try:
+        dcp_load(state, storage_reader=reader, process_group=ckpt.group)
+    except CheckpointException as exc:
+        raise checkpoint_failure(exc) from None
+    for name in reader.fetched:
+        assert remote is not None
+        say(f"note: fetched {name} from {remote.url} into {local}")
+    state["optimizer"] = rename_optimizer(
+        state["optimizer"], {new: old for old, new in aliases.items()}
+    )
+    ckpt.trainer.load_state_dict(state)
+    if ckpt.trainer.step != manifest.step:
+        raise CheckpointError(
+            f"{local}: the state says step {ckpt.trainer.step}, {MANIFEST} says {manifest.step}"
+        )
+    if ckpt.rank == 0:
+        say(
+            f"resumed from {local} at step {step} (saved by plan {manifest.plan}, "
+            f"{manifest.world_size} ranks)"
+        )
