@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.errors import AutohetError
 from autohet_cli.hfconfig import load_hf_config
 from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.model_api import local_block
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
 
@@ -90,23 +90,6 @@ class SafetensorsDir:
             handle = safe_open(str(self.directory / file), framework="pt")
             self._open[file] = self._stack.enter_context(handle)
         return self._open[file].get_slice(name)
-
-
-def local_block(param: Tensor) -> tuple[Tensor, tuple[int, ...], tuple[int, ...]]:
-    """(this rank's tensor, its global shape, its offset in every dimension).
-
-    TP plans here shard one dimension evenly over a 1-D mesh (the runtime checks
-    divisibility), so a shard's offset is its mesh rank times its size.
-    """
-    if not isinstance(param, DTensor):
-        return param, tuple(param.shape), (0,) * param.ndim
-    local = param.to_local()
-    offsets = [0] * param.ndim
-    for placement in param.placements:
-        if isinstance(placement, Shard):
-            rank = param.device_mesh.get_local_rank()
-            offsets[placement.dim] = rank * local.shape[placement.dim]
-    return local, tuple(param.shape), tuple(offsets)
 
 
 def read_block(

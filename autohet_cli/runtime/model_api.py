@@ -41,6 +41,29 @@ Full parameter names are ``layers.<layer index>.<name inside the layer>``: the
 names the whole model would have as ``nn.ModuleList`` attribute ``layers``. Every
 rank's ``state_dict`` uses them, so a checkpoint written under one plan loads
 under any other.
+
+Building on the meta device (optional; what makes a restart fast): the runtime
+asks with ``request.on_meta`` True. A function that honours it constructs its
+layers on the meta device (``with torch.device("meta"):``: shapes only, no memory,
+no random numbers) and returns ``init_layer``. The runtime applies the TP plans to
+the meta layers, allocates every tensor on the rank's device uninitialised
+(``nn.Module.to_empty``), ties the tied copies, and calls for each layer:
+
+- ``init_layer(index, layer, params=False)`` at once: fill the buffers (RoPE
+  tables and the like; no checkpoint holds a non-persistent buffer, and after
+  ``to_empty`` they hold garbage);
+- ``init_layer(index, layer, params=True)`` when neither a checkpoint (``--resume``)
+  nor ``--init-from`` fills the parameters: initialise parameters and buffers in
+  place on their device, seeded per parameter as above, so that a resumed run
+  that finds no checkpoint starts with exactly the weights of a fresh run.
+
+Under TP the parameters are DTensors: write each one's full value with
+``write_full`` (every rank computes the whole tensor and keeps its block, which
+keeps the weights independent of the plan). On a GPU run the device is the GPU,
+whose random stream differs from the CPU's: such a model is the same under every
+plan on one kind of device, not across kinds. A function that ignores ``on_meta``
+builds and initialises on the CPU as before and works unchanged (the runtime says
+so once when a checkpoint or ``--init-from`` may replace the weights it drew).
 """
 
 from __future__ import annotations
@@ -48,7 +71,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch import Tensor, nn
 
@@ -71,6 +94,15 @@ class ModelRequest:
     tensor_parallel: int = 1  # the stage's TP degree; layers get ``tp_plan()`` applied
     # plan.model.architecture: the model itself (None in plans older than that field)
     architecture: ModelSpec | None = None
+    # Build on the meta device and return ``ModelParts.init_layer`` (see the module docstring)
+    on_meta: bool = False
+
+
+class LayerInit(Protocol):
+    """``ModelParts.init_layer``: fill layer ``index``'s buffers, and its parameters too
+    when ``params``, in place on their device (see the module docstring)."""
+
+    def __call__(self, index: int, layer: nn.Module, *, params: bool) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +114,7 @@ class ModelParts:
     vocab_size: int
     activation_shape: Callable[[int, int], tuple[int, ...]] | None = None
     tied: Sequence[tuple[str, ...]] = ()
+    init_layer: LayerInit | None = None  # needed by layers built on the meta device
 
 
 ModelFn = Callable[[ModelRequest], ModelParts]
@@ -122,3 +155,31 @@ def layer_of(full_name: str) -> int:
     if head != "layers" or not index.isdigit():
         raise ValueError(f"{full_name!r} is not a full parameter name (layers.<i>.<name>)")
     return int(index)
+
+
+def local_block(param: Tensor) -> tuple[Tensor, tuple[int, ...], tuple[int, ...]]:
+    """(this rank's tensor, its global shape, its offset in every dimension).
+
+    TP plans here shard one dimension evenly over a 1-D mesh (the runtime checks
+    divisibility), so a shard's offset is its mesh rank times its size.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(param, DTensor):
+        return param, tuple(param.shape), (0,) * param.ndim
+    local = param.to_local()
+    offsets = [0] * param.ndim
+    for placement in param.placements:
+        if isinstance(placement, Shard):
+            rank = param.device_mesh.get_local_rank()
+            offsets[placement.dim] = rank * local.shape[placement.dim]
+    return local, tuple(param.shape), tuple(offsets)
+
+
+def write_full(param: Tensor, full: Tensor) -> None:
+    """Copy ``full`` (``param``'s whole value) into ``param``: its block when TP shards it."""
+    local, shape, offsets = local_block(param)
+    if tuple(full.shape) != shape:
+        raise ValueError(f"a value of shape {list(full.shape)} for a parameter of {list(shape)}")
+    block = full[tuple(slice(o, o + n) for o, n in zip(offsets, local.shape, strict=True))]
+    local.detach().copy_(block)

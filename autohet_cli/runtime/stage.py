@@ -5,12 +5,21 @@ keyed by *global* layer index, so its ``state_dict``/``named_parameters`` use th
 full model's names (``layers.<i>.<name>``) on every rank, whatever the plan: the
 seam checkpointing builds on (torch.distributed.checkpoint keys by these names;
 TP-sharded parameters are DTensors, which DCP reshards on load).
+
+Building (``build_stage``) asks the model function for layers on the meta device
+(``model_api``: "Building on the meta device"): the TP plans are applied to the
+meta layers, the stage is allocated on the device without initialisation
+(``to_empty``), tied copies become one Parameter and the buffers are computed.
+Its parameters then wait for a load (``--resume``, ``--init-from``) or for
+``init_params``, so a restart never draws the random weights it would overwrite.
+A model function that builds on the CPU gets its layers moved to the device.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +77,18 @@ class StageModule(nn.Module):
         return out
 
 
-def model_request(runtime: Runtime, seed: int) -> ModelRequest:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltStage:
+    """This rank's stage, placed, and whether its parameters still wait for values."""
+
+    stage: StageModule
+    parts: ModelParts
+    # Built on the meta device: the parameters are allocated but hold no values yet;
+    # a load or ``init_params`` fills them. False: initialised by the model function.
+    empty: bool
+
+
+def model_request(runtime: Runtime, seed: int, *, on_meta: bool = False) -> ModelRequest:
     info, plan = runtime.info, runtime.plan
     return ModelRequest(
         model_name=plan.model_name,
@@ -80,32 +100,65 @@ def model_request(runtime: Runtime, seed: int) -> ModelRequest:
         micro_batch_size=plan.training.micro_batch_size,
         tensor_parallel=info.tp_size,
         architecture=plan.architecture,
+        on_meta=on_meta,
     )
 
 
-def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> tuple[StageModule, ModelParts]:
-    """Build, place, tensor-parallelise and tie this rank's layers."""
-    request = model_request(runtime, seed)
+def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> BuiltStage:
+    """Build, place, tensor-parallelise and tie this rank's layers (module docstring)."""
+    request = model_request(runtime, seed, on_meta=True)
     parts = model_fn(request)
     layers = local_layers(parts, request)
+    empty = any(t.is_meta for layer in layers.values() for t in _tensors(layer))
+    if empty and parts.init_layer is None:
+        raise ValueError(
+            "the model function built layers on the meta device but returned no init_layer "
+            "to fill them (see autohet_cli/runtime/model_api.py)"
+        )
     for index, layer in layers.items():
-        layer.to(runtime.device)
+        if not empty:
+            layer.to(runtime.device)
         if runtime.tp_mesh is not None:
-            tp_plan = getattr(layer, "tp_plan", None)
-            if tp_plan is None:
-                raise ValueError(
-                    f"layer {index} ({type(layer).__name__}) has no tp_plan() method, "
-                    f"but its stage has tensor_parallel {runtime.info.tp_size}"
-                )
-            frozen = [n for n, p in layer.named_parameters() if not p.requires_grad]
-            parallelize_module(layer, runtime.tp_mesh, tp_plan(), **_LOCAL_SLICE)
-            for name in frozen:  # distributing a parameter makes it trainable again
-                layer.get_parameter(name).requires_grad_(False)
+            _parallelize(index, layer, runtime)
     info = runtime.info
     spec = runtime.plan.pipelines[info.pipeline].stages[info.stage]
     stage = StageModule(layers, recompute=spec.recompute)
-    tie_parameters(stage, parts.tied)
-    return stage, parts
+    if empty:
+        # Every tensor, meta or not, is allocated anew: init_layer fills them all.
+        stage.to_empty(device=runtime.device)
+    tie_parameters(stage, parts.tied)  # after to_empty, which gives each copy its own
+    if empty:
+        assert parts.init_layer is not None
+        for index, layer in layers.items():
+            parts.init_layer(index, layer, params=False)
+    return BuiltStage(stage=stage, parts=parts, empty=empty)
+
+
+def init_params(stage: StageModule, parts: ModelParts) -> None:
+    """Initialise an empty stage's parameters as a fresh run does (``parts.init_layer``)."""
+    if parts.init_layer is None:
+        raise ValueError("the model function gave no init_layer to initialise its layers")
+    for index, layer in stage.layers.items():
+        parts.init_layer(int(index), layer, params=True)
+
+
+def _tensors(layer: nn.Module) -> Iterator[Tensor]:
+    yield from layer.parameters()
+    yield from layer.buffers()
+
+
+def _parallelize(index: int, layer: nn.Module, runtime: Runtime) -> None:
+    """Apply the layer's TP plan over the stage's mesh (meta layers stay meta)."""
+    tp_plan = getattr(layer, "tp_plan", None)
+    if tp_plan is None:
+        raise ValueError(
+            f"layer {index} ({type(layer).__name__}) has no tp_plan() method, "
+            f"but its stage has tensor_parallel {runtime.info.tp_size}"
+        )
+    frozen = [n for n, p in layer.named_parameters() if not p.requires_grad]
+    parallelize_module(layer, runtime.tp_mesh, tp_plan(), **_LOCAL_SLICE)
+    for name in frozen:  # distributing a parameter makes it trainable again
+        layer.get_parameter(name).requires_grad_(False)
 
 
 def tie_parameters(stage: StageModule, tied: Sequence[tuple[str, ...]]) -> None:

@@ -11,8 +11,11 @@ launch          the launcher's start command to this interpreter importing autoh
                 second for this one figure to be exact)
 imports         autohet and torch in the worker
 process_group   ``init_process_group`` (all ranks meet)
-build           the trainer: model, optimizer, data, sync buckets
-load            the checkpoint: listing, verification, DCP load (0 with no resume)
+build           the trainer: model, optimizer, data, sync buckets; the model is built
+                on the meta device and initialised on this rank's device, or left
+                uninitialised when ``--resume`` will load it (``runtime.stage``)
+load            the checkpoint: listing, verification, DCP load (0 with no resume);
+                when ``--resume`` finds none, the initialisation the build skipped
 first_step      the first step, warm-up included
 
 The phases are wall-clock times of this rank; every rank waits for the slowest at

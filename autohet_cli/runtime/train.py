@@ -331,7 +331,8 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     timeout_s = args.collective_timeout or default_timeout_s(device)
     init_process_group(device, timeout_s)
     clock.mark("process_group")
-    trainer = Trainer(plan, config, hooks=[clock, *hooks])
+    # Resuming: the weights come from the checkpoint, else fit() initialises them.
+    trainer = Trainer(plan, config, hooks=[clock, *hooks], defer_init=args.resume is not None)
     clock.mark("build")
     health = HealthMonitor(
         trainer.runtime, run_dir=run_dir, interval_s=args.heartbeat_interval, timeout_s=timeout_s

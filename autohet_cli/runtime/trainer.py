@@ -62,7 +62,13 @@ from autohet_cli.runtime.optim import (
     set_lr,
 )
 from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, autocast_contexts, comm_dtype
-from autohet_cli.runtime.stage import build_stage, normalize_grads, trainable_parameters
+from autohet_cli.runtime.records import say
+from autohet_cli.runtime.stage import (
+    build_stage,
+    init_params,
+    normalize_grads,
+    trainable_parameters,
+)
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
 
 __all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
@@ -109,17 +115,15 @@ class Trainer:
         *,
         model_fn: ModelFn | None = None,
         hooks: Sequence[Hook] = (),
+        defer_init: bool = False,
     ) -> None:
+        """``defer_init``: a checkpoint is about to be loaded (``--resume``), so the
+        parameters of a meta build stay uninitialised: ``load_state_dict`` fills
+        them, or ``init_weights`` (``fit`` calls it) as a fresh run would."""
         self.plan, self.config, self.hooks = plan, config, list(hooks)
         fn = model_fn or load_model_fn(config.model_fn)
         self.runtime: Runtime = init_runtime(plan, device=config.device)
-        self.stage, self.parts = build_stage(fn, self.runtime, config.seed)
-        if config.init_from:
-            from autohet_cli.models import get_model
-            from autohet_cli.runtime.hf_weights import load_hf_weights
-
-            spec = plan.architecture or get_model(plan.model_name)
-            load_hf_weights(self.stage, spec, config.init_from)
+        self._build_model(fn, defer_init=defer_init)
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
         kind = plan.training.optimizer
@@ -212,6 +216,35 @@ class Trainer:
 
     # ----------------------------------------------------------------- set-up helpers
 
+    def _build_model(self, fn: ModelFn, *, defer_init: bool) -> None:
+        """The stage on the device; its weights drawn unless a load will give them."""
+        built = build_stage(fn, self.runtime, self.config.seed)
+        self.stage, self.parts = built.stage, built.parts
+        self._uninitialised = built.empty  # parameters allocated, no values yet
+        loads = defer_init or bool(self.config.init_from)
+        if loads and not built.empty and self.runtime.global_rank == 0:
+            say(
+                "note: the model function builds its layers on the CPU, so their weights "
+                "are drawn there even though a checkpoint or --init-from may replace them; "
+                "build on the meta device to skip that (autohet_cli/runtime/model_api.py)"
+            )
+        if self.config.init_from:
+            from autohet_cli.models import get_model
+            from autohet_cli.runtime.hf_weights import load_hf_weights
+
+            spec = self.plan.architecture or get_model(self.plan.model_name)
+            load_hf_weights(self.stage, spec, self.config.init_from)
+            self._uninitialised = False
+        elif not defer_init:
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        """Initialise the parameters a meta build left empty, exactly as a fresh run
+        does; nothing once they hold values (initialised or loaded)."""
+        if self._uninitialised:
+            init_params(self.stage, self.parts)
+            self._uninitialised = False
+
     def _p2p(self) -> P2P:
         info, t = self.runtime.info, self.plan.training
         shape: tuple[int, ...] = ()
@@ -262,6 +295,7 @@ class Trainer:
         # resumed; later fits continue it, as a resumed run does.
         self.decay_end = self.decay_end or self.last_step
         self.lr_schedule = self.config.schedule(self.decay_end)
+        self.init_weights()  # a deferred build that loaded nothing (--resume found none)
         for hook in self.hooks:
             hook.on_train_start(self)
         results = []
@@ -295,6 +329,7 @@ class Trainer:
         )
 
     def train_step(self) -> StepResult:
+        self.init_weights()
         t = self.plan.training
         start = time.perf_counter()
         marks = StepMarks(self.clock, self.step, keep_ops=self.step in self.trace_steps)
@@ -474,6 +509,7 @@ class Trainer:
                 model_state_dict=state["model"],
                 optim_state_dict=nested_optimizer(optim) if flat else optim,
             )
+        self._uninitialised = False
         self.step = int(state["step"])
         if self.scaler is not None and state.get("loss_scale"):
             self.scaler.scale = float(state["loss_scale"])

@@ -3,7 +3,16 @@
 Initialisation is per parameter: each tensor draws from its own
 ``torch.Generator`` seeded by (seed, full parameter name), so any rank building
 any layer range gets identical weights, and a tied head's copy of the token
-embedding equals the embedding's own.
+embedding equals the embedding's own. Under TP every rank draws the whole tensor
+and keeps its block.
+
+Where: the runtime builds the layers on the meta device (``ModelRequest.on_meta``)
+and initialises them on the rank's device (``SeededInit``), or not at all when a
+checkpoint or ``--init-from`` fills them. The generator is the device's: a CUDA
+generator's stream differs from the CPU's, so the same seed gives other weights
+on a GPU than on the CPU, identical under every plan on one kind of device. Built
+without ``on_meta`` (tests, tools) the layers are initialised on the CPU at once.
+Modules holding non-persistent buffers compute them in ``init_buffers()``.
 
 Vocabulary padding: embedding and head have ``spec.padded_vocab_size`` rows (a
 multiple of 128, see ``ModelSpec``), so any TP degree up to 8 splits them; the
@@ -16,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -25,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autohet_cli.models import ModelSpec
-from autohet_cli.runtime.model_api import ModelParts, ModelRequest
+from autohet_cli.runtime.model_api import ModelParts, ModelRequest, local_block, write_full
 
 INIT_STD = 0.02
 
@@ -56,11 +65,20 @@ def assemble(spec: ModelSpec, request: ModelRequest, family: ModuleType) -> Mode
             "change the plan or pass your own model with --model-fn package.module:function"
         )
     indices = range(request.layer_start, request.layer_end)
-    layers = [family.make_layer(spec, i, request) for i in indices]
     tied = family.tied_names(spec)
-    canonical = {name: group[0] for group in tied for name in group}
-    for index, layer in zip(indices, layers, strict=True):
-        init_layer(layer, index, spec, request.seed, canonical, family.RESIDUAL)
+    init = SeededInit(
+        spec=spec,
+        seed=request.seed,
+        canonical={name: group[0] for group in tied for name in group},
+        residual=family.RESIDUAL,
+    )
+    if request.on_meta:
+        with torch.device("meta"):
+            layers = [family.make_layer(spec, i, request) for i in indices]
+    else:
+        layers = [family.make_layer(spec, i, request) for i in indices]
+        for index, layer in zip(indices, layers, strict=True):
+            init(index, layer, params=True)
     hidden = spec.hidden_size
     return ModelParts(
         layers=layers,
@@ -68,6 +86,7 @@ def assemble(spec: ModelSpec, request: ModelRequest, family: ModuleType) -> Mode
         vocab_size=spec.vocab_size,
         activation_shape=lambda mbs, seq: (mbs, seq, hidden),
         tied=tied,
+        init_layer=init,
     )
 
 
@@ -89,6 +108,13 @@ def common_problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
             f"train with seq_len <= {spec.sliding_window} (plan has {request.seq_len})"
         )
     return problems
+
+
+def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
+    """``nn.Embedding`` without its default N(0, 1) draw, which ``init_layer`` replaces
+    anyway (on the meta device, torch 2.11+ runs that draw through a Python
+    decomposition that imports torch._dynamo: a second or two of model build)."""
+    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim))
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -196,26 +222,53 @@ def param_seed(seed: int, full_name: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SeededInit:
+    """The built-in ``ModelParts.init_layer``: buffers, then (``params``) ``init_layer``."""
+
+    spec: ModelSpec
+    seed: int
+    canonical: Mapping[str, str]  # tied name -> its group's first name (one seed per group)
+    residual: tuple[str, ...]
+
+    @torch.no_grad()
+    def __call__(self, index: int, layer: nn.Module, *, params: bool) -> None:
+        for module in layer.modules():
+            init_buffers = getattr(module, "init_buffers", None)
+            if callable(init_buffers):
+                init_buffers()
+        if params:
+            init_layer(layer, index, self.spec, self.seed, self.canonical, self.residual)
+
+
 @torch.no_grad()
 def init_layer(
     layer: nn.Module,
     index: int,
     spec: ModelSpec,
     seed: int,
-    canonical: dict[str, str],
+    canonical: Mapping[str, str],
     residual: tuple[str, ...],
 ) -> None:
-    """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * blocks)."""
+    """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * blocks).
+
+    In place, on each parameter's device; a TP-sharded parameter gets its block of
+    the whole tensor drawn there (see the module docstring).
+    """
     residual_std = INIT_STD / math.sqrt(2 * spec.num_blocks)
     for module_name, module in layer.named_modules():
         for pname, param in module.named_parameters(recurse=False):
             local = f"{module_name}.{pname}" if module_name else pname
             full = f"layers.{index}.{local}"
-            gen = torch.Generator().manual_seed(param_seed(seed, canonical.get(full, full)))
+            shard = local_block(param)[0]
             if isinstance(module, nn.LayerNorm | nn.RMSNorm):
-                param.fill_(1.0 if pname == "weight" else 0.0)
+                shard.fill_(1.0 if pname == "weight" else 0.0)
             elif pname == "bias":
-                param.zero_()
+                shard.zero_()
             else:
+                device = shard.device
+                gen = torch.Generator(device=device)
+                gen.manual_seed(param_seed(seed, canonical.get(full, full)))
                 std = residual_std if local.endswith(residual) else INIT_STD
-                param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * std)
+                value = torch.randn(param.shape, generator=gen, dtype=param.dtype, device=device)
+                write_full(param, value.mul_(std))

@@ -26,6 +26,7 @@ from autohet_cli.runtime.models.common import (
     Head,
     HFSource,
     activation,
+    embedding,
     make_norm,
     shared_input,
     vocab_parallel_embedding,
@@ -62,8 +63,8 @@ def make_layer(spec: ModelSpec, index: int, request: ModelRequest) -> nn.Module:
 class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.wte = nn.Embedding(spec.padded_vocab_size, spec.hidden_size)
-        self.wpe = nn.Embedding(spec.num_positions, spec.hidden_size)
+        self.wte = embedding(spec.padded_vocab_size, spec.hidden_size)
+        self.wpe = embedding(spec.num_positions, spec.hidden_size)
 
     def forward(self, idx: Tensor) -> Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)

@@ -33,6 +33,7 @@ from autohet_cli.runtime.models.common import (
     Head,
     HFSource,
     activation,
+    embedding,
     make_norm,
     shared_input,
     vocab_parallel_embedding,
@@ -67,7 +68,7 @@ def make_layer(spec: ModelSpec, index: int, request: ModelRequest) -> nn.Module:
 class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.padded_vocab_size, spec.hidden_size)
+        self.embed_tokens = embedding(spec.padded_vocab_size, spec.hidden_size)
 
     def forward(self, idx: Tensor) -> Tensor:
         out: Tensor = self.embed_tokens(idx)
@@ -78,9 +79,10 @@ class Embedding(nn.Module):
 
 
 def inverse_frequencies(spec: ModelSpec) -> Tensor:
-    """RoPE's inverse frequencies, computed exactly as transformers does (float32)."""
+    """RoPE's inverse frequencies, computed exactly as transformers does (float32, CPU)."""
     dim = spec.head_dim
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float()
+    inv = 1.0 / (spec.rope_theta ** (steps / dim))
     r = spec.rope_scaling
     if r is None:
         return inv
@@ -116,11 +118,23 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
         self.o_proj = nn.Linear(h, h, bias=spec.bias)
         # cos/sin for every position of the plan's sequence length: not parameters, not
-        # checkpointed, the same on every rank.
-        freqs = torch.arange(seq_len).float()[:, None] * inverse_frequencies(spec)
+        # checkpointed, the same on every rank. Built on the meta device they stay empty
+        # until the runtime has placed them (init_buffers).
+        self.spec, self.seq_len = spec, seq_len
+        self.register_buffer("cos", torch.empty(seq_len, spec.head_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(seq_len, spec.head_dim), persistent=False)
+        if not self.cos.is_meta:
+            self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The tables, computed on the CPU (as transformers does) and copied to the
+        buffers' device: the same numbers on every device."""
+        positions = torch.arange(self.seq_len, device="cpu").float()[:, None]
+        freqs = positions * inverse_frequencies(self.spec)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.cos.copy_(emb.cos())
+        self.sin.copy_(emb.sin())
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
