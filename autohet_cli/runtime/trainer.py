@@ -22,20 +22,17 @@ step (a checkpoint hook saves every N steps, a health hook beats a heart).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autohet_cli.ckpt.state import nested_optimizer
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
-from autohet_cli.runtime import run_state
+from autohet_cli.runtime import run_state, train_state
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -51,10 +48,9 @@ from autohet_cli.runtime.metrics import (
     peak_flops,
     peak_memory_bytes,
 )
-from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN, ModelFn, layer_of, load_model_fn
+from autohet_cli.runtime.model_api import ModelFn, layer_of, load_model_fn
 from autohet_cli.runtime.optim import (
     LossScaler,
-    LRSchedule,
     build_optimizer,
     clip_grad_norm,
     counted_parameters,
@@ -70,41 +66,9 @@ from autohet_cli.runtime.stage import (
     trainable_parameters,
 )
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
+from autohet_cli.runtime.train_config import TrainConfig
 
 __all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainConfig:
-    seed: int = 0
-    lr: float = 1e-3
-    min_lr: float | None = None  # default lr / 10
-    warmup_steps: int = 0
-    decay_steps: int | None = None  # default: the run's last step (--steps); resumed: the saved
-    lr_schedule: str = "cosine"  # cosine | linear | constant
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    momentum: float = 0.9  # SGD
-    grad_clip: float = 1.0  # max global gradient norm; 0: off
-    device: str = "auto"  # auto | cpu | cuda
-    model_fn: str = DEFAULT_MODEL_FN
-    init_from: str | None = None  # HF model directory: initial weights (runtime.hf_weights)
-    data: str | None = None  # token file or directory (dataset.formats); None: synthetic
-    data_dtype: str | None = None  # flat token files without a header: uint16 | uint32
-    data_fn: str | None = None  # package.module:function (runtime.data_api)
-    val_fraction: float = 0.005
-    eval_every: int = 0  # steps between validation losses; 0: never
-    eval_batches: int = 4  # global batches per validation loss
-    trace_steps: tuple[int, ...] = ()  # steps whose every op is kept for a trace
-
-    def schedule(self, last_step: int) -> LRSchedule:
-        return LRSchedule(
-            lr=self.lr,
-            min_lr=self.lr / 10 if self.min_lr is None else self.min_lr,
-            warmup_steps=self.warmup_steps,
-            decay_steps=last_step if self.decay_steps is None else self.decay_steps,
-            style=self.lr_schedule,
-        )
 
 
 class Trainer:
@@ -444,75 +408,13 @@ class Trainer:
         return run_state.describe(self)
 
     def state_dict(self, *, flat_optimizer: bool = False) -> dict[str, Any]:
-        """This rank's training state, model and optimizer keyed by full parameter names.
-
-        ``torch.distributed.checkpoint.state_dict.get_state_dict`` maps the optimizer
-        state from parameter ids to the same names; TP shards are DTensors. Saved with
-        ``torch.distributed.checkpoint`` from every rank, it loads under any plan.
-        ``flat_optimizer``: one entry per name and key (``state.<name>.exp_avg``,
-        ``param_groups.<name>.lr``) instead of ``param_groups`` lists, which differ
-        between plans; what checkpoints use (``ckpt.checkpointer``). ``run`` is
-        ``run_state()`` as one JSON string (one checkpoint entry whatever it holds).
-        """
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_state_dict,
-        )
-
-        options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
-        optimizer: dict[str, Any]
-        if self.optimizer is None:  # ZeRO-1 slices hold every parameter's state
-            model, optimizer = get_model_state_dict(self.stage, options=options), {}
-        else:
-            model, optimizer = get_state_dict(self.stage, self.optimizer, options=options)
-        if self.zero is not None:
-            if not flat_optimizer:
-                raise ValueError("a ZeRO-1 plan's optimizer state exists flat only")
-            entries = self.zero.state_entries(self.zero_optimizer, self._zero_groups, self.lr)
-            optimizer = {**optimizer, **entries}
-        return {
-            "model": model,
-            "optimizer": optimizer,
-            "step": self.step,
-            "loss_scale": self.scaler.scale if self.scaler else None,
-            "run": json.dumps(self.run_state(), sort_keys=True),
-        }
+        """This rank's training state (``runtime.train_state.state_dict``)."""
+        return train_state.state_dict(self, flat_optimizer=flat_optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``.
-
-        Refuses a checkpoint whose data differ from this run's: the same step would
-        then see other samples than the interrupted run.
-        """
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
-        saved = json.loads(state["run"]) if state.get("run") else None
-        if saved is not None:
-            run_state.check_same_data(saved.get("data") or {}, self.run_state()["data"])
-            self.decay_end = run_state.resumed_decay_end(self, saved)
-        flat = "state" not in state["optimizer"]
-        optim = state["optimizer"]
-        if self.zero is not None:
-            assert flat
-            self.zero.load_entries(self.zero_optimizer, optim)
-            mine = self.zero.names()
-            optim = {
-                k: v for k, v in optim.items() if k.partition(".")[2].rpartition(".")[0] not in mine
-            }
-        if self.optimizer is None:
-            set_model_state_dict(self.stage, state["model"])
-        else:
-            set_state_dict(
-                self.stage,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=nested_optimizer(optim) if flat else optim,
-            )
+        """Inverse of ``state_dict``; ``fit`` then continues at ``state["step"]``."""
+        train_state.load_state_dict(self, state)
         self._uninitialised = False
-        self.step = int(state["step"])
-        if self.scaler is not None and state.get("loss_scale"):
-            self.scaler.scale = float(state["loss_scale"])
 
     def close(self) -> None:
         if dist.is_initialized():

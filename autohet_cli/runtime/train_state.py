@@ -1,0 +1,88 @@
+"""The trainer's state as checkpoints hold it: model and optimizer keyed by full
+parameter names (the seam every plan shares), the step, the loss scale and the
+``run`` entry (``runtime.run_state``)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from autohet_cli.ckpt.state import nested_optimizer
+from autohet_cli.runtime import run_state
+
+if TYPE_CHECKING:
+    from autohet_cli.runtime.trainer import Trainer
+
+
+def state_dict(trainer: Trainer, *, flat_optimizer: bool = False) -> dict[str, Any]:
+    """This rank's training state, model and optimizer keyed by full parameter names.
+
+    ``torch.distributed.checkpoint.state_dict.get_state_dict`` maps the optimizer
+    state from parameter ids to the same names; TP shards are DTensors. Saved with
+    ``torch.distributed.checkpoint`` from every rank, it loads under any plan.
+    ``flat_optimizer``: one entry per name and key (``state.<name>.exp_avg``,
+    ``param_groups.<name>.lr``) instead of ``param_groups`` lists, which differ
+    between plans; what checkpoints use (``ckpt.checkpointer``). ``run`` is
+    ``run_state()`` as one JSON string (one checkpoint entry whatever it holds).
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+    )
+
+    options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
+    optimizer: dict[str, Any]
+    if trainer.optimizer is None:  # ZeRO-1 slices hold every parameter's state
+        model, optimizer = get_model_state_dict(trainer.stage, options=options), {}
+    else:
+        model, optimizer = get_state_dict(trainer.stage, trainer.optimizer, options=options)
+    if trainer.zero is not None:
+        if not flat_optimizer:
+            raise ValueError("a ZeRO-1 plan's optimizer state exists flat only")
+        entries = trainer.zero.state_entries(
+            trainer.zero_optimizer, trainer._zero_groups, trainer.lr
+        )
+        optimizer = {**optimizer, **entries}
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "step": trainer.step,
+        "loss_scale": trainer.scaler.scale if trainer.scaler else None,
+        "run": json.dumps(trainer.run_state(), sort_keys=True),
+    }
+
+
+def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
+    """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``.
+
+    Refuses a checkpoint whose data differ from this run's: the same step would
+    then see other samples than the interrupted run.
+    """
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    saved = json.loads(state["run"]) if state.get("run") else None
+    if saved is not None:
+        run_state.check_same_data(saved.get("data") or {}, trainer.run_state()["data"])
+        trainer.decay_end = run_state.resumed_decay_end(trainer, saved)
+    flat = "state" not in state["optimizer"]
+    optim = state["optimizer"]
+    if trainer.zero is not None:
+        assert flat
+        trainer.zero.load_entries(trainer.zero_optimizer, optim)
+        mine = trainer.zero.names()
+        optim = {
+            k: v for k, v in optim.items() if k.partition(".")[2].rpartition(".")[0] not in mine
+        }
+    if trainer.optimizer is None:
+        set_model_state_dict(trainer.stage, state["model"])
+    else:
+        set_state_dict(
+            trainer.stage,
+            trainer.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=nested_optimizer(optim) if flat else optim,
+        )
+    trainer.step = int(state["step"])
+    if trainer.scaler is not None and state.get("loss_scale"):
+        trainer.scaler.scale = float(state["loss_scale"])
