@@ -14,9 +14,10 @@ Saving (every rank, collectively; asynchronous)
     into reused host buffers (``ckpt.snapshot``: pinned on GPUs); the rest runs
     in a background thread with a process group of its own, at most one save in
     flight (the next save waits for it). A step is written under
-    ``.tmp-step-<N>`` and renamed into place when every rank is done, so a step
-    directory is either whole or absent; a step that is already ``COMPLETE`` is
-    never written again (it is kept, with a note), and only incomplete leftovers
+    ``.tmp-step-<N>`` and renamed into place on every host once every rank's
+    files are durable, and becomes ``COMPLETE`` only after that, so a complete
+    step is whole on every host; a step that is already ``COMPLETE`` is never
+    written again (it is kept, with a note), and only incomplete leftovers
     of this job are removed. Each rank hands ``torch.distributed.checkpoint.save``
     a ``FileSystemWriter`` on ITS host's directory with several writer threads
     (``ckpt.persist``): DCP names every rank's data files (``__<rank>_<n>.distcp``),
@@ -27,10 +28,14 @@ Saving (every rank, collectively; asynchronous)
     hashed on its way out and fsynced; rank 0 gathers the entries once every
     rank's files are durable, records which layers each data file holds and
     which holds the shared entries (from the ``.metadata`` it wrote: recovery's
-    "layers" rule moves only what a host reads), writes ``manifest.json`` signed
-    with the job key (HMAC-SHA256) and ``COMPLETE`` last, so a crash mid-save
-    never leaves a COMPLETE step. Where host memory is short for the snapshot
-    the rank writes synchronously, and says why. The state is
+    "layers" rule moves only what a host reads), and once the step directories
+    are in place writes ``manifest.json`` signed with the job key (HMAC-SHA256)
+    and ``COMPLETE`` last, so a crash mid-save never leaves a COMPLETE step. The
+    final and emergency saves write straight from the training state when no
+    snapshot buffers exist yet (nothing would overlap the write). Where host
+    memory is short for the snapshot the rank writes synchronously, and says why.
+    Every rank learns together at each step end whether the save in flight
+    succeeded (one small all-reduce while one is in flight). The state is
     ``Trainer.state_dict`` with the optimizer flattened to one entry per full
     parameter name, and a tied parameter's optimizer state filed under the first
     name of its group whatever copy a rank holds, so every entry has one name in
@@ -97,17 +102,13 @@ from autohet_cli.ckpt.format import (
     new_key,
     step_dir_name,
 )
+from autohet_cli.ckpt.memory import available_memory_bytes, memory_verdict, ranks_on_this_host
 from autohet_cli.ckpt.persist import SaveRecord, writer_threads
 from autohet_cli.ckpt.prune import Retention
 from autohet_cli.ckpt.remote import RemoteCopy, Uploader, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.ckpt.schedule import CheckpointHook
-from autohet_cli.ckpt.snapshot import (
-    Snapshotter,
-    available_memory_bytes,
-    memory_verdict,
-    ranks_on_this_host,
-)
+from autohet_cli.ckpt.snapshot import Snapshotter
 from autohet_cli.ckpt.state import (
     checkpoint_failure,
     keep_written,
@@ -189,13 +190,14 @@ class Checkpointer:
         # collectives on one group.
         self.persist_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.snapshots = Snapshotter()
-        self.ranks_on_host = ranks_on_this_host()
-        self.writer_threads = writer_threads(self.ranks_on_host)
         self.background = background
         self.listeners: list[Callable[[SaveRecord], None]] = []  # rank 0, after each save
         self.last_record: SaveRecord | None = None  # the latest finished save's figures
         self._inflight: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._pending = False  # a save every rank started and not all have confirmed
+        self._pending_step = 0
+        self.last_alloc_s = 0.0  # of the latest save: new snapshot buffers
         self.host = trainer.runtime.info.device.host
         problem = self._prepare_dir(root)
         self.agree_no_problem(problem)
@@ -204,6 +206,9 @@ class Checkpointer:
         places: list[Any] = [None] * self.world_size
         dist.all_gather_object(places, where, group=self.group)
         self.owner = places.index(where) == self.rank
+        # Every rank of a machine allocates its snapshot at once and shares its cores.
+        self.ranks_on_host = ranks_on_this_host([m for m, _ in places], where[0])
+        self.writer_threads = writer_threads(self.ranks_on_host)
         # Hosts sharing this directory (an NFS home): each has an owner, and either may
         # find the other's work done (a rename, a cleanup).
         self.shared_dir = len({m for m, d in places if d == where[1]}) > 1
@@ -278,7 +283,7 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- save
 
-    def save(self) -> Path | None:
+    def save(self, *, last: bool = False) -> Path | None:
         """Save step ``trainer.step``; returns as soon as training may go on.
 
         Training waits for the previous save if it is still in flight (at most one),
@@ -287,9 +292,14 @@ class Checkpointer:
         returns when they are durable). When host memory is short, or
         ``background`` is off, the whole save runs here and says why. Returns this
         rank's step directory to be (None: that step is already saved and kept).
+        ``last``: training is over (the final save, a preemption notice's): with no
+        snapshot buffers yet, writing straight from the training state beats
+        allocating them first, since nothing would overlap the write anyway.
         """
         started = time.monotonic()
         self.wait()
+        self._pending = False
+        self.last_alloc_s = 0.0
         step = self.trainer.step
         final = self.plan_dir / step_dir_name(step)
         tmp = self.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}"
@@ -313,12 +323,20 @@ class Checkpointer:
             self.trainer.parts.tied,
             shared=self.rank == 0,  # entries of no layer: rank 0's file alone
         )
-        why_inline = self._why_inline(state, step)
+        why_inline = self._why_inline(state, step, last=last)
         if why_inline is None:
             state = self.snapshots.take(state)
+            self.last_alloc_s = self.snapshots.last_alloc_s
         job = SaveJob(
-            step=step, state=state, tmp=tmp, final=final, started=started, inline=bool(why_inline)
+            step=step,
+            state=state,
+            tmp=tmp,
+            final=final,
+            started=started,
+            inline=bool(why_inline),
+            alloc_s=self.last_alloc_s,
         )
+        self._pending, self._pending_step = True, step  # every rank: poll() agrees on it
         if why_inline is not None:
             job.blocked_s = time.monotonic() - started  # updated when the save is done
             self._persist(job)
@@ -331,12 +349,15 @@ class Checkpointer:
         thread.start()
         return final
 
-    def _why_inline(self, state: dict[str, Any], step: int) -> str | None:
+    def _why_inline(self, state: dict[str, Any], step: int, *, last: bool) -> str | None:
         """Why this rank writes step ``step`` synchronously (None: in the background)."""
         if not self.background:
             return "asynchronous saves are off"
+        new_bytes = self.snapshots.new_bytes(state)
+        if last and new_bytes:
+            return "the last save of the run, and no snapshot buffers yet"
         verdict = memory_verdict(
-            self.snapshots.new_bytes(state),
+            new_bytes,
             ranks_on_host=self.ranks_on_host,
             available_bytes=available_memory_bytes(),
         )
@@ -359,9 +380,25 @@ class Checkpointer:
             raise failure
 
     def poll(self) -> None:
-        """Raise the failure of a background save as soon as it is known (no waiting)."""
+        """Collective, at every step end while a save is unconfirmed: every rank learns
+        together whether it is durable, and raises together when it failed anywhere
+        (alone, the failed rank would stop while the others trained on into it)."""
+        if not self._pending:
+            return
         thread = self._inflight
-        if thread is not None and not thread.is_alive():
+        done = thread is None or not thread.is_alive()
+        running, failed = self.agree_max(
+            [0.0 if done else 1.0, 1.0 if done and self._failure is not None else 0.0]
+        )
+        if failed:
+            self._pending = False
+            self.wait()  # raises this rank's failure; the others' threads failed with it
+            raise CheckpointError(
+                f"step {self._pending_step} was not saved: it failed on another rank (its "
+                "log says why); the steps saved before it are kept"
+            )
+        if not running:
+            self._pending = False
             self.wait()
 
     def _persist(self, job: SaveJob) -> None:

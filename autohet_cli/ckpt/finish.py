@@ -5,6 +5,7 @@ over the persist process group alone (``ckpt.checkpointer``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
 from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
 from autohet_cli.ckpt.remote import UploadJob
 from autohet_cli.ckpt.state import manifest_files, stored_layers, tied_layer_groups
+from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
     from autohet_cli.ckpt.checkpointer import Checkpointer
@@ -36,6 +38,7 @@ class SaveJob:
     final: Path
     started: float  # time.monotonic() when training stopped for it
     inline: bool  # written synchronously (no snapshot)
+    alloc_s: float = 0.0  # of the blocked time: new snapshot buffers (once per run)
     blocked_s: float = 0.0
 
 
@@ -54,26 +57,33 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     if job.inline:
         job.blocked_s = time.monotonic() - job.started
     gathered: list[Any] = [None] * ckpt.world_size
-    dist.all_gather_object(gathered, (entries, job.blocked_s), group=group)
-    problems = [e for e, _ in gathered if isinstance(e, str)]
+    dist.all_gather_object(gathered, (entries, job.blocked_s, job.alloc_s), group=group)
+    problems = [e for e, _, _ in gathered if isinstance(e, str)]
     if problems:
         raise CheckpointError(f"step {step} was not saved: {problems[0]}")
-    files = [e for rank_entries, _ in gathered for e in rank_entries]
-    manifest, problem = None, None
+    files = [e for rank_entries, _, _ in gathered for e in rank_entries]
+    # Every host's files are durable: the step directories go into place first, and
+    # COMPLETE comes last, so no crash leaves a COMPLETE step whose files some host
+    # still holds under its temporary name (a directory without COMPLETE is skipped).
+    not_saved = f"step {step} was not saved: "
+    problem = _rename(ckpt, tmp, job.final) if ckpt.owner else None
+    ckpt.agree_no_problem(problem and not_saved + problem, group=group)
+    manifest = None
     if ckpt.rank == 0:
         try:
             manifest = _write_manifest(ckpt, job, files)
         except OSError as exc:
-            problem = f"cannot write the manifest of {tmp}: {exc.strerror or exc}"
-    ckpt.agree_no_problem(problem, group=group)
-    problem = _rename(ckpt, tmp, job.final) if ckpt.owner else None
-    ckpt.agree_no_problem(problem, group=group)
+            problem = f"cannot write the manifest of {job.final}: {exc.strerror or exc}"
+        except Exception as exc:  # any other failure: the other ranks must not wait for it
+            problem = f"cannot write the manifest of {job.final}: {type(exc).__name__}: {exc}"
+    ckpt.agree_no_problem(problem and not_saved + problem, group=group)
     record = SaveRecord(
         step=step,
-        blocked_s=max(b for _, b in gathered),
+        blocked_s=max(b for _, b, _ in gathered),
         persist_s=time.monotonic() - job.started,
         nbytes=sum(int(e["bytes"]) for e in files),
         synchronous=job.inline,
+        alloc_s=max(a for _, _, a in gathered),
     )
     ckpt.last_record = record
     if ckpt.owner:
@@ -87,8 +97,22 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     reading = ckpt.uploader.reading() if ckpt.uploader is not None else set()
     ckpt.retention.after_save(step, reading=reading)
     if ckpt.rank == 0:
-        for listener in ckpt.listeners:
+        _tell_listeners(ckpt, record)
+
+
+def _tell_listeners(ckpt: Checkpointer, record: SaveRecord) -> None:
+    """The step is saved whatever a listener does: a failing one (a full run
+    directory, a closed stdout) is named, not turned into a failed save, which
+    would stop rank 0 alone while the others train on."""
+    for listener in ckpt.listeners:
+        try:
             listener(record)
+        except Exception as exc:
+            with contextlib.suppress(OSError):  # stderr itself may be gone
+                say(
+                    f"note: step {record.step} is saved; its figures could not be recorded: "
+                    f"{type(exc).__name__}: {exc}"
+                )
 
 
 def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,13 +145,13 @@ def _write_manifest(ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]
             files,
             # Where entries went, from the .metadata rank 0 (the coordinator) wrote:
             # the Metadata save() returns lacks storage_data under torch 2.11.
-            stored_layers(FileSystemReader(job.tmp).read_metadata()),
+            stored_layers(FileSystemReader(job.final).read_metadata()),
         ),
         tied_layers=tied_layer_groups(ckpt.trainer.parts.tied),
     )
-    write_atomic(job.tmp / MANIFEST, signed_manifest_text(manifest, ckpt.key).encode())
-    write_atomic(job.tmp / COMPLETE, b"")
-    fsync_dir(job.tmp)
+    write_atomic(job.final / MANIFEST, signed_manifest_text(manifest, ckpt.key).encode())
+    write_atomic(job.final / COMPLETE, b"")
+    fsync_dir(job.final)
     return manifest
 
 
@@ -151,16 +175,20 @@ def _record_save(ckpt: Checkpointer, record: SaveRecord) -> None:
     that succeeded."""
     try:
         write_atomic(ckpt.plan_dir / LAST_SAVE_FILE, f"{record.persist_s:.3f}\n".encode())
-        write_atomic(ckpt.plan_dir / LAST_SAVE_RECORD, json.dumps(record.to_json()).encode())
+        if not record.synchronous:  # a synchronous save's blocked time says nothing of the next
+            schedule = {**record.to_json(), "ckpt_alloc_s": round(record.alloc_s, 4)}
+            write_atomic(ckpt.plan_dir / LAST_SAVE_RECORD, json.dumps(schedule).encode())
     except OSError:
         pass
 
 
 def previous_record(plan_dir: Path) -> dict[str, float] | None:
-    """The figures of a job's last save on this host (``LAST_SAVE_RECORD``), None
-    when unknown or unreadable."""
+    """The figures of a job's last asynchronous save on this host (``LAST_SAVE_RECORD``):
+    its blocked time less the one-time allocation of the snapshot buffers (what a
+    save costs once they exist) and its time to be durable; None when unknown."""
     try:
         got = json.loads((plan_dir / LAST_SAVE_RECORD).read_text(encoding="utf-8"))
-        return {k: float(got[k]) for k in ("ckpt_blocked_s", "ckpt_persist_s")}
-    except (OSError, ValueError, KeyError, TypeError):
+        blocked = float(got["ckpt_blocked_s"]) - float(got.get("ckpt_alloc_s", 0.0))
+        return {"ckpt_blocked_s": max(0.0, blocked), "ckpt_persist_s": float(got["ckpt_persist_s"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -147,6 +147,7 @@ class SaveRecord:
     persist_s: float
     nbytes: int
     synchronous: bool = False
+    alloc_s: float = 0.0  # of blocked_s: allocating the snapshot buffers (a run's first save)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -17,19 +17,13 @@ save and a synchronous one.
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
-
-# Host memory left free beside the buffers: the kernel, the loader's workers, the
-# writer threads' own buffers. A save that would eat into it runs synchronously.
-RESERVE_BYTES = 2 << 30
-MEMINFO = "/proc/meminfo"
 
 
 def local_tensor(t: Tensor) -> Tensor:
@@ -55,68 +49,13 @@ def state_bytes(state: Any) -> int:
     return sum(tensor_bytes(t) for _, t in _tensors(state))
 
 
-def available_memory_bytes() -> int | None:
-    """The kernel's estimate of memory available without swapping (None: unknown)."""
-    try:
-        with open(MEMINFO, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryVerdict:
-    """Whether a snapshot fits in host memory; ``reason`` says why not."""
-
-    fits: bool
-    need_bytes: int  # new buffers for every rank on this host
-    available_bytes: int | None
-    reason: str = ""
-
-
-def memory_verdict(
-    new_bytes: int,
-    *,
-    ranks_on_host: int,
-    available_bytes: int | None,
-    reserve_bytes: int = RESERVE_BYTES,
-) -> MemoryVerdict:
-    """Every rank of a host allocates its buffers at once (their first save), so
-    each checks for all of them: ``new_bytes`` times the ranks on the host, plus a
-    reserve. Unknown availability (no /proc) counts as enough."""
-    need = new_bytes * max(1, ranks_on_host)
-    if new_bytes == 0 or available_bytes is None or need + reserve_bytes <= available_bytes:
-        return MemoryVerdict(fits=True, need_bytes=need, available_bytes=available_bytes)
-    gb = 1e9
-    return MemoryVerdict(
-        fits=False,
-        need_bytes=need,
-        available_bytes=available_bytes,
-        reason=(
-            f"a snapshot of the training state needs {need / gb:.1f} GB of host memory "
-            f"({ranks_on_host} rank(s) on this host) and {available_bytes / gb:.1f} GB is "
-            f"available, {reserve_bytes / gb:.0f} GB of which stays free"
-        ),
-    )
-
-
-def ranks_on_this_host() -> int:
-    """torchrun's LOCAL_WORLD_SIZE (1 outside torchrun)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 class Snapshotter:
     """Reusable host buffers for one rank's state (see the module docstring)."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, Tensor] = {}
-        self._pinned: list[int] = []  # data pointers registered with CUDA
+        self._pinned: dict[str, int] = {}  # buffer key -> data pointer registered with CUDA
+        self.last_alloc_s = 0.0  # of the latest take: allocating (and pinning) new buffers
 
     def new_bytes(self, state: Any) -> int:
         """Bytes a snapshot of ``state`` would allocate (0 once the buffers exist)."""
@@ -134,6 +73,7 @@ class Snapshotter:
         Non-tensor values are kept as they are (the trainer builds them afresh for
         every save, and DCP pickles them)."""
         cuda_seen = [False]
+        self.last_alloc_s = 0.0
         out = self._copy(state, "", cuda_seen)
         if cuda_seen[0]:
             torch.cuda.synchronize()  # the copies were non-blocking
@@ -148,12 +88,15 @@ class Snapshotter:
         if src.is_cuda:
             cuda_seen[0] = True
         if not self._fits(prefix, state):
-            self._buffers[prefix] = self._allocate(state.detach())
+            self._unpin(prefix)  # a buffer of another shape goes: its pages are unlocked first
+            started = time.perf_counter()
+            self._buffers[prefix] = self._allocate(state.detach(), prefix)
+            self.last_alloc_s += time.perf_counter() - started
         buf = self._buffers[prefix]
         local_tensor(buf).copy_(src, non_blocking=src.is_cuda)
         return buf
 
-    def _allocate(self, t: Tensor) -> Tensor:
+    def _allocate(self, t: Tensor, key: str = "") -> Tensor:
         """A host tensor (a DTensor with a host shard for a DTensor) shaped like ``t``.
         DTensor's own ``.to("cpu")`` keeps its mesh and placements, which DCP plans
         with, so a host copy of a GPU DTensor saves like the GPU one."""
@@ -163,10 +106,10 @@ class Snapshotter:
             buf = torch.empty_like(t, device="cpu", memory_format=torch.contiguous_format)
         local = local_tensor(buf)
         if local_tensor(t).is_cuda and local.numel() > 0:
-            self._pin(local)
+            self._pin(key, local)
         return buf
 
-    def _pin(self, local: Tensor) -> None:
+    def _pin(self, key: str, local: Tensor) -> None:
         """Page-lock ``local`` in place (what torch's own stager does), so copies from
         the GPU are asynchronous DMA; a failure leaves it pageable (slower, correct)."""
         err = int(
@@ -177,11 +120,15 @@ class Snapshotter:
             )
         )
         if err == 0:
-            self._pinned.append(local.data_ptr())
+            self._pinned[key] = local.data_ptr()
+
+    def _unpin(self, key: str) -> None:
+        ptr = self._pinned.pop(key, None)
+        if ptr is not None:
+            torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
 
     def release(self) -> None:
-        """Unpin and drop the buffers (at the end of a run)."""
-        for ptr in self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
-        self._pinned.clear()
+        """Unpin and drop the buffers (at the end of a run, or before a synchronous save)."""
+        for key in list(self._pinned):
+            self._unpin(key)
         self._buffers.clear()

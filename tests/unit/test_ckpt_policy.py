@@ -47,7 +47,7 @@ class FakeSaver:
         self.closed = False
         self.trainer: SimpleNamespace | None = None
 
-    def save(self) -> None:
+    def save(self, *, last: bool = False) -> None:
         assert self.trainer is not None
         self.saved.append(self.trainer.step)
 

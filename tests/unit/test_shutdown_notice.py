@@ -93,7 +93,7 @@ class _Saver:
         self.saved: list[int] = []
         self.trainer: SimpleNamespace | None = None
 
-    def save(self) -> None:
+    def save(self, *, last: bool = False) -> None:
         assert self.trainer is not None
         self.saved.append(self.trainer.step)
 
@@ -134,8 +134,8 @@ class _SlowSaver(_Saver):
         super().__init__()
         self.listeners: list[Callable[[SaveRecord], None]] = []
 
-    def save(self) -> None:
-        super().save()
+    def save(self, *, last: bool = False) -> None:
+        super().save(last=last)
         assert self.trainer is not None
         record = SaveRecord(step=self.trainer.step, blocked_s=0.1, persist_s=100.0, nbytes=1)
         for listener in self.listeners:
