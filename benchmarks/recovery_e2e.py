@@ -25,6 +25,10 @@ remote-only  what a user has today (Varuna-like): stop, restart from remote stor
 Remote storage is an fsspec filesystem throttled to a tenth of the peer rate
 measured through SSH on this machine (a 25 Gbit/s NIC between hosts against
 ~2.5 Gbit/s that one VM reads from object storage).
+
+Sizes (``AUTOHET_BENCH_SIZES``, comma-separated, default ``toy,200m``): ``toy`` is the
+above; ``200m`` is a ~200M LLaMA on one device with 2.4 GB per save, where the disk
+shows (``benchmarks.recovery_disk``). ``AUTOHET_BENCH_REPEATS`` (3) runs of each way.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from tests.e2e.sshd import SshdFarm, make_client_key, sshd_problem
 from tests.e2e.test_launch import _cluster_file, free_port
 
 REPEATS = int(os.environ.get("AUTOHET_BENCH_REPEATS", "3"))
+SIZES = ("toy", "200m")
 KILL_AFTER_STEP = 5
 RESUMED_STEPS = 10
 STAGES = ((0, 4), (4, 7), (7, 10))
@@ -109,19 +114,43 @@ def _plan(tmp: Path, cluster: Path, hosts: list[str]) -> Path:
     return path
 
 
+def startup_phases(line: str) -> dict[str, float]:
+    """The phases of a worker's ``startup: ... (launch 1.20 s, ...)`` line, in seconds."""
+    found = _STARTUP.search(line)
+    assert found, line
+    return {k.strip().replace(" ", "_"): float(v) for k, v in _PHASE.findall(found.group(1))}
+
+
+def selected_sizes(raw: str | None) -> list[str]:
+    """``AUTOHET_BENCH_SIZES`` (comma-separated; unset: every size)."""
+    sizes = [s.strip() for s in (raw or ",".join(SIZES)).split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"AUTOHET_BENCH_SIZES: unknown {', '.join(unknown)}; sizes: {SIZES}")
+    return sizes
+
+
 def main() -> None:
+    sizes = selected_sizes(os.environ.get("AUTOHET_BENCH_SIZES"))
     problem = sshd_problem()
     if problem is not None:
         print(f"skipped: {problem}")
         return
-    with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
-        root = Path(tmp)
-        farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
-        farm.root.mkdir()
-        try:
-            _run(root, farm)
-        finally:
-            farm.stop_all()
+    for size in sizes:
+        print(f"--- size {size}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
+            root = Path(tmp)
+            farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
+            farm.root.mkdir()
+            try:
+                if size == "toy":
+                    _run(root, farm)
+                else:
+                    from benchmarks import recovery_disk
+
+                    recovery_disk.run(root, farm)
+            finally:
+                farm.stop_all()
 
 
 def _run(root: Path, farm: SshdFarm) -> None:
@@ -228,9 +257,7 @@ def _once(
     first_step = rec.first(r"\] step \d+ loss ")
     startup = rec.first(r"autohet runtime: startup: ")
     assert wrote and started and first_step and startup, rec.lines[-30:]
-    found = _STARTUP.search(startup[1])
-    assert found, startup
-    phases = {k.strip().replace(" ", "_"): float(v) for k, v in _PHASE.findall(found.group(1))}
+    phases = startup_phases(startup[1])
     transfer_s = result.report["phases"]["transfer"]
     tail = first_step[0] - wrote[0]
     load, step = phases.get("load", 0.0), phases.get("first_step", 0.0)
