@@ -23,7 +23,9 @@
 - ``recovery_time``: the shard-transfer phase of recovery, local-first vs remote-only.
 - ``recovery_e2e``: recovery end to end on 3 sshd hosts, from a SIGKILLed host to the
   first resumed step (detect, replan, transfer, restart, load), against restarting
-  from remote storage only.
+  from remote storage only; and (``recovery_disk``) a 200M llama on one CPU device,
+  2.4 GB per save: blocked, persisted, load and kill-to-first-step against a plain
+  write of the same bytes (``AUTOHET_BENCH_SIZES=toy,200m``, default both).
 - ``gpu_predictions``: the same on this machine's CUDA GPUs in bf16 (GPT-1.3B by
   default; skipped without a GPU).
 """
