@@ -256,11 +256,18 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
         f"--train-arg=--checkpoint-every={EVERY}",
     )
     assert proc.stdout is not None
+    # Saves are asynchronous: kill once step 2*EVERY is durable (rank 0 logs it) and the
+    # run is past step 8, so two complete steps exist (bounded, should the line not come).
+    durable = re.compile(rf"checkpoint step {2 * EVERY}: .* durable after")
+    step_line = re.compile(r"\bstep (\d+) loss ")
+    seen_durable = False
     for line in proc.stdout:
-        if "step 8 " in line:
+        seen_durable = seen_durable or bool(durable.search(line))
+        if (m := step_line.search(line)) and int(m.group(1)) >= (8 if seen_durable else 40):
             break
     sshd_farm.hosts[2].stop()
     proc.communicate(timeout=120)
+    assert seen_durable, "rank 0 never logged the durable save of step 6"
     survivors = [h.checkpoint_dir for h in sshd_farm.hosts[:2]]
     # Killed while writing the newest checkpoint: no COMPLETE marker anywhere.
     newest = _step_dirs(survivors[0])[-1].name
