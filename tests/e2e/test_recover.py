@@ -164,7 +164,8 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
     report = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("new_plan_path", "bytes_from_peers", "bytes_from_remote", "phases", "resumed_step"):
         assert key in report
-    assert report["resumed_step"] in (6, 9)
+    # The newest complete step: saves are asynchronous, step 6 may not be durable by step 8.
+    assert report["resumed_step"] in (3, 6, 9)
     assert report["new_plan_path"].endswith("e2e.v2.yaml")
     # Only fake-4's own shard lived nowhere else: remote storage is read for it alone.
     assert report["bytes_from_remote"] > 0
