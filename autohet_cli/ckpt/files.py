@@ -35,6 +35,8 @@ from autohet_cli.ckpt.format import (
     parse_step_dir,
     verified_manifest,
 )
+from autohet_cli.ckpt.memory import ranks_on_this_host
+from autohet_cli.ckpt.persist import share_cores
 from autohet_cli.errors import AutohetError, ConfigError
 
 _CHUNK = 1 << 20
@@ -209,11 +211,8 @@ def default_read_threads(cpus: int | None = None, ranks_on_host: int | None = No
     """Threads that check (hash) a rank's files, and read them where the targets are
     on a GPU: the host's cores shared by its ranks (torchrun's ``LOCAL_WORLD_SIZE``),
     1 to ``MAX_READ_THREADS``."""
-    cores = cpus if cpus is not None else (os.cpu_count() or 1)
-    if ranks_on_host is None:
-        given = os.environ.get("LOCAL_WORLD_SIZE", "")
-        ranks_on_host = int(given) if given.isdigit() else 1
-    return max(1, min(MAX_READ_THREADS, cores // max(1, ranks_on_host)))
+    ranks = ranks_on_host if ranks_on_host is not None else ranks_on_this_host()
+    return share_cores(ranks, cpus, cap=MAX_READ_THREADS)
 
 
 def read_runs(items: Sequence[Any], storage_data: Any, num_runs: int) -> list[list[Any]]:

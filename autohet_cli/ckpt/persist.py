@@ -39,8 +39,13 @@ def writer_threads(
         if not given.isdigit() or not 1 <= int(given) <= 64:
             raise ConfigError(f"${WRITERS_ENV}={given!r}: expected a number of threads, 1 to 64")
         return int(given)
+    return share_cores(ranks_on_host, cpus, cap=MAX_WRITER_THREADS)
+
+
+def share_cores(ranks_on_host: int, cpus: int | None = None, *, cap: int) -> int:
+    """The host's cores shared by its ranks, 1 to ``cap`` (writer and reader threads)."""
     cores = cpus if cpus is not None else (os.cpu_count() or 1)
-    return max(1, min(MAX_WRITER_THREADS, cores // max(1, ranks_on_host)))
+    return max(1, min(cap, cores // max(1, ranks_on_host)))
 
 
 @dataclass(frozen=True, slots=True)
