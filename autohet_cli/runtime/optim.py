@@ -170,7 +170,7 @@ def clip_grad_norm(
     squares = sum_of_squares(counted, device)
     dist.all_reduce(squares)
     norm = float(squares.sqrt().item())
-    if max_norm > 0:
+    if max_norm > 0 and math.isfinite(norm):  # a non-finite step is skipped (trainer)
         coef = min(max_norm / (norm + CLIP_EPS), 1.0)
         for p in [p for _, p in trainable_parameters(stage)] + list(extra):
             if p.grad is not None:

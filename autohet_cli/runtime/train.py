@@ -89,6 +89,14 @@ def _training_options(p: argparse.ArgumentParser) -> None:
         help="clip gradients to this global norm over every stage and shard (default 1.0; 0: off)",
     )
     p.add_argument(
+        "--max-nonfinite-steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="stop with an error once N steps in a row had a non-finite loss or gradient "
+        "norm (default 3); such steps are skipped, so the weights stay finite",
+    )
+    p.add_argument(
         "--data",
         metavar="PATH",
         help="training tokens: a directory from `autohet data prepare`, a flat uint16/uint32 "
@@ -256,6 +264,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("warmup_steps", "eval_every"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.max_nonfinite_steps < 1:
+        p.error("--max-nonfinite-steps must be >= 1")
     if args.eval_batches < 1:
         p.error("--eval-batches must be >= 1")
     if not 0 <= args.val_fraction < 1:
@@ -423,6 +433,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         val_fraction=args.val_fraction,
         eval_every=args.eval_every,
         eval_batches=args.eval_batches,
+        max_nonfinite_steps=args.max_nonfinite_steps,
     )
 
 

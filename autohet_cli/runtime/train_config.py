@@ -30,6 +30,7 @@ class TrainConfig:
     val_fraction: float = 0.005
     eval_every: int = 0  # steps between validation losses; 0: never
     eval_batches: int = 4  # global batches per validation loss
+    max_nonfinite_steps: int = 3  # a non-finite loss this many steps in a row stops the run
     trace_steps: tuple[int, ...] = ()  # steps whose every op is kept for a trace
 
     def schedule(self, last_step: int) -> LRSchedule:

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state, train_state
+from autohet_cli.runtime.batchcheck import NonFiniteGuard, check_token_ids
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -175,6 +176,7 @@ class Trainer:
         self.stop_reason: str | None = None
         self.decay_end: int | None = None  # where the default decay ends, once known
         self.clock = Clock(self.runtime.device)
+        self.nonfinite = NonFiniteGuard(config.max_nonfinite_steps)
         self.timings = Timings()
         self.trace_steps = set(config.trace_steps)
 
@@ -305,6 +307,7 @@ class Trainer:
         if self.zero_optimizer is not None:
             self.zero_optimizer.zero_grad(set_to_none=True)
         microbatches = self._microbatches(self.step)
+        check_token_ids(microbatches, self.parts.vocab_size, step=self.step)
         if self.scaler is not None:
             self.schedule.loss_scale = self.scaler.scale
         loss_share = self.schedule.run(microbatches)
@@ -325,6 +328,10 @@ class Trainer:
             grad_norm = clip_grad_norm(
                 self.stage, self.counted, self.config.grad_clip, self.runtime.device, slices
             )
+            # A non-finite norm (the global one: every rank agrees) would poison the
+            # weights and every checkpoint after them: that step is skipped.
+            skipped = NonFiniteGuard.bad(grad_norm)
+        if not skipped:
             self.lr = lr
             for opt in (self.optimizer, self.zero_optimizer):
                 if opt is not None:
@@ -335,6 +342,7 @@ class Trainer:
         marks.span("optimizer", opt_start, self.clock.mark())
         loss, peaks = self._world_report(loss_share)
         self.timings.add(marks.finish())
+        self.nonfinite.after_step(step=self.step, loss=loss, grad_norm=grad_norm)
         elapsed = time.perf_counter() - start
         tokens = t.global_batch_size * t.seq_len
         mfu = None
@@ -395,7 +403,9 @@ class Trainer:
                 sample_range=self.runtime.topology.sample_range(info.pipeline),
                 micro_batch_size=t.micro_batch_size,
             )
-            share = self.schedule.evaluate(list(batches))
+            batches = list(batches)
+            check_token_ids(batches, self.parts.vocab_size, step=index, what="validation batch")
+            share = self.schedule.evaluate(batches)
             if info.is_last_stage and info.tp_rank == 0:
                 total += share.double()
         dist.all_reduce(total)

@@ -1,0 +1,101 @@
+"""The step loop's guards on real workers: an id outside the vocabulary stops a
+TP-2 run at the batch that holds it (the vocab-parallel embedding would mask it and
+train on zeros), and a loss that stays non-finite stops a run with exit 1 instead
+of training on to "finished"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from realdata import byte_tokens
+from test_runtime_exact import ROOT, _env, make_plan
+
+from autohet_cli.plan import write_plan
+
+pytestmark = pytest.mark.dist
+
+TIMEOUT_S = 180
+
+
+def _train(plan_name: str, tmp: Path, tp: int, *extra: str) -> subprocess.CompletedProcess[str]:
+    plan = make_plan(plan_name, [(2, [(0, 6)])], tp=tp)
+    _, path = write_plan(plan, tmp)
+    cmd = [
+        sys.executable,
+        *("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}"),
+        *("-m", "autohet_cli.runtime.train", "--plan", str(path), "--device", "cpu"),
+        *("--seed", "7", "--metrics", str(tmp / "metrics.jsonl"), "--checkpoint-every", "0"),
+        *("--no-emergency-save",),
+        *extra,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+
+
+def _losses(tmp: Path) -> list[float]:
+    import json
+
+    path = tmp / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x)["loss"] for x in path.read_text().splitlines() if '"loss"' in x]
+
+
+def _sampled_file(path: Path) -> None:
+    """A token file just over the size start-up samples instead of scanning, valid
+    (real bytes) in exactly the chunks it samples and id 60000 everywhere else."""
+    from autohet_cli.dataset import vocab
+
+    n = vocab.FULL_SCAN_MAX_TOKENS + 1_000_000
+    tokens = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(n,))
+    tokens[:] = 60_000
+    real = np.load(byte_tokens())
+    last = n - vocab.SAMPLE_CHUNK_TOKENS
+    for start in sorted({int(s) for s in np.linspace(0, last, vocab.SAMPLE_CHUNKS)}):
+        chunk = tokens[start : start + vocab.SAMPLE_CHUNK_TOKENS]
+        chunk[:] = np.resize(real, chunk.shape)
+    tokens.flush()
+    del tokens
+
+
+def test_an_id_outside_the_vocabulary_stops_a_tp_run_at_its_batch(tmp_path: Path) -> None:
+    data = tmp_path / "tokens.npy"
+    _sampled_file(data)
+    proc = _train("oov", tmp_path, 2, "--data", str(data), "--steps", "20")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    assert "outside the model's vocabulary" in text, text[-3000:]
+    assert "token id 60000" in text
+    assert "IndexError" not in text
+    assert _losses(tmp_path) == []  # not one step trained on it
+
+
+def test_a_loss_that_stays_non_finite_stops_the_run(tmp_path: Path) -> None:
+    # A learning rate no model survives: the weights overflow after the first step.
+    proc = _train(
+        "nan",
+        tmp_path,
+        1,
+        "--data",
+        str(byte_tokens()),
+        "--steps",
+        "30",
+        "--lr",
+        "1e38",
+        "--grad-clip",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--max-nonfinite-steps",
+        "2",
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    assert "were not finite (--max-nonfinite-steps 2)" in text, text[-3000:]
+    losses = _losses(tmp_path)
+    assert len(losses) < 30
