@@ -35,7 +35,7 @@ from autohet_cli.launch.executor import JobOutcome, LaunchError, Printer
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
 from autohet_cli.plan import Plan
 from autohet_cli.slurm.job import SlurmJob
-from autohet_cli.slurm.script import KEY_NAME, SCRIPT_NAME, render
+from autohet_cli.slurm.script import KEY_NAME, SCRIPT_NAME, check_run_dir, render
 from autohet_cli.transport.base import Runner
 from autohet_cli.transport.local import LocalRunner
 from autohet_cli.transport.pool import ConnectOptions, HostPool
@@ -150,6 +150,7 @@ def run_slurm_job(
             "--sync-dir: on Slurm the nodes cannot be reached before the job runs; put "
             "your code on the file system the nodes share and pass --sync-dir no more"
         )
+    check_run_dir(str(runs_root.resolve()))  # before anything is created under it
     local_dir, rid = session._local_run_dir(runs_root, p.plan, run_id)
     run_dir = local_dir.resolve()
     hosts = p.plan.hosts()

@@ -18,22 +18,70 @@ Slurm chooses the GPUs of a node and sets ``CUDA_VISIBLE_DEVICES`` itself, so
 the launch specs leave it alone here. The job key reaches each node's checkpoint
 directory from the run directory (mode 0600), never through the script, which
 Slurm keeps and shows to administrators.
+
+The run directory is the one path of this machine in the script (the working
+directory's ``runs/``), so whatever its name holds reaches three readers:
+bash (every use is shell-quoted), sbatch's own reader of ``#SBATCH`` lines
+(``sbatch_word``), and Slurm's output-file patterns (``%j``, ``%N``). A path
+none of them can take whole is refused before anything is written
+(``check_run_dir``).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autohet_cli.ckpt.format import KEY_FILE
 from autohet_cli.cluster import Cluster
+from autohet_cli.errors import ConfigError
 from autohet_cli.launch.specs import LaunchSpec
 from autohet_cli.paths import shell_word
 from autohet_cli.plan import Plan
 
 SCRIPT_NAME = "job.sbatch"
 KEY_NAME = ".job-key"  # the job key in the run directory, for the nodes to copy
+# What an #SBATCH argument may hold unquoted (sbatch splits at whitespace and reads
+# quotes, backslashes and '#' itself); anything else goes in double quotes.
+_SBATCH_PLAIN = re.compile(r"[A-Za-z0-9_./:@+=,~%-]*")
+
+
+def check_run_dir(run_dir: str) -> str:
+    """``run_dir`` if a batch script can hold it; otherwise a ConfigError naming it.
+
+    A newline (or any control character) would end the ``#SBATCH --output`` line and
+    start a shell line of its own; Slurm reads ``%`` in an output path as a pattern
+    (``%j``, ``%N``) and a backslash as "expand no pattern", so both would send the
+    logs elsewhere (srun's per-node ``%N.out`` files into one). Everything else
+    (spaces, quotes, ``$``, backticks, ``#``) is quoted for bash and for sbatch.
+    """
+    bad = next((c for c in run_dir if ord(c) < 32 or c in "\x7f%\\"), None)
+    if bad is None:
+        return run_dir
+    names = {"\n": "a newline", "\r": "a carriage return", "%": "'%'", "\\": "a backslash"}
+    what = names.get(bad, f"a control character ({bad!r})")
+    raise ConfigError(
+        f"run directory {run_dir!r}: contains {what}, which a Slurm batch script cannot "
+        "hold (#SBATCH lines end at a newline; Slurm reads '%' and '\\' in output paths "
+        "as patterns); run autohet from a directory whose path has none of these"
+    )
+
+
+def sbatch_word(text: str) -> str:
+    """``text`` as one argument of an ``#SBATCH`` line, read back whole by sbatch.
+
+    sbatch's reader (``_get_argument`` in src/sbatch/opt.c) splits at whitespace,
+    takes ``"`` and ``'`` as quotes (older releases: ``"`` only), a backslash as
+    "the next character as is", and an unquoted ``#`` as the start of a comment
+    (in older releases even a quoted one). So: plain text as is; anything else in
+    double quotes with ``"``, ``'``, ``#`` and ``\\`` backslashed, which every version
+    reads back the same. Newlines cannot be held at all (``check_run_dir``).
+    """
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    return '"' + re.sub(r"([\"'#\\])", r"\\\1", text) + '"'
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,7 +150,7 @@ def render(
 ) -> str:
     """The complete batch script (``autohet launch --backend slurm --dry-run`` prints it)."""
     comps = components(specs, cluster)
-    run = shlex.quote(run_dir)
+    run = shlex.quote(check_run_dir(run_dir))
     name = f"{plan.name}.v{plan.version}"
     lines = [
         "#!/bin/bash",
@@ -115,9 +163,10 @@ def render(
             f"{c.gpus_per_node} GPU(s) each)"
         )
     lines += [
-        f"# Submitted by `autohet launch` as: sbatch --parsable {run_dir}/{SCRIPT_NAME}",
+        "# Submitted by `autohet launch` as: sbatch --parsable "
+        + shlex.quote(f"{run_dir}/{SCRIPT_NAME}"),
         f"#SBATCH --job-name=autohet-{name}",
-        f"#SBATCH --output={run_dir}/slurm/batch-%j.out",
+        "#SBATCH " + sbatch_word(f"--output={run_dir}/slurm/batch-%j.out"),
     ]
     for c in comps:
         if c.index:

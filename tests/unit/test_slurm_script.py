@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -288,3 +289,137 @@ def test_an_unknown_backend_in_the_cluster_file_is_refused(tmp_path: Path) -> No
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"backend: 'kubernetes' is not a launch backend"):
         load_cluster(path)
+
+
+# ------------------------------------------------- run directories in the batch script
+
+
+def _sbatch_words(text: str) -> list[str]:
+    """The arguments sbatch reads from the rest of an ``#SBATCH`` line: a port of its own
+    reader (``_get_argument`` in Slurm's src/sbatch/opt.c): whitespace separates, ``"`` and
+    ``'`` quote, a backslash takes the next character as is, an unquoted ``#`` ends the line."""
+    words: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i >= n:
+            return words
+        word, quote, escaped = "", "", False
+        while i < n and (quote or not text[i].isspace()) and text[i] != "\n":
+            c = text[i]
+            i += 1
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+                continue
+            elif quote:
+                if c == quote:
+                    quote = ""
+                    continue
+            elif c in "\"'":
+                quote = c
+                continue
+            elif c == "#":
+                i = n
+                break
+            word += c
+        assert not quote, f"sbatch: unmatched {quote} in {text!r}"
+        if word:
+            words.append(word)
+
+
+def _slurm_request(tmp_path: Path, runs_root: Path) -> LaunchRequest:
+    plan = _plan(tmp_path, _cluster(tmp_path))
+    return LaunchRequest(
+        plan_file=plan, run_id="r1", job="J1", master_port=29411, runs_root=runs_root
+    )
+
+
+@pytest.mark.parametrize(
+    "dirname", ["my project", 'it\'s "q" $HOME `id` #x ;&|<>*?', "proj'; touch PWNED; '"]
+)
+def test_a_run_dir_with_spaces_quotes_and_dollars_stays_one_path(
+    tmp_path: Path, dirname: str
+) -> None:
+    """sbatch reads the output path whole, and bash runs the batch part in that directory
+    (srun faked: it records its arguments) without running anything the path spells."""
+    root = tmp_path / dirname / "runs"
+    script = dry_run(_slurm_request(tmp_path, root))
+    run = str((root / "lab.v1" / "r1").resolve())
+    directives = [ln[len("#SBATCH") :] for ln in script.splitlines() if ln.startswith("#SBATCH")]
+    outputs = [w for d in directives for w in _sbatch_words(d) if w.startswith("--output")]
+    assert outputs == [f"--output={run}/slurm/batch-%j.out"]
+    assert all(len(_sbatch_words(d)) == 1 for d in directives)
+    submitted = next(ln for ln in script.splitlines() if ln.startswith("# Submitted by"))
+    assert shlex.split(submitted.split(" as: ", 1)[1]) == [
+        "sbatch",
+        "--parsable",
+        f"{run}/job.sbatch",
+    ]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$SRUN_LOG"\n')
+    (bin_dir / "srun").chmod(0o755)
+    Path(run).mkdir(parents=True)
+    (Path(run) / "job.sbatch").write_text(script)
+    log = tmp_path / "srun.log"
+    res = subprocess.run(
+        ["bash", str(Path(run) / "job.sbatch")],
+        cwd=tmp_path,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SRUN_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (Path(run) / "slurm").is_dir() and (Path(run) / "exit").is_dir()
+    assert log.read_text().splitlines().count(f"{run}/job.sbatch") == 2  # one per component
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["bin", "cluster.yaml", "plans", "srun.log", dirname]
+    )
+
+
+@pytest.mark.parametrize(
+    ("dirname", "why"),
+    [
+        ("proj\ntouch PWNED #", "a newline"),
+        ("proj\rx", "a carriage return"),
+        ("tab\there", "a control character"),
+        ("100%done", "'%'"),
+        ("back\\slash", "a backslash"),
+    ],
+)
+def test_a_run_dir_no_batch_script_can_hold_is_refused_naming_it(
+    tmp_path: Path, dirname: str, why: str
+) -> None:
+    root = tmp_path / dirname / "runs"
+    with pytest.raises(ConfigError) as exc:
+        dry_run(_slurm_request(tmp_path, root))
+    message = str(exc.value)
+    assert why in message and repr(str(root.resolve() / "lab.v1" / "r1")) in message
+    assert "\n" not in message
+
+
+def test_the_cli_refuses_a_working_directory_with_a_newline_before_writing_anything(
+    tmp_path: Path,
+) -> None:
+    plan = _plan(tmp_path, _cluster(tmp_path))
+    cwd = tmp_path / "proj\ntouch PWNED #"
+    cwd.mkdir()
+    for extra in (["--dry-run"], []):
+        res = subprocess.run(
+            [sys.executable, "-m", "autohet_cli", "launch", str(plan), *extra, "--run-id", "r1"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            check=False,
+            timeout=60,
+        )
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr and "a newline" in res.stderr
+        assert list(cwd.iterdir()) == []  # no runs/ directory, no key, no script
+    assert not list(tmp_path.rglob("PWNED"))
