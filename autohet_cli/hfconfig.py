@@ -22,11 +22,14 @@ from pathlib import Path
 
 from autohet_cli.errors import ConfigError
 from autohet_cli.models import ModelSpec, RopeScaling
+from autohet_cli.regular_file import read_regular
 
 # Pretraining context of the families we read. Configs of long-context models
 # advertise 32k-128k positions reached by later fine-tuning; planning a
 # pretraining run at that length by default would mislead. --seq-len overrides.
 _MAX_DEFAULT_SEQ_LEN = 8192
+# A config.json holds a few dozen fields (~1-10 KB); the bound keeps /dev/zero out.
+_MAX_CONFIG_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,12 +414,14 @@ def load_hf_config(path: str) -> ModelSpec:
     field the family needs.
     """
     try:
-        raw: object = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
+        data = read_regular(path, _MAX_CONFIG_BYTES)  # a FIFO or /dev/zero: refused
+    except ConfigError as exc:
         raise ConfigError(
-            f"{path}: cannot read ({exc.strerror or exc}); pass the path of a "
-            "HuggingFace config.json or a zoo model name (see `autohet models list`)"
-        ) from exc
+            f"{exc}; pass the path of a HuggingFace config.json or a zoo model name "
+            "(see `autohet models list`)"
+        ) from None
+    try:
+        raw: object = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc}); is this a config.json?") from exc
     if not isinstance(raw, dict):

@@ -11,6 +11,8 @@ its bound is almost always a typo or an attack; the error says which field.
 
 from __future__ import annotations
 
+import math
+
 from autohet_cli.errors import ConfigError
 
 # Hosts carry 8 or 16 GPUs; the largest NVLink domain sold (NVL72) has 72.
@@ -52,6 +54,30 @@ MODEL_BOUNDS: dict[str, tuple[int, str]] = {
     "max_position_embeddings": (MAX_SEQ_LEN, _CONTEXT),
     "sliding_window": (MAX_SEQ_LEN, _CONTEXT),
 }
+
+# ModelSpec float field -> (least, most, what real models have); checked by ModelSpec.
+# A config.json may state anything: a rope_scaling.factor of 1e-300 planned fine and
+# trained to NaN. Each range is far wider than any published model's.
+MODEL_FLOAT_RANGES: dict[str, tuple[float, float, str]] = {
+    "norm_eps": (1e-20, 0.1, "published norm epsilons are 1e-12 to 1e-5"),
+    "rope_theta": (10.0, 1e12, "rotary bases are 10,000 to 10^7"),
+    "rope_scaling.factor": (1.0, 1024.0, "factors are 2 to 64; transformers warns below 1"),
+    "rope_scaling.low_freq_factor": (1e-3, 1e3, "LLaMA-3.1 uses 1"),
+    "rope_scaling.high_freq_factor": (1e-3, 1e3, "LLaMA-3.1 uses 4"),
+}
+
+
+def within(value: float, name: str, where: str) -> float:
+    """``value`` if finite and within ``MODEL_FLOAT_RANGES[name]``; else a ConfigError
+    naming ``where`` (the model) and ``name``."""
+    least, most, why = MODEL_FLOAT_RANGES[name]
+    if not math.isfinite(value):  # a config.json may say NaN or Infinity
+        raise ConfigError(f"{where}: {name}: expected a finite number, got {value}")
+    if not least <= value <= most:
+        raise ConfigError(
+            f"{where}: {name}: {value!r} is outside {least:g} to {most:g} ({why}); is it a typo?"
+        )
+    return value
 
 
 def at_most(value: int, bound: int, at: str, why: str) -> int:

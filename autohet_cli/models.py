@@ -17,12 +17,11 @@ divided by the TP degree.
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from autohet_cli.errors import ConfigError, UnknownNameError
-from autohet_cli.limits import MODEL_BOUNDS, at_most
+from autohet_cli.limits import MODEL_BOUNDS, at_most, within
 
 VOCAB_MULTIPLE = 128
 
@@ -72,14 +71,20 @@ class ModelSpec:
         from the zoo, a config.json or a plan, passes here (bounds: limits.py)."""
         for name, (bound, why) in MODEL_BOUNDS.items():
             at_most(getattr(self, name), bound, f"model {self.name!r}: {name}", why)
-        factor = self.rope_scaling.factor if self.rope_scaling is not None else 1.0
-        for name, value in (
-            ("norm_eps", self.norm_eps),
-            ("rope_theta", self.rope_theta),
-            ("rope_scaling.factor", factor),
-        ):
-            if not math.isfinite(value):  # a config.json may say NaN or Infinity
-                raise ConfigError(f"model {self.name!r}: {name}: expected a finite number")
+        values = {"norm_eps": self.norm_eps, "rope_theta": self.rope_theta}
+        r = self.rope_scaling
+        if r is not None:
+            values["rope_scaling.factor"] = r.factor
+            if r.kind == "llama3":
+                values["rope_scaling.low_freq_factor"] = r.low_freq_factor
+                values["rope_scaling.high_freq_factor"] = r.high_freq_factor
+        for name, value in values.items():
+            within(value, name, f"model {self.name!r}")
+        if r is not None and r.kind == "llama3" and r.high_freq_factor <= r.low_freq_factor:
+            raise ConfigError(  # LLaMA-3.1's smoothing divides by their difference
+                f"model {self.name!r}: rope_scaling.high_freq_factor ({r.high_freq_factor}) "
+                f"must exceed low_freq_factor ({r.low_freq_factor})"
+            )
 
     @property
     def head_dim(self) -> int:

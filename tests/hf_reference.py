@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from autohet_cli.models import ModelSpec
+    from autohet_cli.runtime.stage import StageModule
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -80,3 +84,76 @@ def save_random_model(family: str, directory: Path, *, max_shard_size: str = "5G
 def worst_relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
     """max |ours - theirs| / max |theirs|."""
     return float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+def dcp_checkpoint(
+    stage: torch.nn.Module, job_dir: Path, *, plan: str = "t.v1", plan_sha256: str = "0" * 64
+) -> Path:
+    """A step as the runtime writes it: DCP keyed by full names, a manifest signed with
+    the job key listing every file's sha256, COMPLETE last (docs/checkpoint-format.md)."""
+    from torch.distributed.checkpoint import FileSystemWriter, save
+
+    from autohet_cli.ckpt.files import sha256_file
+    from autohet_cli.ckpt.format import (
+        KEY_FILE,
+        Manifest,
+        ManifestFile,
+        new_key,
+        signed_manifest_text,
+    )
+
+    step_dir = job_dir / "step-00000003"
+    save({"model": stage.state_dict()}, storage_writer=FileSystemWriter(step_dir), no_dist=True)
+    job_dir.chmod(0o700)
+    key = new_key()
+    (job_dir / KEY_FILE).write_bytes(key)
+    (job_dir / KEY_FILE).chmod(0o600)
+    files = tuple(
+        ManifestFile(path=p.name, sha256=sha256_file(p), num_bytes=p.stat().st_size,
+                     host="localhost", rank=0)
+        for p in sorted(step_dir.iterdir())
+    )  # fmt: skip
+    manifest = Manifest(step=3, plan=plan, plan_sha256=plan_sha256, world_size=1, files=files)
+    (step_dir / "manifest.json").write_text(signed_manifest_text(manifest, key))
+    (step_dir / "COMPLETE").write_text("")
+    return step_dir
+
+
+def tiny_model(spec: ModelSpec | None = None) -> StageModule:
+    """A whole model of ``spec`` (default: the zoo's gpt-tiny), seeded."""
+    from autohet_cli.models import get_model
+    from autohet_cli.runtime.model_api import ModelRequest, local_layers
+    from autohet_cli.runtime.models import build
+    from autohet_cli.runtime.stage import StageModule, tie_parameters
+
+    spec = spec or get_model("gpt-tiny")
+    request = ModelRequest(
+        model_name=spec.name,
+        num_layers=spec.num_layers,
+        layer_start=0,
+        layer_end=spec.num_layers,
+        seed=0,
+        seq_len=16,
+        micro_batch_size=1,
+        architecture=spec,
+    )
+    parts = build(request)
+    stage = StageModule(local_layers(parts, request))
+    tie_parameters(stage, parts.tied)
+    return stage
+
+
+def hf_state(spec: ModelSpec | None = None) -> dict[str, torch.Tensor]:
+    """The model's weights under their HuggingFace names (as export writes them)."""
+    from autohet_cli.models import get_model
+    from autohet_cli.runtime.hf_export import Checkpoint, _assemble, hf_tensors
+
+    spec = spec or get_model("gpt-tiny")
+    ours = {n: p.detach() for n, p in tiny_model(spec).named_parameters(remove_duplicate=False)}
+    ckpt = Checkpoint(
+        step_dir=Path("."),
+        shapes={n: tuple(t.shape) for n, t in ours.items()},
+        dtypes={n: t.dtype for n, t in ours.items()},
+        plan_ref=None,
+    )
+    return {t.name: _assemble(t, ours, torch.float32) for t in hf_tensors(spec, ckpt)}

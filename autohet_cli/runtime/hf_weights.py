@@ -7,12 +7,17 @@ the rows and columns of its own parameters (its layers, its TP shard), so no ran
 ever holds the whole model; fused HF tensors (Phi-3's ``qkv_proj``, GPT-2's
 ``c_attn``) are sliced at the offsets the family's ``hf_sources`` gives, and
 vocabulary padding rows are zeroed.
+
+Before any tensor is read the directory's files and headers are checked
+(``hf_files``: regular files inside ``DIR`` only, bounded headers, every tensor the
+model reads floating point); each tensor is checked finite as it loads, so a
+quantized, damaged or NaN checkpoint stops the launch with its name instead of
+training on garbage.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,21 +26,23 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from autohet_cli.errors import AutohetError
 from autohet_cli.hfconfig import load_hf_config
 from autohet_cli.models import ModelSpec
+from autohet_cli.runtime.hf_files import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    HFWeightsError,
+    check_directory,
+    check_dtypes,
+    scan,
+)
 from autohet_cli.runtime.model_api import local_block
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+__all__ = ["INDEX_FILE", "SINGLE_FILE", "HFWeightsError", "load_hf_weights"]
 # Fields that may differ between the plan and the checkpoint's config.json.
 _FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
-
-
-class HFWeightsError(AutohetError):
-    """A HuggingFace model directory cannot be read into this plan's model."""
 
 
 def check_config(spec: ModelSpec, directory: Path) -> None:
@@ -58,19 +65,8 @@ class SafetensorsDir:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        if (directory / INDEX_FILE).is_file():
-            index = json.loads((directory / INDEX_FILE).read_text(encoding="utf-8"))
-            self.files: dict[str, str] = dict(index["weight_map"])
-        elif (directory / SINGLE_FILE).is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(directory / SINGLE_FILE), framework="pt") as f:
-                self.files = dict.fromkeys(f.keys(), SINGLE_FILE)
-        else:
-            raise HFWeightsError(
-                f"{directory}: no {SINGLE_FILE} or {INDEX_FILE} (only safetensors weights are "
-                "read; convert a pytorch_model.bin with transformers' save_pretrained)"
-            )
+        self.tensors = scan(directory)  # headers checked: safe to hand to safetensors
+        self.files = {name: e.file for name, e in self.tensors.items()}
         self._stack = ExitStack()
         self._open: dict[str, Any] = {}
 
@@ -142,10 +138,12 @@ def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -
     ``--init-from`` works with the built-in model families.
     """
     root = Path(directory)
+    check_directory(root)
     check_config(spec, root)
     sources = family_module(spec).hf_sources(spec)
     count = 0
     with SafetensorsDir(root) as files:
+        check_dtypes(root, files.tensors, {s.name for s in sources.values()})
         for name, param in named_tensors(module):
             src = sources.get(name)
             if src is None:
@@ -154,7 +152,40 @@ def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -
                     "with the built-in model families' layers"
                 )
             local, global_shape, offsets = local_block(param)
-            block = read_block(files, src, global_shape, offsets, tuple(local.shape))
-            local.copy_(block.to(local.dtype))
+            local.copy_(_finite(files, src.name, _read(files, src, global_shape, offsets, local)))
             count += 1
     return count
+
+
+def _read(
+    files: SafetensorsDir,
+    src: HFSource,
+    global_shape: tuple[int, ...],
+    offsets: tuple[int, ...],
+    local: Tensor,
+) -> Tensor:
+    """This rank's block of ``src``, in ``local``'s dtype; safetensors' errors named."""
+    from safetensors import SafetensorError
+
+    try:
+        block = read_block(files, src, global_shape, offsets, tuple(local.shape))
+    except (SafetensorError, OSError) as exc:
+        path = files.directory / files.files.get(src.name, "?")
+        raise HFWeightsError(
+            f"{path}: cannot read tensor {src.name!r}: {exc}; the file is damaged: "
+            "download or save it again"
+        ) from None
+    return block.to(local.dtype)
+
+
+def _finite(files: SafetensorsDir, name: str, value: Tensor) -> Tensor:
+    """``value`` if it holds no NaN or infinity: training from one is NaN from step 1."""
+    if bool(torch.isfinite(value).all()):
+        return value
+    path = files.directory / files.files[name]
+    stored = files.tensors[name].dtype
+    raise HFWeightsError(
+        f"{path}: tensor {name!r} holds NaN or infinite values (or {stored} values "
+        f"beyond {value.dtype}'s range); --init-from needs finite weights: repair or "
+        "re-export the checkpoint"
+    )

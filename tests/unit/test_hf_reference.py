@@ -23,7 +23,14 @@ from autohet_cli.runtime.hf_weights import HFWeightsError, load_hf_weights
 from autohet_cli.runtime.model_api import ModelRequest, local_layers
 from autohet_cli.runtime.models import build
 from autohet_cli.runtime.stage import StageModule, tie_parameters
-from tests.hf_reference import FAMILIES, SEQ_LEN, VOCAB, save_random_model, worst_relative
+from tests.hf_reference import (
+    FAMILIES,
+    SEQ_LEN,
+    VOCAB,
+    dcp_checkpoint,
+    save_random_model,
+    worst_relative,
+)
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -152,37 +159,6 @@ def _with_config(src: Path, tmp_path: Path, kv_heads: int) -> Path:
 # --- export ----------------------------------------------------------------------------
 
 
-def _dcp_checkpoint(stage: StageModule, job_dir: Path) -> Path:
-    """A step as the runtime writes it: DCP keyed by full names, a manifest signed with
-    the job key listing every file's sha256, COMPLETE last (docs/checkpoint-format.md)."""
-    from torch.distributed.checkpoint import FileSystemWriter, save
-
-    from autohet_cli.ckpt.files import sha256_file
-    from autohet_cli.ckpt.format import (
-        KEY_FILE,
-        Manifest,
-        ManifestFile,
-        new_key,
-        signed_manifest_text,
-    )
-
-    step_dir = job_dir / "step-00000003"
-    save({"model": stage.state_dict()}, storage_writer=FileSystemWriter(step_dir), no_dist=True)
-    job_dir.chmod(0o700)
-    key = new_key()
-    (job_dir / KEY_FILE).write_bytes(key)
-    (job_dir / KEY_FILE).chmod(0o600)
-    files = tuple(
-        ManifestFile(path=p.name, sha256=sha256_file(p), num_bytes=p.stat().st_size,
-                     host="localhost", rank=0)
-        for p in sorted(step_dir.iterdir())
-    )  # fmt: skip
-    manifest = Manifest(step=3, plan="t.v1", plan_sha256="0" * 64, world_size=1, files=files)
-    (step_dir / "manifest.json").write_text(signed_manifest_text(manifest, key))
-    (step_dir / "COMPLETE").write_text("")
-    return step_dir
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_export_loads_in_transformers_with_the_same_logits(
     family: str, saved: dict[str, tuple[Path, Any]], tmp_path: Path
@@ -195,7 +171,7 @@ def test_export_loads_in_transformers_with_the_same_logits(
     spec = load_hf_config(str(directory / "config.json"))
     ours = our_model(spec)
     load_hf_weights(ours, spec, directory)
-    step_dir = _dcp_checkpoint(ours, tmp_path / "job")
+    step_dir = dcp_checkpoint(ours, tmp_path / "job")
     shard = 30_000 if family in ("phi3", "gpt2") else 5 * 10**9
     files = export_hf(open_checkpoint(step_dir), spec, tmp_path / "hf", max_shard_bytes=shard)
     assert (len(files) > 2) == (shard < 10**6)  # config + one file, or several + index
@@ -215,7 +191,7 @@ def test_export_refuses_unfinished_or_unauthentic_checkpoints(
     with pytest.raises(ExportError, match="no COMPLETE marker"):
         open_checkpoint(tmp_path / "step-00000001")
     spec = load_hf_config(str(saved["llama"][0] / "config.json"))
-    step_dir = _dcp_checkpoint(our_model(spec), tmp_path / "job")
+    step_dir = dcp_checkpoint(our_model(spec), tmp_path / "job")
     with pytest.raises(ExportError, match="already exists"):
         export_hf(open_checkpoint(step_dir), spec, tmp_path)
     manifest = step_dir / "manifest.json"
