@@ -65,6 +65,7 @@ class Checkpoint:
     shapes: dict[str, tuple[int, ...]]  # our full name -> global shape
     dtypes: dict[str, torch.dtype]
     plan_ref: str | None  # "name.vN" of the plan that wrote it, from the manifest
+    plan_sha256: str | None = None  # of that plan file's bytes, from the manifest
 
 
 def open_checkpoint(step_dir: str | Path) -> Checkpoint:
@@ -108,7 +109,13 @@ def open_checkpoint(step_dir: str | Path) -> Checkpoint:
             ours = name.removeprefix(MODEL_PREFIX)
             shapes[ours] = tuple(meta.size)
             dtypes[ours] = meta.properties.dtype
-    return Checkpoint(step_dir=root, shapes=shapes, dtypes=dtypes, plan_ref=manifest.plan)
+    return Checkpoint(
+        step_dir=root,
+        shapes=shapes,
+        dtypes=dtypes,
+        plan_ref=manifest.plan,
+        plan_sha256=manifest.plan_sha256,
+    )
 
 
 def hf_tensors(spec: ModelSpec, ckpt: Checkpoint) -> list[HFTensor]:
@@ -178,16 +185,18 @@ def export_hf(
     from safetensors.torch import save_file
 
     out = Path(out_dir)
-    if out.exists():
-        raise ExportError(f"{out}: already exists; export never overwrites, name a new directory")
+    _refuse_existing(out)
     stored = ckpt.dtypes[next(iter(ckpt.dtypes))]
     name = dtype or next((k for k, v in DTYPES.items() if v == stored), "float32")
     if name not in DTYPES:
         raise ExportError(f"dtype {name!r}: choose one of {', '.join(DTYPES)}")
     tensors = hf_tensors(spec, ckpt)
     groups = consecutive_groups(tensors, max_shard_bytes, DTYPES[name].itemsize)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise ExportError(f"{out.parent}: cannot create the output there: {exc.strerror}") from None
     try:
         weight_map, written = {}, []
         for file, group in _files(groups):
@@ -204,11 +213,29 @@ def export_hf(
         config = to_hf_config(spec, torch_dtype=name)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         os.chmod(tmp, 0o755)
+        _refuse_existing(out)  # made while we wrote: an empty directory would be replaced
         tmp.rename(out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ExportError(
+            f"{out}: export failed: {exc.strerror or exc}{where}; nothing was written"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [out / "config.json", *written]
+
+
+def _refuse_existing(out: Path) -> None:
+    """Export never overwrites, nor writes through a symlink (even a dangling one)."""
+    if out.is_symlink():
+        raise ExportError(
+            f"{out}: is a symlink (to {os.readlink(out)}); export never writes through one, "
+            "name a new directory"
+        )
+    if os.path.lexists(out):
+        raise ExportError(f"{out}: already exists; export never overwrites, name a new directory")
 
 
 def spec_for(ckpt: Checkpoint, plan_file: str | Path | None) -> ModelSpec:
@@ -224,8 +251,27 @@ def spec_for(ckpt: Checkpoint, plan_file: str | Path | None) -> ModelSpec:
             f"{ckpt.step_dir}: cannot find the plan that wrote it "
             f"({ckpt.plan_ref or 'unknown'}; looked for {path}); pass --plan PLAN_FILE"
         )
+    _check_provenance(ckpt, path)
     plan = load_plan(path)
     return plan.architecture or get_model(plan.model_name)
+
+
+def _check_provenance(ckpt: Checkpoint, path: Path) -> None:
+    """``path`` is the plan whose sha256 the manifest records: another plan of the same
+    name (another model in plans/, an edited copy) would describe other shapes or heads,
+    and config.json would say 8 heads for a 4-head checkpoint."""
+    from autohet_cli.yamlio import sha256_file
+
+    if ckpt.plan_sha256 is None:
+        return
+    have = sha256_file(path)
+    if have != ckpt.plan_sha256:
+        raise ExportError(
+            f"{ckpt.step_dir} was written under plan {ckpt.plan_ref} with sha256 "
+            f"{ckpt.plan_sha256[:12]}…, but {path} has sha256 {have[:12]}… (another plan, or "
+            f"an edited copy, whose model may differ); pass --plan with the plan file the job "
+            f"ran with ({ckpt.plan_ref}.yaml as launch or recover wrote it)"
+        )
 
 
 def parse_size(text: str) -> int:
