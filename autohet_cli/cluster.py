@@ -20,7 +20,7 @@ from autohet_cli.catalog import GpuSpec
 from autohet_cli.errors import ConfigError, UnknownNameError
 from autohet_cli.gputypes import gpu_types_to_dict, parse_gpu_types, resolve_gpu_type, spec_of
 from autohet_cli.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_HOST, at_most
-from autohet_cli.names import check_host_name, check_remote_dir
+from autohet_cli.names import check_address, check_host_name, check_remote_dir
 from autohet_cli.preemption import CheckSpec, check_from_dict
 from autohet_cli.slurm.settings import SlurmSettings, backend_from, settings_from_dict
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml, read_text
@@ -32,6 +32,8 @@ SCHEMA = "autohet.cluster/v1"
 DEFAULT_CHECKPOINT_DIR = "~/autohet/checkpoints"
 PREEMPTION_KEY = "preemption_check"
 _DEFAULT_KEYS = ("user", "port", "identity_file", "python", "workdir")
+# Addresses that mean "this machine": such a host runs its commands here, without SSH.
+LOCAL_ADDRESSES = ("localhost", "local")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +57,7 @@ class Host:
 
     @property
     def is_local(self) -> bool:
-        return self.address in ("localhost", "local")
+        return self.address in LOCAL_ADDRESSES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,7 +328,7 @@ def _host(
         check = None
     return Host(
         name=name,
-        address=get(h, "address", str, at, name),
+        address=check_address(get(h, "address", str, at, name), f"{at}.address"),
         gpu_type=gpu_type,
         num_gpus=count,
         gpu_mem_bytes=int(_positive(mem_gb, f"{at}.gpus.mem_gb") * catalog.GIB)

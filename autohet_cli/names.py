@@ -3,7 +3,10 @@
 Host names become file and directory names (``<run>/<host>.log``, per-host
 checkpoint folders) and arguments of commands run on hosts, so a name with
 ``/`` or a leading ``.`` would escape its folder and one with a leading ``-``
-would be read as an option. Directories on hosts are created with ``mkdir``
+would be read as an option. An address is what ssh,
+the rendezvous and the recovery transfers connect to: one starting with ``-``
+(``-oProxyCommand=...``) would be an option of ssh, one with a space or ``;`` a
+second word or command. Directories on hosts are created with ``mkdir``
 in the login shell of the training user: a relative path lands wherever that
 shell starts, and ``~user`` (or a quoted ``~``) is not what the file says.
 """
@@ -19,6 +22,9 @@ from autohet_cli.errors import ConfigError
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Host names end up in file names (255 bytes on Linux) with a suffix.
 MAX_HOST_NAME = 128
+# A DNS name or an IP address: IPv4, IPv6 (colons, and a %zone for link-local ones).
+_ADDRESS = re.compile(r"[A-Za-z0-9:][A-Za-z0-9._:%-]*")
+MAX_ADDRESS = 253  # the longest DNS name
 
 
 def check_host_name(name: str, at: str) -> str:
@@ -29,6 +35,19 @@ def check_host_name(name: str, at: str) -> str:
             f"'-', starting with a letter or digit (at most {MAX_HOST_NAME} characters)"
         )
     return name
+
+
+def check_address(address: str, at: str) -> str:
+    """``address`` if it is a host name or an IP address; otherwise a ConfigError
+    naming ``at`` (a cluster file's ``address``, Slurm's ``NodeAddr``)."""
+    if len(address) > MAX_ADDRESS or not _ADDRESS.fullmatch(address):
+        shown = address if len(address) <= 80 else address[:77] + "..."
+        raise ConfigError(
+            f"{at}: {shown!r} is not a host name or an IP address; use letters, digits, "
+            "'.', '_', '-' and ':' (IPv6), starting with a letter, digit or ':' "
+            "(ssh would take a leading '-' as an option)"
+        )
+    return address
 
 
 def check_remote_dir(path: str, at: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -67,7 +68,12 @@ def import_(
         mapping[key] = value
     argv = ["scontrol", "show", "node", "-o"] + ([nodes] if nodes else [])
     result = import_nodes(
-        ctl.run(argv), name=name, partition=partition, gpu_types=mapping, cpu_devices=cpu_devices
+        ctl.run(argv),
+        name=name,
+        partition=partition,
+        gpu_types=mapping,
+        cpu_devices=cpu_devices,
+        this_host=socket.gethostname(),
     )
     write_new(out, yaml.safe_dump(result.doc, sort_keys=False))
     hosts = result.doc["hosts"]

@@ -50,15 +50,18 @@ def run(argv: Sequence[str], *, timeout_s: float = TIMEOUT_S) -> str:
             "Slurm's client commands, Debian: slurm-client)"
         )
     try:
-        res = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        res = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{' '.join(argv)}: no answer in {timeout_s:.0f} s") from None
+    # Bytes that are not UTF-8 (a Reason or Comment typed in Latin-1) become U+FFFD
+    # instead of a UnicodeDecodeError: every field autohet uses is checked afterwards
+    # (names, addresses, states), and a replaced byte fails those checks by name.
+    out = res.stdout.decode("utf-8", errors="replace")
     if res.returncode != 0:
-        msg = res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}"
+        err = res.stderr.decode("utf-8", errors="replace").strip()
+        msg = err or out.strip() or f"exit code {res.returncode}"
         raise SlurmError(f"{' '.join(argv)}: {msg}")
-    return res.stdout
+    return out
 
 
 def submit(script_path: str) -> str:

@@ -10,19 +10,39 @@ without GPUs are left out, or taken as ``cpu`` hosts with ``cpu_devices``
 workers each (CPU-only test clusters). The result goes through the cluster
 schema before anyone writes it, so an import never produces a file that
 ``autohet plan`` would refuse.
+
+``NodeAddr`` is what slurmctld connects to, written by an administrator (or a
+node registering itself), and autohet hands it to ssh: it must be a host name
+or an IP address (``names.check_address``), or ``-oProxyCommand=...`` would be
+an ssh option. An address that means "this machine" depends on whose machine:
+
+* ``localhost`` (or ``local``) makes a host *local*: its commands run here,
+  without SSH, and its checkpoints are read from this machine's disks. To
+  slurmctld it means the controller's own machine, which is not where
+  ``cluster import`` runs unless this is that node (a one-machine Slurm). So it
+  is taken only when the node's name (or NodeHostName) is this machine's, and
+  refused otherwise: a login node would silently stand in for the GPU node.
+* a loopback IP (``127.x``, ``::1``) stays an SSH address that reaches this
+  machine; right for test clusters whose node daemons all run here, so it is
+  kept, with a note saying so.
+
+``scontrol`` output is decoded with undecodable bytes replaced (``ctl.run``):
+such a byte in a field autohet uses (a node name, an address) is refused by
+name; anywhere else (a Reason typed in Latin-1) it does no harm.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autohet_cli.cluster import SCHEMA, cluster_from_dict
+from autohet_cli.cluster import LOCAL_ADDRESSES, SCHEMA, cluster_from_dict
 from autohet_cli.errors import ConfigError, UnknownNameError
 from autohet_cli.gputypes import resolve_gpu_type
-from autohet_cli.names import check_host_name
+from autohet_cli.names import check_address, check_host_name
 from autohet_cli.slurm.ctl import parse_fields
 
 _GRES = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
@@ -53,8 +73,12 @@ def import_nodes(
     partition: str | None = None,
     gpu_types: Mapping[str, str] | None = None,
     cpu_devices: int = 0,
+    this_host: str | None = None,
 ) -> Imported:
-    """The cluster file for the nodes of ``text`` (``scontrol show node -o``)."""
+    """The cluster file for the nodes of ``text`` (``scontrol show node -o``).
+
+    ``this_host``: this machine's host name (``socket.gethostname()``), which a node
+    whose NodeAddr is ``localhost`` must have; None (unknown) refuses such nodes."""
     given = dict(gpu_types or {})
     hosts: list[dict[str, Any]] = []
     gres_of: dict[str, str | None] = {}  # GPU type -> GRES type to request
@@ -68,12 +92,13 @@ def import_nodes(
         parts = [p.rstrip("*") for p in f.get("Partitions", "").split(",") if p]
         if partition is not None and partition not in parts:
             continue
+        _check_utf8(node, "NodeName", node)
         check_host_name(node, f"scontrol show node: NodeName {node!r}")
         state = f.get("State", "")
         if any(s in state for s in _UNUSABLE):
             notes.append(f"{node}: state {state}; imported, but Slurm will not start jobs on it")
         gres = gpu_gres(f.get("Gres", ""))
-        address = f.get("NodeAddr") or node
+        address = node_address(f, this_host, notes)
         if len(gres) > 1:
             notes.append(
                 f"{node}: several GPU types ({f.get('Gres')}); imported with the first, "
@@ -134,6 +159,46 @@ def import_nodes(
     }
     cluster_from_dict(doc, "the imported cluster")  # the schema's own checks
     return Imported(doc=doc, notes=tuple(dict.fromkeys(notes)))
+
+
+def node_address(f: Mapping[str, str], this_host: str | None, notes: list[str]) -> str:
+    """The address of a node's ``scontrol`` fields, checked (see the module's notes)."""
+    node = f["NodeName"]
+    address = f.get("NodeAddr") or node
+    _check_utf8(address, "NodeAddr", node)
+    check_address(address, f"scontrol show node: node {node}: NodeAddr")
+    if address.lower() in LOCAL_ADDRESSES:
+        names = {n.lower() for n in (node, f.get("NodeHostName", "")) if n}
+        mine = {this_host.lower(), this_host.lower().split(".")[0]} if this_host else set()
+        if not names & mine:
+            raise ConfigError(
+                f"scontrol show node: node {node}: NodeAddr {address!r} would make it this "
+                f"machine ({this_host or 'unknown'}), where autohet runs commands without SSH; "
+                f"slurmctld means its own machine by it. Run `autohet cluster import` on "
+                f"{node}, or write {node}'s real address into the file by hand"
+            )
+        notes.append(f"{node}: NodeAddr {address}: taken as this machine (no SSH)")
+    elif _is_loopback(address):
+        notes.append(
+            f"{node}: NodeAddr {address} is a loopback address: autohet reaches it over SSH "
+            "on this machine, which is right only where the node runs here"
+        )
+    return address
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_utf8(value: str, key: str, node: str) -> None:
+    if "\ufffd" in value:
+        raise ConfigError(
+            f"scontrol show node: {key} {value!r} (node {node!r}) is not UTF-8 text "
+            "(\ufffd marks the bytes that are not); name the node in UTF-8 in slurm.conf"
+        )
 
 
 def _host(node: str, address: str, gpu_type: str, count: int) -> dict[str, Any]:

@@ -487,3 +487,24 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     assert back.remote_storage == "s3://bucket/ckpt"
     assert back.host("b").gpu_mem_bytes == int(15.5 * catalog.GIB)
     assert back.host("a").port == 2200 and back.host("a").user == "alice"
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["-oProxyCommand=touch /tmp/x", "a b", "a;b", "$(id)", "a`id`", "h\nx", "", "x" * 300],
+)
+def test_an_address_that_is_no_host_name_or_ip_is_refused(tmp_path: Path, address: str) -> None:
+    """ssh would take a leading '-' as an option (ProxyCommand runs a command)."""
+    d = _base()
+    d["hosts"][0]["address"] = address
+    msg = _error(tmp_path, d)
+    assert "hosts[0].address" in msg and "host name or an IP address" in msg
+
+
+@pytest.mark.parametrize(
+    "address", ["10.0.0.1", "gpu-01.lab.example.org", "::1", "fe80::1%eth0", "2001:db8::2", "h_1"]
+)
+def test_host_names_and_ip_addresses_are_addresses(tmp_path: Path, address: str) -> None:
+    d = _base()
+    d["hosts"][0]["address"] = address
+    assert load_cluster(_write(tmp_path, d)).hosts[0].address == address

@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from autohet_cli.cluster import cluster_from_dict
 from autohet_cli.errors import ConfigError
 from autohet_cli.slurm.ctl import is_down, parse_fields, parse_scontrol_jobs
 from autohet_cli.slurm.importer import gpu_gres, import_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _node(
@@ -139,3 +145,66 @@ def test_values_with_spaces_stay_whole() -> None:
 )
 def test_node_down_states(state: str, down: bool) -> None:
     assert is_down(state) is down
+
+
+@pytest.mark.parametrize(
+    "addr", ["-oProxyCommand=touch /tmp/PWNED", "n1;id", "$(id)", "-p2222", "a`id`b"]
+)
+def test_a_node_address_that_is_no_host_name_or_ip_is_refused(addr: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        import_nodes(_node("n1", addr, "gpu:a100:4"), name="t")
+    message = str(exc.value)
+    assert "NodeAddr" in message and "n1" in message and "host name or an IP address" in message
+
+
+@pytest.mark.parametrize("addr", ["localhost", "local", "LocalHost"])
+def test_a_localhost_node_address_is_refused_unless_the_node_is_this_machine(addr: str) -> None:
+    """``localhost`` makes a host local (run here, without SSH): right only on that node."""
+    with pytest.raises(ConfigError, match=r"n1.*NodeAddr.*this machine \(login-1\)"):
+        import_nodes(_node("n1", addr, "gpu:a100:4"), name="t", this_host="login-1")
+    with pytest.raises(ConfigError, match=r"n1.*NodeAddr"):
+        import_nodes(_node("n1", addr, "gpu:a100:4"), name="t")  # this machine unknown
+    got = import_nodes(_node("n1", addr, "gpu:a100:4"), name="t", this_host="n1.lab.org")
+    assert got.doc["hosts"][0]["address"] == addr
+    assert any("n1: NodeAddr" in n and "this machine" in n for n in got.notes)
+
+
+def test_a_loopback_node_address_is_noted() -> None:
+    got = import_nodes(_node("sn1", "127.0.0.2", "gpu:a100:1"), name="t", this_host="ctl")
+    assert got.doc["hosts"][0]["address"] == "127.0.0.2"
+    assert any("sn1: NodeAddr 127.0.0.2 is a loopback address" in n for n in got.notes)
+
+
+def _fake_scontrol(tmp_path: Path, output: bytes) -> dict[str, str]:
+    """A directory on PATH whose ``scontrol`` prints ``output`` (bytes as they are)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "out").write_bytes(output)
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\ncat '{bin_dir / 'out'}'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+
+
+def _import(tmp_path: Path, output: bytes) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autohet_cli", "cluster", "import", "--slurm", "--out", "c.yaml"],
+        cwd=tmp_path,
+        env=_fake_scontrol(tmp_path, output),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_non_utf8_bytes_in_scontrol_output_are_no_traceback(tmp_path: Path) -> None:
+    """A Reason typed in Latin-1 is read (the fields autohet uses are checked); a node
+    name that is not UTF-8 is refused by name, with no traceback."""
+    reason = _node("a100-01", "10.1.0.1", "gpu:a100:4").encode() + b" Comment=caf\xe9\n"
+    res = _import(tmp_path, reason)
+    assert res.returncode == 0, res.stderr
+    assert "a100-01 (10.1.0.1): 4 x A100-40" in res.stdout
+    bad = _node("gpu\xff", "10.1.0.1", "gpu:a100:4").encode("latin-1") + b"\n"
+    res = _import(tmp_path / "bin", bad)  # another folder: c.yaml is there
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "NodeName" in res.stderr and "not UTF-8" in res.stderr
