@@ -127,7 +127,7 @@ def _open_tunnel(
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise HostUnreachable(
             f"host {where(nxt, of)}: {via.label} could not open a connection to "
-            f"{nxt.hostname}:{nxt.port} for us ({_reason(exc)}); is sshd running there, and "
+            f"{nxt.hostname}:{nxt.port} for us ({reason(exc)}); is sshd running there, and "
             "does the jump host allow TCP forwarding?",
             host=of.name,
         ) from exc
@@ -160,8 +160,8 @@ def classify(
         agent = " and ssh-agent keys" if options.allow_agent else ""
         return AuthError(
             f"{here}: authentication failed for user {hop.user!r}: the server refused "
-            f"{keys}{agent} ({exc}). Check the user and that the public key is in the host's "
-            "~/.ssh/authorized_keys",
+            f"{keys}{agent} ({reason(exc)}). Check the user and that the public key is in "
+            "the host's ~/.ssh/authorized_keys",
             host=name,
         )
     if isinstance(exc, socket.gaierror):
@@ -177,7 +177,7 @@ def classify(
                 "(host down or restarted, wrong port?)",
                 host=name,
             )
-        return HostUnreachable(f"{here}: cannot reach {addr}: {exc}", host=name)
+        return HostUnreachable(f"{here}: cannot reach {addr}: {reason(exc)}", host=name)
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return ConnectTimeout(f"{here}: connection to {addr} timed out after {t:g} s", host=name)
     if isinstance(exc, paramiko.SSHException) and _handshake_stalled(str(exc)):
@@ -192,14 +192,14 @@ def classify(
         )
     if isinstance(exc, (EOFError, ConnectionError)):
         return HostUnreachable(
-            f"{here}: {addr} closed the connection during the SSH handshake ({_reason(exc)})",
+            f"{here}: {addr} closed the connection during the SSH handshake ({reason(exc)})",
             host=name,
         )
     if isinstance(exc, OSError):
-        return HostUnreachable(f"{here}: cannot connect to {addr}: {_reason(exc)}", host=name)
+        return HostUnreachable(f"{here}: cannot connect to {addr}: {reason(exc)}", host=name)
     if isinstance(exc, paramiko.SSHException):
-        return TransportError(f"{here}: SSH error: {exc}", host=name)
-    return TransportError(f"{here}: {type(exc).__name__}: {exc}", host=name)
+        return TransportError(f"{here}: SSH error: {reason(exc)}", host=name)
+    return TransportError(f"{here}: {type(exc).__name__}: {reason(exc)}", host=name)
 
 
 def _handshake_stalled(message: str) -> bool:
@@ -211,10 +211,16 @@ def _handshake_stalled(message: str) -> bool:
     )
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
+    """The cause in words, never empty: paramiko raises a bare ``EOFError()`` when the
+    server closes the connection, and some ``SSHException``s carry no text."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    return str(exc) or type(exc).__name__
+    if str(exc):
+        return str(exc)
+    if isinstance(exc, EOFError):
+        return "EOFError: the connection was closed (sshd stopped, or the host went down?)"
+    return f"{type(exc).__name__} (no message)"
 
 
 def _is_file(path: str) -> bool:

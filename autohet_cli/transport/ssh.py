@@ -19,7 +19,7 @@ import paramiko
 from autohet_cli.cluster import Host
 from autohet_cli.errors import HostUnreachable, SessionsExhausted, TransportError
 from autohet_cli.transport.base import ProcessHandle, Runner
-from autohet_cli.transport.connect import Connection, open_connection
+from autohet_cli.transport.connect import Connection, open_connection, reason
 from autohet_cli.transport.lines import LineCallback, ReadsLines, strip_newline
 from autohet_cli.transport.local import atomic_target, not_a_file
 from autohet_cli.transport.quoting import parse_pid_line, remote_command, sftp_path
@@ -168,19 +168,21 @@ class SshRunner(Runner):
                 self._conn = open_connection(self.target, self.options)
             return self._conn.transport
 
-    def _session(self, transport: paramiko.Transport | None = None) -> paramiko.Channel:
+    def _session(self, doing: str, transport: paramiko.Transport | None = None) -> paramiko.Channel:
+        """A session channel; ``doing`` ("to run ...") goes into any error."""
         try:
             t = transport or self._transport()
             return t.open_session(timeout=self.options.connect_timeout_s)
         except paramiko.ChannelException as exc:
             raise SessionsExhausted(
-                f"host {self.target.label}: the server refused another session ({exc}); "
-                "sshd allows MaxSessions (default 10) open sessions per connection",
+                f"host {self.target.label}: the server refused another session {doing} "
+                f"({reason(exc)}); sshd allows MaxSessions (default 10) open sessions per "
+                "connection",
                 host=self.host_name,
             ) from exc
         except _SESSION_ERRORS as exc:
             raise HostUnreachable(
-                f"host {self.target.label}: cannot open an SSH session: {exc}",
+                f"host {self.target.label}: cannot open an SSH session {doing}: {reason(exc)}",
                 host=self.host_name,
             ) from exc
 
@@ -193,13 +195,14 @@ class SshRunner(Runner):
         on_line: LineCallback | None = None,
     ) -> SshProcess:
         command = remote_command(argv, env=env, cwd=cwd, announce_pid=True)
-        chan = self._session()
+        chan = self._session(f"to run {_brief(argv)}")
         try:
             return SshProcess(self, chan, argv, command=command, on_line=on_line)
         except _SESSION_ERRORS as exc:
             chan.close()
             raise HostUnreachable(
-                f"host {self.target.label}: cannot start {argv[0]!r}: {exc}", host=self.host_name
+                f"host {self.target.label}: cannot start {_brief(argv)}: {reason(exc)}",
+                host=self.host_name,
             ) from exc
 
     def exec_quick(self, command: str) -> int:
@@ -208,12 +211,13 @@ class SshRunner(Runner):
         If this connection has no session left (sshd's MaxSessions), a second
         connection is opened for it, so a kill always gets through.
         """
+        doing = f"to run {_brief([command])}"
         try:
-            return self._exec_wait(self._session(), command)
+            return self._exec_wait(self._session(doing), command)
         except SessionsExhausted:
             conn = open_connection(self.target, self.options)
             try:
-                return self._exec_wait(self._session(conn.transport), command)
+                return self._exec_wait(self._session(doing, conn.transport), command)
             finally:
                 conn.close()
 
@@ -223,12 +227,16 @@ class SshRunner(Runner):
             chan.exec_command(command)
             if not chan.status_event.wait(timeout_s):
                 raise HostUnreachable(
-                    f"host {self.target.label}: no answer within {timeout_s:g} s",
+                    f"host {self.target.label}: no answer within {timeout_s:g} s to "
+                    f"{_brief([command])}",
                     host=self.host_name,
                 )
             return chan.exit_status
         except _SESSION_ERRORS as exc:
-            raise HostUnreachable(f"host {self.target.label}: {exc}", host=self.host_name) from exc
+            raise HostUnreachable(
+                f"host {self.target.label}: running {_brief([command])} failed: {reason(exc)}",
+                host=self.host_name,
+            ) from exc
         finally:
             chan.close()
 
@@ -241,7 +249,7 @@ class SshRunner(Runner):
             posixpath.dirname(dst), f".{posixpath.basename(dst)}.{uuid.uuid4().hex[:8]}.tmp"
         )
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(f"to write {remote}")
             try:
                 _makedirs(sftp, posixpath.dirname(dst))
                 sftp.put(str(src), tmp)
@@ -253,7 +261,7 @@ class SshRunner(Runner):
 
     def get(self, remote: str, local: str | Path) -> None:
         with self._sftp_lock:
-            sftp = self._sftp_client()
+            sftp = self._sftp_client(f"to read {remote}")
             try:
                 with atomic_target(Path(local).expanduser()) as tmp:
                     sftp.get(sftp_path(remote), str(tmp))
@@ -268,25 +276,34 @@ class SshRunner(Runner):
             self._conn = None
             self._sftp = None
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def _sftp_client(self, doing: str) -> paramiko.SFTPClient:
         transport = self._transport()
         if self._sftp is None or self._sftp.get_channel() is None or not transport.is_active():
             try:
                 self._sftp = paramiko.SFTPClient.from_transport(transport)
             except _SESSION_ERRORS as exc:
                 raise HostUnreachable(
-                    f"host {self.target.label}: cannot start SFTP: {exc}", host=self.host_name
+                    f"host {self.target.label}: cannot start SFTP {doing}: {reason(exc)}",
+                    host=self.host_name,
                 ) from exc
             if self._sftp is None:
-                raise TransportError(f"host {self.target.label}: SFTP refused", host=self.host_name)
+                raise TransportError(
+                    f"host {self.target.label}: the server refused SFTP {doing} (is its sftp "
+                    "subsystem enabled?)",
+                    host=self.host_name,
+                )
         return self._sftp
 
     def _file_error(self, what: str, path: str, exc: BaseException) -> TransportError:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return TransportError(
-            f"host {self.host_name}: {what} {path}: {reason or type(exc).__name__}",
-            host=self.host_name,
+            f"host {self.host_name}: {what} {path}: {reason(exc)}", host=self.host_name
         )
+
+
+def _brief(argv: Sequence[str], limit: int = 100) -> str:
+    """A command as errors quote it: enough to recognise, never a whole script."""
+    text = " ".join(argv)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
