@@ -26,6 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.recovery import copies
 from autohet_cli.recovery import executor as rx
 from autohet_cli.recovery.manifest import Manifest, ManifestFile
 from autohet_cli.recovery.transfer import plan_transfers
@@ -151,7 +152,7 @@ def _run(root: Path, farm: SshdFarm) -> None:
                         lost=(hosts[2].name,),
                     )
                 start = time.perf_counter()
-                rx.execute_transfers(tp, conn, lambda _m: None)
+                copies.execute_transfers(tp, conn, lambda _m: None)
                 times.append(time.perf_counter() - start)
             results[label] = (statistics.median(times), tp.bytes_from_peers, tp.bytes_from_remote)
     finally:

@@ -18,7 +18,9 @@ EPILOG = (
     "  autohet recover plans/lab.v1.yaml --lost v100-1 --dry-run\n\n"
     "  autohet recover plans/lab.v1.yaml --step 40 --steps 500 --json\n\n"
     "Only a host that does not answer counts as lost; a host that refuses us (host "
-    "key, authentication, permissions) stops recovery with that message.\n"
+    "key, authentication, permissions) stops recovery with that message. One recover "
+    "of a job runs at a time: a lock in the job's directory on the hosts names the "
+    "one running.\n"
 )
 
 
@@ -89,6 +91,14 @@ def recover(
         bool, typer.Option("--accept-new-host-keys", help="Trust host keys seen first now.")
     ] = False,
     known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file.")] = None,
+    break_lock: Annotated[
+        bool,
+        typer.Option(
+            "--break-lock",
+            help="Break the recover lock another machine's recover left on the hosts, "
+            "once it is 5 min old (only when that recover is no longer running).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """After a preemption: replan on the survivors, copy shards peer to peer, resume.
@@ -127,6 +137,7 @@ def recover(
         master_port=master_port,
         backend=backend,
         connect=ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys),
+        break_lock=break_lock,
     )
     result = session.recover(req, say)
     if dry_run or as_json:

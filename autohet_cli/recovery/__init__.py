@@ -1,6 +1,8 @@
 """Recovery after a lost host: checkpoint choice, replan, shard transfers, report.
 
-Pure modules (no torch, paramiko or subprocess; the executor lives beside them):
+Pure modules (no torch, paramiko or subprocess; the effects live beside them:
+``executor`` probes and reads, ``copies`` moves shards, ``hostlock`` keeps one
+recover per job, ``pins`` keeps the copied step from being pruned):
 
 - ``manifest``  read and validate ``manifest.json`` (``autohet.checkpoint/v1``),
   checkpoint paths, and the newest complete checkpoint from per-host listings

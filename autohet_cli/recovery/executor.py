@@ -1,12 +1,8 @@
-"""`autohet recover`, the effects: probe hosts, read checkpoints, copy shards.
+"""`autohet recover`, the effects: probe hosts, read checkpoints and manifests.
 
 The decisions are pure (manifest.py, replan.py, transfer.py); this module only
-looks at hosts and moves bytes. Peer copies go host to host over a one-shot
-TCP stream (direct.py) and are relayed through the controller only when the
-hosts cannot reach each other; remote storage is read through fsspec. Every
-copy is verified by sha256 on the destination; a failed or corrupt copy falls
-back to the next source. Re-running after an interruption re-reads what is
-present and copies only what is still missing or wrong.
+looks at hosts. Moving the shards is copies.py; one recover per job at a time is
+hostlock.py.
 
 Only a host that cannot be reached counts as lost. A host that answers but
 refuses us (changed host key, rejected key, unreadable checkpoint directory)
@@ -18,13 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 
 from autohet_cli.ckpt.format import (
-    COMPLETE,
-    KEY_FILE,
     MANIFEST,
     Manifest,
     belongs_to,
@@ -36,10 +28,8 @@ from autohet_cli.errors import AutohetError, CommandTimeout, HostUnreachable
 from autohet_cli.inputs import load_inputs, tables_for
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Plan
-from autohet_cli.recovery.direct import direct_copy
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.manifest import remote_root
-from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
 
@@ -99,8 +89,11 @@ def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: 
     if len(lost) == len(plan.hosts()):
         reasons = "; ".join(f"{n}: {results[n]}" for n in unreachable) or "all named by --lost"
         raise RecoveryError(
-            f"no host of plan {plan.name}.v{plan.version} survives ({reasons}); "
-            "recover needs at least one reachable host (add new hosts to the cluster file)"
+            f"no host of plan {plan.name}.v{plan.version} survives ({reasons}). Recover "
+            "moves a job to the plan's surviving hosts and needs one: the job's key and its "
+            "checkpoints are on them (a host only in the cluster file has neither). Once "
+            "the hosts answer again (or if only the workers had stopped), resume the job "
+            "where it was with: autohet launch PLAN --resume"
         )
     running = running_workers(plan, [h for h in plan.hosts() if h not in lost], pool)
     if running:
@@ -281,129 +274,6 @@ def hashes_present(
 
     results = fan_out([pool.host(n) for n in names], hashes)
     return {n: r for n, r in results.items() if not isinstance(r, Exception)}
-
-
-def execute_transfers(tp: TransferPlan, pool: HostPool, say: Say) -> tuple[int, int]:
-    """Copy every item (sources in order, sha256 verified); bytes from peers, from remote."""
-    by_dest: dict[str, list[TransferItem]] = {}
-    for item in tp.items:
-        by_dest.setdefault(item.dest_host, []).append(item)
-
-    def copy_all(host: Host) -> tuple[int, int]:
-        peers = remote = 0
-        for item in by_dest[host.name]:
-            kind = _copy_one(item, pool, say, tp.plan_name)
-            if kind == "remote":
-                remote += item.num_bytes
-            else:
-                peers += item.num_bytes
-        return peers, remote
-
-    results = fan_out([pool.host(h) for h in by_dest], copy_all)
-    failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
-    if failed:
-        raise RecoveryError("transfer failed: " + "; ".join(f"{h}: {e}" for h, e in failed.items()))
-    totals = [r for r in results.values() if not isinstance(r, Exception)]
-    return sum(p for p, _ in totals), sum(r for _, r in totals)
-
-
-def _copy_one(item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
-    dest = pool.runner(item.dest_host)
-    errors = []
-    for source in (item.source, *item.fallbacks):
-        try:
-            how = _deliver(source, item, pool, say, ns)
-            got = dest.run(["sha256sum", "--", item.dest_path], timeout_s=600)
-            if got.exit_code == 0 and got.stdout.split()[0] == item.sha256:
-                say(f"{item.dest_host}: {item.file} from {_label(source)} ({how}) ok")
-                return source.kind
-            errors.append(f"{_label(source)}: sha256 mismatch after copy")
-        except (AutohetError, OSError) as exc:
-            errors.append(f"{_label(source)}: {exc}")
-        say(f"{item.dest_host}: {item.file} from {_label(source)} failed, trying the next source")
-    raise RecoveryError(
-        f"{item.file} to {item.dest_host}: every source failed: " + "; ".join(errors)
-    )
-
-
-def key_path(pool: HostPool, host: str, ns: str) -> str:
-    return f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{KEY_FILE}"
-
-
-def _deliver(source: Source, item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
-    """Peers copy host to host directly; if that fails (no route), or for remote
-    storage, the bytes go through the controller."""
-    src_host = pool.host(source.host) if source.host is not None else None
-    dest_host = pool.host(item.dest_host)
-    if (
-        source.kind != "remote"
-        and src_host is not None
-        and src_host.name != dest_host.name
-        and not src_host.is_local
-        and not dest_host.is_local
-    ):
-        try:
-            direct_copy(
-                pool.runner(src_host.name),
-                src_host,
-                source.path,
-                pool.runner(dest_host.name),
-                dest_host,
-                item.dest_path,
-                src_key=key_path(pool, src_host.name, ns),
-                dest_key=key_path(pool, dest_host.name, ns),
-                warn=say,
-            )
-            return "direct"
-        except AutohetError as exc:
-            say(f"{item.dest_host}: direct copy of {item.file} from {source.host} failed ({exc})")
-    with tempfile.TemporaryDirectory(prefix="autohet-xfer-") as tmp:
-        local = Path(tmp) / "blob"
-        _fetch(source, local, pool)
-        pool.runner(item.dest_host).put(local, item.dest_path)
-    return "relayed"
-
-
-def _fetch(source: Source, local: Path, pool: HostPool) -> None:
-    if source.kind == "remote" or source.host is None:
-        import fsspec
-
-        with fsspec.open(source.path, "rb") as src, open(local, "wb") as dst:
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-        return
-    pool.runner(source.host).get(source.path, local)
-
-
-def _label(source: Source) -> str:
-    return "remote storage" if source.kind == "remote" else f"peer {source.host}"
-
-
-def finalize(tp: TransferPlan, manifest_text: str, pool: HostPool) -> None:
-    """manifest.json (as written, with its HMAC), then COMPLETE, on every host that now
-    holds the checkpoint."""
-    with tempfile.TemporaryDirectory(prefix="autohet-fin-") as tmp:
-        man = Path(tmp) / MANIFEST
-        man.write_text(manifest_text, encoding="utf-8")
-        done = Path(tmp) / COMPLETE
-        done.write_text("", encoding="utf-8")
-        for host in tp.finalize_hosts:
-            d = f"{pool.checkpoint_dir(host).rstrip('/')}/{tp.plan_name}/step-{tp.step:08d}"
-            pool.runner(host).put(man, f"{d}/{MANIFEST}")
-            pool.runner(host).put(done, f"{d}/{COMPLETE}")
-
-
-_PARTIALS = 'cd "$1" 2>/dev/null || exit 0; rm -f -- *.autohet-part .*.tmp; true'
-
-
-def remove_partials(pool: HostPool, hosts: Sequence[str], ns: str, step_dir: str) -> None:
-    """Temp files an interrupted recover (or copy) left in a step directory."""
-
-    def clean(host: Host) -> None:
-        d = f"{pool.checkpoint_dir(host.name).rstrip('/')}/{ns}/{step_dir}"
-        pool.runner(host.name).run(["sh", "-c", _PARTIALS, "sh", d], timeout_s=60)
-
-    fan_out([pool.host(h) for h in hosts], clean)
 
 
 def plan_inputs_tables(plan: Plan, cluster_path: str) -> CostTables:

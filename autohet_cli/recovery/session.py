@@ -6,9 +6,16 @@ a ``--lost`` host the plan does not have, survivors that refuse us (key, auth,
 permissions: not loss), no survivor at all, a run that never checkpointed, a
 requested step that is not usable (and why newer steps were skipped).
 
+Once the job is known, its recover lock is taken on every survivor (and on any
+new host before a byte moves; ``hostlock.py``), so a second recover of the same
+job, from any directory or machine, stops naming the first. A step whose files
+have no intact copy left (``StepLost``) makes recover fall back to the next older
+usable step, unless ``--step`` asked for that one.
+
 The new plan version is written only after every shard has landed and been
 verified, so a failed recovery leaves no plan behind; the relaunch goes through
-``launch.session.run_job``, exactly like ``autohet launch``.
+``launch.session.run_job``, exactly like ``autohet launch``; the lock is held
+until it ends.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ from typing import Any
 
 from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
-from autohet_cli.cluster import load_cluster
+from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.launch import jobs
 from autohet_cli.launch.session import JobChoice, Prepared, resolve_cluster, run_job
 from autohet_cli.plan import Plan, load_plan, write_plan
+from autohet_cli.recovery import copies
 from autohet_cli.recovery import executor as rx
-from autohet_cli.recovery.errors import RecoveryError
+from autohet_cli.recovery.errors import RecoveryError, StepLost
+from autohet_cli.recovery.hostlock import HostLock
 from autohet_cli.recovery.lock import recover_lock
 from autohet_cli.recovery.manifest import (
     CheckpointChoice,
@@ -37,7 +46,7 @@ from autohet_cli.recovery.manifest import (
     remote_root,
 )
 from autohet_cli.recovery.pins import pinned_step
-from autohet_cli.recovery.replan import replan
+from autohet_cli.recovery.replan import Replan, replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
 from autohet_cli.slurm.settings import backend_from
@@ -65,6 +74,7 @@ class RecoverRequest:
     backend: str | None = None  # None: the cluster file's
     connect: ConnectOptions = field(default_factory=ConnectOptions)
     runs_root: Path = Path("runs")
+    break_lock: bool = False  # break another recover's lock once it is old (hostlock.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,7 +95,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     with (
         recover_lock(req.plan_file.parent, old.name),
         HostPool(cl, req.connect) as pool,
-        ExitStack() as pins,
+        ExitStack() as held,
     ):
         with clock.phase("detect"):
             gone = rx.probe_survivors(old, pool, req.lost, say)
@@ -93,52 +103,46 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
         with clock.phase("checkpoint"):
             job, key = _job_and_key(old, survivors, pool, req.job, say)
             ns = namespace(old.name, job)
-            choice, remote, text = _choose(old, survivors, pool, root, ns, key, req.step, say)
-            # No prune (--keep-checkpoints) may remove it while it is copied.
-            holders = sorted({h for hosts in choice.holders.values() for h in hosts})
-            in_remote = root if choice.step_dir in remote else None
-            pins.enter_context(pinned_step(pool, holders, ns, choice.step, in_remote, say))
-        say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
-        with clock.phase("replan"):
-            inputs = {
-                **old.inputs,
-                "cluster": {"path": cluster_path, "sha256": sha256_file(cluster_path)},
-            }
-            r = replan(
-                old,
-                cl,
-                gone,
-                old_path=str(req.plan_file),
-                tables=rx.plan_inputs_tables(old, cluster_path),
-                time_limit_s=req.time_limit_s,
-                inputs=inputs,
-            )
-        for note in r.plan.notes:
-            say(f"plan: {note}")
-        with clock.phase("transfer"):
-            new_hosts = r.plan.hosts()
-            expanded = rx.expanded_cluster(pool, sorted(set(new_hosts) | set(survivors)))
-            present = rx.hashes_present(new_hosts, ns, choice.step_dir, pool)
-            tp = plan_transfers(
-                choice.manifest,
-                r.plan,
-                expanded,
-                present,
-                remote_root=root or "",
-                remote_files=set(remote.get(choice.step_dir, set())),
-                lost=gone,
-                namespace=ns,
-            )
-            say(f"transfer rule {tp.rule}: {tp.rule_reason}")
-            if req.dry_run:
-                planned = _dry_run(old, r.plan, gone, choice, tp) | {"job": job}
-                return RecoverResult(exit_code=0, report=planned)
-            jobs.distribute_key(pool, new_hosts, old.name, job, key)
-            rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
-            peers, from_remote = rx.execute_transfers(tp, pool, say)
-            rx.finalize(tp, text, pool)
-            rx.remove_partials(pool, new_hosts, ns, choice.step_dir)
-        pins.close()  # from here the relaunched run keeps the step until it saved K newer
+            # Before anything is read for copying: one recover of this job at a time,
+            # whichever directory or machine it runs from.
+            lock = held.enter_context(HostLock(pool, ns, break_lock=req.break_lock, say=say))
+            lock.take(survivors)
+        r: Replan | None = None
+        before: int | None = None  # after a step turned out to be lost: older ones only
+        while True:
+            with ExitStack() as pins:
+                with clock.phase("checkpoint"):
+                    choice, remote, text = _choose(
+                        old, survivors, pool, root, ns, key, req.step, before, say
+                    )
+                    # No prune (--keep-checkpoints) may remove it while it is copied.
+                    holders = sorted({h for hs in choice.holders.values() for h in hs})
+                    in_remote = root if choice.step_dir in remote else None
+                    pins.enter_context(pinned_step(pool, holders, ns, choice.step, in_remote, say))
+                say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
+                if r is None:
+                    with clock.phase("replan"):
+                        r = _replan(old, cl, cluster_path, gone, req)
+                    for note in r.plan.notes:
+                        say(f"plan: {note}")
+                try:
+                    with clock.phase("transfer"):
+                        where = _Where(pool=pool, ns=ns, root=root, survivors=survivors, lost=gone)
+                        tp = _transfer_plan(where, choice, remote, r.plan)
+                        say(f"transfer rule {tp.rule}: {tp.rule_reason}")
+                        if req.dry_run:
+                            planned = _dry_run(old, r.plan, gone, choice, tp) | {"job": job}
+                            return RecoverResult(exit_code=0, report=planned)
+                        lock.take(r.plan.hosts())  # new hosts too, before a byte moves
+                        jobs.distribute_key(pool, r.plan.hosts(), old.name, job, key)
+                        peers, from_remote = _move(where, tp, text, say)
+                except StepLost as exc:
+                    if req.step is not None:
+                        raise RecoveryError(f"--step {req.step}: {exc}") from None
+                    say(f"{exc}; trying an older checkpoint")
+                    before = exc.step
+                    continue
+            break  # pins gone: the relaunched run keeps the step until it saved K newer
         new_plan, new_path = write_plan(r.plan, req.plan_file.parent)
         say(
             f"wrote {new_path}; {len(tp.items)} file(s) copied "
@@ -184,6 +188,64 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             code = outcome.exit_code
             report = dataclasses.replace(report, phases=clock.phases)
     return RecoverResult(exit_code=code, report=report.to_dict())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Where:
+    """Where the job's checkpoints are: hosts, namespace, remote root, who is gone."""
+
+    pool: HostPool
+    ns: str
+    root: str | None
+    survivors: list[str]
+    lost: list[str]
+
+
+def _transfer_plan(
+    w: _Where, choice: CheckpointChoice, remote: dict[str, set[str]], new: Plan
+) -> TransferPlan:
+    """What to copy where, from what the new plan's hosts hold now (by sha256)."""
+    new_hosts = new.hosts()
+    expanded = rx.expanded_cluster(w.pool, sorted(set(new_hosts) | set(w.survivors)))
+    return plan_transfers(
+        choice.manifest,
+        new,
+        expanded,
+        rx.hashes_present(new_hosts, w.ns, choice.step_dir, w.pool),
+        remote_root=w.root or "",
+        remote_files=set(remote.get(choice.step_dir, set())),
+        lost=w.lost,
+        namespace=w.ns,
+    )
+
+
+def _move(w: _Where, tp: TransferPlan, manifest_text: str, say: Say) -> tuple[int, int]:
+    """Copy and verify every file, then mark the step complete where it was not:
+    bytes from peers, bytes from remote storage."""
+    hosts = list(tp.needs)
+    copies.remove_partials(w.pool, hosts, w.ns, tp.step_dir)
+    moved = copies.execute_transfers(tp, w.pool, say)
+    copies.finalize(tp, manifest_text, w.pool)
+    copies.remove_partials(w.pool, hosts, w.ns, tp.step_dir)
+    return moved
+
+
+def _replan(
+    old: Plan, cl: Cluster, cluster_path: str, gone: list[str], req: RecoverRequest
+) -> Replan:
+    inputs = {
+        **old.inputs,
+        "cluster": {"path": cluster_path, "sha256": sha256_file(cluster_path)},
+    }
+    return replan(
+        old,
+        cl,
+        gone,
+        old_path=str(req.plan_file),
+        tables=rx.plan_inputs_tables(old, cluster_path),
+        time_limit_s=req.time_limit_s,
+        inputs=inputs,
+    )
 
 
 def _job_and_key(
@@ -235,10 +297,12 @@ def _choose(
     ns: str,
     key: bytes,
     step: int | None,
+    before: int | None,
     say: Say,
 ) -> tuple[CheckpointChoice, dict[str, set[str]], str]:
     """The checkpoint to resume from (and its manifest text), saying why newer ones
-    were skipped and when it exists only in remote storage."""
+    were skipped and when it exists only in remote storage; ``before``: a step
+    found lost, so only older ones."""
     listings = rx.list_checkpoints(survivors, ns, pool)
     remote = rx.list_remote(root, ns)
     found = [d for lst in [*listings.values(), remote] for d in lst]
@@ -249,9 +313,9 @@ def _choose(
     manifests, texts = rx.read_manifests(
         listings, remote, ns, root, pool, key=key, plan_name=old.name
     )
-    choice = newest_complete(
-        listings, manifests, remote=remote, before_step=None if step is None else step + 1
-    )
+    if before is None and step is not None:
+        before = step + 1
+    choice = newest_complete(listings, manifests, remote=remote, before_step=before)
     for d, why in choice.skipped:
         say(f"skipped {d}: {why}")
     if step is not None and choice.step != step:

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.plan import Plan
-from autohet_cli.recovery.errors import RecoveryError
+from autohet_cli.recovery.errors import RecoveryError, StepLost
 from autohet_cli.recovery.manifest import (
     COMPLETE,
     MANIFEST,
@@ -300,10 +300,11 @@ def plan_transfers(
     )
     if lost_files:
         detail = ", ".join(f"{p} (written on {by_path[p].host})" for p in lost_files)
-        raise RecoveryError(
+        raise StepLost(
             f"checkpoint {plan_name}/{step_dir_name(manifest.step)}: every copy of {detail} "
             "is lost (no surviving host has it with the right sha256, nor the remote copy); "
-            "recover from an older checkpoint"
+            "recover from an older checkpoint",
+            step=manifest.step,
         )
     src_busy: dict[str, float] = {}
     dst_busy: dict[str, float] = {}

@@ -170,7 +170,7 @@ def test_failed_direct_copies_are_reported_before_the_relay(
 ) -> None:
     """Issue 11, item 2: recover used to print only '(relayed) ok'."""
     from autohet_cli.cluster import Cluster
-    from autohet_cli.recovery import executor as rx
+    from autohet_cli.recovery import copies as rx
     from autohet_cli.recovery.transfer import Source, TransferItem
     from autohet_cli.transport.pool import ConnectOptions, HostPool
 

@@ -1,0 +1,100 @@
+"""`autohet recover` end to end on hosts of this machine (local runners), no training:
+two recovers of one job at once (issue 29, high 5), and a shard whose only copy is
+corrupt (issue 29, medium 8)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from autohet_cli.recovery import session
+from autohet_cli.recovery.errors import RecoverLockHeld, RecoveryError
+from tests.recovery_site import HOSTS, Site, make_site
+
+
+def _request(plan_file: Path, **kw: object) -> session.RecoverRequest:
+    return session.RecoverRequest(
+        plan_file=plan_file, lost=("c",), resume=False, time_limit_s=5.0, **kw
+    )  # type: ignore[arg-type]
+
+
+def _intact(site: Site, host: str, step: int) -> dict[str, bool]:
+    """Each manifest file in ``host``'s step directory: does it match its sha256?"""
+    d = site.step_dir(host, step)
+    manifest = json.loads((d / "manifest.json").read_text())
+    return {
+        f["path"]: hashlib.sha256((d / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+        for f in manifest["files"]
+        if (d / f["path"]).exists()
+    }
+
+
+def test_two_recovers_of_one_job_from_two_plans_directories_cannot_both_go_on(
+    tmp_path: Path,
+) -> None:
+    site = make_site(tmp_path)
+    copy = tmp_path / "copy" / "plans"
+    shutil.copytree(site.plan_file.parent, copy)  # `cp -r plans copy/`
+    locked, go = threading.Event(), threading.Event()
+    first_said: list[str] = []
+
+    def first_say(line: str) -> None:
+        first_said.append(line)
+        if line.startswith("lost: "):  # the job is chosen and locked on the hosts
+            locked.set()
+            go.wait(30)
+
+    results: list[session.RecoverResult] = []
+    first = threading.Thread(
+        target=lambda: results.append(session.recover(_request(site.plan_file), first_say))
+    )
+    first.start()
+    try:
+        assert locked.wait(30), first_said
+        second_said: list[str] = []
+        with pytest.raises(RecoverLockHeld) as info:
+            session.recover(_request(copy / "lab.v1.yaml"), second_said.append)
+        assert f"autohet recover pid {os.getpid()} on " in str(info.value)
+        assert "holds its lock on a" in str(info.value)
+        assert not any(line.endswith(" ok") for line in second_said)  # it copied nothing
+        assert not (copy / "lab.v2.yaml").exists()
+    finally:
+        go.set()
+        first.join(60)
+    assert results and results[0].exit_code == 0 and results[0].report["resumed_step"] == 6
+    assert (site.plan_file.parent / "lab.v2.yaml").exists()
+    # Given back at the end: the second one now goes through, with nothing left to move.
+    again = session.recover(_request(copy / "lab.v1.yaml"), lambda _line: None)
+    assert again.report["bytes_from_peers"] == again.report["bytes_from_remote"] == 0
+
+
+def test_a_shard_whose_only_copy_is_corrupt_never_lands_and_an_older_step_is_used(
+    tmp_path: Path,
+) -> None:
+    site = make_site(tmp_path)
+    bad = site.remote_dir(6) / "__2_0.distcp"  # c's shard of step 6: c is lost
+    bad.write_bytes(b"\0" * bad.stat().st_size)
+    said: list[str] = []
+
+    with pytest.raises(
+        RecoveryError, match=r"--step 6: .*step-00000006: no intact copy of __2_0\.distcp is left"
+    ):
+        session.recover(_request(site.plan_file, step=6), said.append)
+    result = session.recover(_request(site.plan_file), said.append)
+
+    assert result.exit_code == 0 and result.report["resumed_step"] == 3
+    assert any("step-00000006: no intact copy" in s and "an older checkpoint" in s for s in said)
+    for host in ("a", "b"):
+        names = {p.name for p in site.step_dir(host, 6).iterdir()}
+        assert "__2_0.distcp" not in names  # never under its name in that COMPLETE step
+        assert not [n for n in names if "autohet-part" in n or n.endswith(".tmp")]
+        assert all(_intact(site, host, 6).values())
+        got = _intact(site, host, 3)
+        assert set(got) == {".metadata", *(f"__{r}_0.distcp" for r in range(len(HOSTS)))}
+        assert all(got.values())
