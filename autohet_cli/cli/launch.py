@@ -191,7 +191,10 @@ def _print_outcome(out: JobOutcome, hint: str | None, resume: str | None = None)
     if hint:
         typer.echo(f"to continue on the survivors: {hint}")
     elif resume:
-        typer.echo(f"no host of the cluster survives; to continue once they are back: {resume}")
+        typer.echo(
+            "no host of the plan survives to recover on (its job key and checkpoints are "
+            f"there); to resume the job once its hosts answer again: {resume}"
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -205,20 +205,35 @@ def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
             printer=printer,
             job_choice=JobChoice(resume=req.resume, job=req.job),
         )
-    hint = resume = None
-    if outcome.recoverable:
-        if survivors(p.cluster, outcome.lost_hosts):
-            # With the training options: a recover without --data/--config would resume
-            # on other data (refused) or another learning-rate schedule.
-            hint = shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts, full=True)])
-        elif not req.script:
-            resume = shlex.join(["autohet", *resume_argv(req)])
+    hint, resume = next_commands(req, p.plan, outcome)
     return LaunchResult(outcome=outcome, recover_command=hint, resume_command=resume)
 
 
-def survivors(cluster: Cluster, lost: Sequence[str]) -> list[str]:
-    """The cluster's hosts that were not lost (recover replans on them)."""
-    return [h.name for h in cluster.hosts if h.name not in set(lost)]
+def next_commands(
+    req: LaunchRequest, plan: Plan, outcome: JobOutcome
+) -> tuple[str | None, str | None]:
+    """What to run after a job stopped: ``(recover, resume)``, at most one of them.
+
+    ``autohet recover`` when a host of the *plan* survives; else ``autohet launch
+    --resume`` (not for a user script), for when the hosts answer again. Recover
+    needs a surviving host of the plan: the job's key and checkpoints are on those
+    hosts, and a host that is only in the cluster file has neither. Neither for a
+    failure that running on fewer hosts would not heal.
+    """
+    if not outcome.recoverable:
+        return None, None
+    if survivors(plan.hosts(), outcome.lost_hosts):
+        # With the training options: a recover without --data/--config would resume
+        # on other data (refused) or another learning-rate schedule.
+        return shlex.join(["autohet", *recover_argv(req, outcome.lost_hosts, full=True)]), None
+    if req.script:
+        return None, None
+    return None, shlex.join(["autohet", *resume_argv(req)])
+
+
+def survivors(hosts: Sequence[str], lost: Sequence[str]) -> list[str]:
+    """The plan's hosts that were not lost (recover needs one of them)."""
+    return [h for h in hosts if h not in set(lost)]
 
 
 def resume_argv(req: LaunchRequest) -> list[str]:
@@ -228,7 +243,8 @@ def resume_argv(req: LaunchRequest) -> list[str]:
         argv += ["--cluster", req.cluster]
     if req.backend:
         argv += ["--backend", req.backend]
-    argv += ["--resume", "--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
+    argv += ["--resume", *(["--job", req.job] if req.job else [])]
+    argv += ["--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
     argv += ["--keep-checkpoints", str(req.keep_checkpoints)]
     argv += req.connect.argv()
     argv += [f"--train-arg={a}" for a in req.train_args]
@@ -242,7 +258,7 @@ def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False)
         argv += ["--cluster", req.cluster]
     if req.backend:
         argv += ["--backend", req.backend]
-    argv += ["--lost", ",".join(lost)]
+    argv += ["--lost", ",".join(lost), *(["--job", req.job] if req.job else [])]
     argv += req.connect.argv()
     if full:
         argv += ["--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]

@@ -214,21 +214,9 @@ def test_a_stop_the_workers_saved_is_an_interruption_with_its_step() -> None:
 
 
 def test_the_recover_hint_needs_a_survivor() -> None:
-    from autohet_cli.cluster import cluster_from_dict
-
-    cluster = cluster_from_dict(
-        {
-            "schema": "autohet.cluster/v1",
-            "name": "c",
-            "hosts": [
-                {"name": "a", "address": "127.0.0.2", "gpus": {"type": "cpu", "count": 1}},
-                {"name": "b", "address": "127.0.0.3", "gpus": {"type": "cpu", "count": 1}},
-            ],
-        },
-        "test",
-    )
-    assert survivors(cluster, ["a"]) == ["b"]
-    assert survivors(cluster, ["a", "b"]) == []
+    # Of the plan's hosts (tests/unit/test_launch_hints.py: not the cluster's).
+    assert survivors(["a", "b"], ["a"]) == ["b"]
+    assert survivors(["a", "b"], ["a", "b"]) == []
 
 
 @pytest.mark.skipif(

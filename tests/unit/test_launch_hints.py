@@ -1,0 +1,99 @@
+"""The command printed after a job stops must be one that can work (issue 29, medium 9):
+a one-host run whose host froze was told `recover --lost localhost`, which refuses
+(recover needs a surviving host of the plan: the job's key and checkpoints are there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autohet_cli.cluster import Cluster, Host
+from autohet_cli.errors import AutohetError
+from autohet_cli.launch.executor import JobOutcome
+from autohet_cli.launch.session import LaunchRequest, next_commands
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.recovery import executor as rx
+from autohet_cli.settings import TrainingSettings
+from autohet_cli.transport.pool import ConnectOptions, HostPool
+
+
+def _plan(*hosts: str) -> Plan:
+    stages = tuple(
+        Stage(
+            layer_start=i * 6 // len(hosts),
+            layer_end=(i + 1) * 6 // len(hosts),
+            gpu_type="cpu",
+            tensor_parallel=1,
+            devices=(Device(host=h, gpu=0),),
+        )
+        for i, h in enumerate(hosts)
+    )
+    return Plan(
+        name="lab",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=64),
+        tensor_parallel=1,
+        pipelines=(Pipeline(num_microbatches=2, stages=stages),),
+    )
+
+
+def _lost(*hosts: str) -> JobOutcome:
+    return JobOutcome(status="host_lost", exit_code=1, lost_hosts=list(hosts))
+
+
+REQ = LaunchRequest(plan_file=Path("plans/lab.v1.yaml"), steps=50)
+
+
+def test_a_lost_host_with_none_of_the_plan_left_gets_launch_resume_not_recover() -> None:
+    # The cluster may have more hosts: those are not where the job's key and steps are.
+    recover, resume = next_commands(REQ, _plan("localhost"), _lost("localhost"))
+    assert recover is None
+    assert resume is not None and resume.startswith("autohet launch plans/lab.v1.yaml --resume")
+    assert "--steps 50" in resume
+
+
+def test_a_lost_host_with_a_survivor_of_the_plan_gets_recover() -> None:
+    recover, resume = next_commands(REQ, _plan("a", "b"), _lost("b"))
+    assert recover is not None and resume is None
+    assert recover.startswith("autohet recover plans/lab.v1.yaml --lost b")
+    job = LaunchRequest(plan_file=REQ.plan_file, job="20260101T000000Z-abcd")
+    recover, _ = next_commands(job, _plan("a", "b"), _lost("b"))
+    _, resume = next_commands(job, _plan("a"), _lost("a"))
+    assert recover is not None and "--job 20260101T000000Z-abcd" in recover
+    assert resume is not None and "--job 20260101T000000Z-abcd" in resume
+
+
+def test_failed_workers_get_neither() -> None:
+    failed = JobOutcome(status="failed", exit_code=1, failed_hosts=["a"])
+    assert next_commands(REQ, _plan("a", "b"), failed) == (None, None)
+
+
+def test_recover_with_no_host_of_the_plan_left_says_what_to_run_instead(tmp_path: Path) -> None:
+    host = Host(
+        name="localhost",
+        address="localhost",
+        gpu_type="cpu",
+        num_gpus=1,
+        gpu_mem_bytes=1 << 30,
+        intra_node_gbps=80.0,
+        checkpoint_dir=str(tmp_path),
+    )
+    other = Host(
+        name="spare",
+        address="localhost",
+        gpu_type="cpu",
+        num_gpus=1,
+        gpu_mem_bytes=1 << 30,
+        intra_node_gbps=80.0,
+        checkpoint_dir=str(tmp_path / "spare"),
+    )
+    cluster = Cluster(name="c", hosts=(host, other), inter_node_gbps=10.0)
+    with HostPool(cluster, ConnectOptions()) as pool:
+        with pytest.raises(AutohetError) as info:
+            rx.probe_survivors(_plan("localhost"), pool, ["localhost"], print)
+    message = str(info.value)
+    assert "no host of plan lab.v1 survives" in message
+    assert "autohet launch PLAN --resume" in message and "add new hosts" not in message
