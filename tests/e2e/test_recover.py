@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -327,11 +328,33 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     assert victim.stdout is not None
     for line in victim.stdout:
         if line.rstrip().endswith(" ok"):
-            os.killpg(victim.pid, signal.SIGKILL)
+            os.killpg(victim.pid, signal.SIGSTOP)  # mid-copy, holding the job's lock
             break
+    # The same recover from a copy of the plans directory (`cp -r plans copy/`), as a
+    # second controller would run it (issue 29, high 5): it stops, naming the first,
+    # before copying anything.
+    copy = tmp_path / "copy"
+    shutil.copytree(plan.parent, copy / "plans")
+    rival = subprocess.run(
+        [sys.executable, "-m", "autohet_cli", "recover", str(copy / "plans" / plan.name)]
+        + ["--lost", "fake-4", "--no-resume"]
+        + ["--known-hosts", str(tmp_path / "sshd" / "known_hosts")],
+        cwd=copy,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    os.killpg(victim.pid, signal.SIGKILL)  # then the first dies, leaving its lock behind
     victim.wait(timeout=60)
+    assert rival.returncode == 1, rival.stdout + rival.stderr
+    assert f"autohet recover pid {victim.pid} on " in rival.stderr, rival.stderr
+    assert "holds its lock on fake-2" in rival.stderr and "still running" in rival.stderr
+    assert not [ln for ln in rival.stdout.splitlines() if ln.endswith(" ok")], rival.stdout
+    assert not list((copy / "plans").glob("e2e.v2.yaml"))
 
-    first = run_recover("--no-resume")  # finishes the job, without redoing what landed
+    # Finishes the job without redoing what landed; the dead holder's lock is broken.
+    first = run_recover("--no-resume")
     assert first["resumed_step"] == int(older.split("-")[1])
     assert 0 < first["bytes_from_peers"] + first["bytes_from_remote"] < total
     assert (_job(survivors[0]) / older / shard.name).read_bytes() != bytes(data)
