@@ -17,8 +17,15 @@ torch tensors. This file imports none of them, so importing ``DataError`` stays 
 
 from __future__ import annotations
 
-from autohet_cli.errors import ConfigError
+from autohet_cli.errors import AutohetError, ConfigError
 
 
 class DataError(ConfigError):
     """A data file (or a data option) is unusable; the message names the file and the fix."""
+
+
+class WorkerDied(AutohetError):
+    """A tokenizer process of ``data prepare`` died (killed, out of memory, crashed).
+
+    Not a ``DataError``: the inputs are fine, so the work finished so far is kept and
+    the same command resumes from it."""

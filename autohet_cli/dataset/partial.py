@@ -81,6 +81,12 @@ class PartialDir:
         Parts finished under other settings are never mixed in: that is refused. A
         directory with none finished (a run that failed early) is simply reset."""
         partial = cls(root, settings["dtype"])
+        if root.is_symlink() or (root.exists() and not root.is_dir()):
+            raise DataError(
+                f"{root} is a {'symbolic link' if root.is_symlink() else 'file'}, where "
+                "prepare keeps its unfinished work in a directory of its own; move or "
+                "delete it, or pass another --out"
+            )
         path = root / "settings.json"
         recorded = _read_settings(path, root)
         if recorded is None and root.exists() and any(root.iterdir()):
@@ -101,8 +107,13 @@ class PartialDir:
                     f"or delete {root} to start over"
                 )
             shutil.rmtree(partial.parts, ignore_errors=True)
-        partial.parts.mkdir(parents=True, exist_ok=True)
-        _write_json(path, settings)
+        try:
+            partial.parts.mkdir(parents=True, exist_ok=True)
+            _write_json(path, settings)
+        except OSError as exc:
+            raise DataError(
+                f"cannot create {root} ({exc.strerror}); pass an --out in a writable directory"
+            ) from exc
         return partial
 
     def num_finished(self) -> int:
@@ -140,7 +151,7 @@ class PartialDir:
             out.flush()
             os.fsync(out.fileno())
         _write_json(staging / "meta.json", meta)
-        if out_dir.exists():  # appeared while we worked; rename would replace an empty dir
+        if os.path.lexists(out_dir):  # appeared while we worked (rename replaces an empty dir)
             raise DataError(f"--out {out_dir} appeared while preparing; the result is in {staging}")
         os.rename(staging, out_dir)
         shutil.rmtree(self.root)

@@ -3,9 +3,15 @@
 The output directory holds ``tokens.bin`` (every document's token ids followed by
 the end-of-document id, little-endian uint16, or uint32 for vocabularies over
 65,536) and ``meta.json`` (format ``autohet.tokens/v1``, read by
-``dataset.formats``). Input files are tokenised in worker processes, in chunks of
-documents; results are written in submission order, so the bytes do not depend on
-the number of workers.
+``dataset.formats``). Input files are tokenised in worker processes (``dataset.encode``),
+in chunks of about ``chunk_chars`` characters; results are written in submission
+order, so the bytes do not depend on the number of workers.
+
+Memory is bounded whatever the inputs: files are streamed (``dataset.readers``) and a
+document longer than ``piece_chars`` is tokenized in pieces cut before a space
+(``dataset.pieces``; its tokens may differ from the whole document's only at the
+cuts, and for GPT-2-style byte-level tokenizers do not). A worker holds about 200
+bytes per character of its chunk while tokenizing it.
 
 The work happens in ``DIR.partial/`` (see ``dataset.partial``): each finished input
 leaves a part keyed by its content, so a run cut short (Ctrl-C, a lost session)
@@ -17,23 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import time
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
-from autohet_cli.dataset import DataError
+from autohet_cli.dataset import DataError, WorkerDied
+from autohet_cli.dataset.encode import Chunk, ordered_map
 from autohet_cli.dataset.partial import COPY_BUFFER_BYTES, PartialDir, PartStats, PartWriter
-from autohet_cli.dataset.readers import DocSeparator, expand_inputs, read_documents
+from autohet_cli.dataset.pieces import PIECE_CHARS
+from autohet_cli.dataset.readers import MAX_LINE_CHARS, DocSeparator, expand_inputs, read_pieces
 
 FORMAT = "autohet.tokens/v1"
 PARTIAL_FORMAT = "autohet.tokens.partial/v1"
@@ -69,14 +72,17 @@ class PrepareOptions:
     eod_token: str | None = None
     num_workers: int = field(default_factory=default_workers)
     chunk_chars: int = CHUNK_CHARS
+    piece_chars: int = PIECE_CHARS  # a longer document is tokenized in pieces
+    max_line_chars: int = MAX_LINE_CHARS  # the longest .jsonl line read
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise DataError(f"--workers {self.num_workers}: give 1 or more")
         if not self.text_key:
             raise DataError("--text-key is empty: name the field that holds the text")
-        if self.chunk_chars < 1:
-            raise DataError(f"chunk_chars {self.chunk_chars}: give 1 or more")
+        for name in ("chunk_chars", "piece_chars", "max_line_chars"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} {getattr(self, name)}: give 1 or more")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +193,11 @@ def prepare(options: PrepareOptions, progress: Progress | None = None) -> Prepar
     report = progress or (lambda _fraction, _detail: None)
     started = time.monotonic()
     out_dir = options.out_dir
+    if out_dir.is_symlink():
+        raise DataError(
+            f"--out {out_dir} is a symbolic link (to {os.readlink(out_dir)}); prepare never "
+            f"writes through a link: pass a path that does not exist yet, or remove the link"
+        )
     if out_dir.exists():
         raise DataError(
             f"--out {out_dir} already exists and prepare never overwrites; "
@@ -206,12 +217,24 @@ def prepare(options: PrepareOptions, progress: Progress | None = None) -> Prepar
     workers = _useful_workers(todo, options)
     if workers > 1:
         report(0.0, f"starting {workers} tokenizer processes")
-    encoded = _ordered_map(_chunks(todo, options), tokenizer, info, workers)
+    encoded = ordered_map(
+        _chunks(todo, options),
+        tokenizer,
+        tokenizer_path=info.path,
+        eod_id=info.eod_id,
+        dtype=info.dtype,
+        workers=workers,
+    )
     try:
         tokenized = _write_parts(encoded, partial, unique, stats, report)
     except DataError:
         partial.discard_if_unfinished()  # a bad input: fix it and rerun from scratch
         raise
+    except WorkerDied as exc:
+        raise WorkerDied(
+            f"{exc}. {out_dir} was not written; the inputs finished so far are kept in "
+            f"{partial.root}: the same command resumes from them"
+        ) from None
     stats |= tokenized
     report(1.0, "assembling tokens.bin")
     meta = _meta(inputs, stats, info)
@@ -238,15 +261,8 @@ def _settings(options: PrepareOptions, info: TokenizerInfo) -> dict[str, Any]:
         "dtype": info.dtype,
         "text_key": options.text_key,
         "doc_separator": options.doc_separator.value,
+        "piece_chars": options.piece_chars,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    sha256: str
-    texts: list[str]
-    last: bool  # the input's final chunk (possibly empty)
-    bytes_read: int  # of the input file, when this chunk was cut
 
 
 def _useful_workers(todo: list[InputFile], options: PrepareOptions) -> int:
@@ -256,7 +272,7 @@ def _useful_workers(todo: list[InputFile], options: PrepareOptions) -> int:
 
 
 def _write_parts(
-    encoded: Generator[tuple[_Chunk, bytes], None, None],
+    encoded: Generator[tuple[Chunk, bytes], None, None],
     partial: PartialDir,
     unique: dict[str, InputFile],
     done: dict[str, PartStats],
@@ -273,7 +289,7 @@ def _write_parts(
         for chunk, data in encoded:
             item = unique[chunk.sha256]
             writer = writer or partial.writer(chunk.sha256)
-            writer.write(data, num_documents=len(chunk.texts))
+            writer.write(data, num_documents=chunk.num_documents)
             fraction = (done_bytes + chunk.bytes_read) / total_bytes
             report(fraction, f"{item.path.name}: {writer.num_tokens:,} tokens")
             if chunk.last:
@@ -283,92 +299,29 @@ def _write_parts(
     return results
 
 
-def _chunks(todo: list[InputFile], options: PrepareOptions) -> Iterator[_Chunk]:
+def _chunks(todo: list[InputFile], options: PrepareOptions) -> Iterator[Chunk]:
+    """Each input's pieces, grouped into tasks of about ``chunk_chars`` characters."""
     for item in todo:
         texts: list[str] = []
+        starts: list[bool] = []
+        ends: list[bool] = []
         num_chars = 0
-        documents = read_documents(
-            item.path, text_key=options.text_key, doc_separator=options.doc_separator
+        pieces = read_pieces(
+            item.path,
+            text_key=options.text_key,
+            doc_separator=options.doc_separator,
+            piece_chars=options.piece_chars,
+            max_line_chars=options.max_line_chars,
         )
-        for text, bytes_read in documents:
-            texts.append(text)
-            num_chars += len(text)
+        for piece in pieces:
+            texts.append(piece.text)
+            starts.append(piece.starts_document)
+            ends.append(piece.ends_document)
+            num_chars += len(piece.text)
             if num_chars >= options.chunk_chars:
-                yield _Chunk(item.sha256, texts, False, bytes_read)
-                texts, num_chars = [], 0
-        yield _Chunk(item.sha256, texts, True, item.num_bytes)
-
-
-class _Encoder:
-    """Texts to the bytes of their ids, each document followed by the end-of-document id
-    (unless the tokenizer's own template already ended it with that id)."""
-
-    def __init__(self, tokenizer: Tokenizer, eod_id: int, dtype: str) -> None:
-        # "<|endoftext|>" written in a document is text, not a control token (nanoGPT's
-        # encode_ordinary): only our own end-of-document id separates documents.
-        if hasattr(tokenizer, "encode_special_tokens"):
-            tokenizer.encode_special_tokens = True
-        self.tokenizer = tokenizer
-        self.eod_id = eod_id
-        self.dtype = np.dtype("<u2" if dtype == "uint16" else "<u4")
-
-    def __call__(self, texts: list[str]) -> bytes:
-        ids: list[int] = []
-        for encoding in self.tokenizer.encode_batch(texts) if texts else []:
-            ids += encoding.ids
-            if not encoding.ids or encoding.ids[-1] != self.eod_id:
-                ids.append(self.eod_id)
-        return np.asarray(ids, dtype=self.dtype).tobytes()
-
-
-_WORKER_ENCODER: _Encoder | None = None
-
-
-def _init_worker(tokenizer_path: str, eod_id: int, dtype: str) -> None:
-    global _WORKER_ENCODER
-    # Ctrl-C is the parent's to handle (it cancels the rest); a worker finishes its chunk.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # The processes are the parallelism: one thread each, not one per core each.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER_ENCODER = _Encoder(Tokenizer.from_file(tokenizer_path), eod_id, dtype)
-
-
-def _encode_in_worker(texts: list[str]) -> bytes:
-    assert _WORKER_ENCODER is not None, "worker used before _init_worker"
-    return _WORKER_ENCODER(texts)
-
-
-def _ordered_map(
-    chunks: Iterable[_Chunk], tokenizer: Tokenizer, info: TokenizerInfo, workers: int
-) -> Generator[tuple[_Chunk, bytes], None, None]:
-    """Each chunk with its encoded bytes, in the chunks' order, whatever finishes first.
-
-    With one worker the tokenizer runs here (it may still use threads of its own);
-    otherwise at most two chunks per worker are in flight, which bounds memory."""
-    if workers == 1:
-        encoder = _Encoder(tokenizer, info.eod_id, info.dtype)
-        yield from ((chunk, encoder(chunk.texts)) for chunk in chunks)
-        return
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        # spawn, not fork: the progress bar runs a thread, and forking a threaded
-        # process can deadlock the child.
-        mp_context=get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(str(info.path), info.eod_id, info.dtype),
-    )
-    pending: deque[tuple[_Chunk, Future[bytes]]] = deque()
-    try:
-        for chunk in chunks:
-            pending.append((chunk, pool.submit(_encode_in_worker, chunk.texts)))
-            if len(pending) >= 2 * workers:
-                head, future = pending.popleft()
-                yield head, future.result()
-        while pending:
-            head, future = pending.popleft()
-            yield head, future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+                yield Chunk(item.path, item.sha256, texts, starts, ends, False, piece.bytes_read)
+                texts, starts, ends, num_chars = [], [], [], 0
+        yield Chunk(item.path, item.sha256, texts, starts, ends, True, item.num_bytes)
 
 
 def _meta(

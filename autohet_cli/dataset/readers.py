@@ -1,9 +1,13 @@
 """Documents out of the input files of ``autohet data prepare``.
 
-Each reader yields ``(text, bytes_read)``: a document and how far into the file on
-disk reading has got, so progress can be told in the file's own bytes (for a
-``.gz`` that is the compressed position). Readers stream: a multi-gigabyte jsonl
-or parquet file is never held in memory whole, only a ``.txt`` read as one document.
+``read_pieces`` yields every document in pieces of bounded length (``dataset.pieces``),
+each with how far into the file on disk reading has got, so progress can be told in
+the file's own bytes (for a ``.gz`` that is the compressed position).
+
+Readers stream, so memory does not grow with the file: a ``.txt`` file is read a
+piece at a time, as one document or as blank-line paragraphs, whatever its lines'
+lengths; a ``.jsonl`` document is one line, read whole up to ``MAX_LINE_CHARS`` and
+refused beyond; a ``.parquet`` file is read a batch of rows at a time.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import json
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from autohet_cli.dataset import DataError
+from autohet_cli.dataset.pieces import PIECE_CHARS, Fragment, Piece, cut_pieces
 
 # File name endings (lower-cased) and the kind of reader each needs.
 KINDS = {
@@ -28,6 +33,10 @@ KINDS = {
 }
 SUPPORTED = ", ".join(KINDS)
 PARQUET_BATCH_ROWS = 1024
+# The longest line read from a .jsonl file (one document): enough for any real
+# document, and a bound on the memory a file with no newline can take (a .txt file is
+# read in pieces and needs no bound).
+MAX_LINE_CHARS = 1 << 28
 
 
 class DocSeparator(StrEnum):
@@ -73,92 +82,188 @@ def _is_visible_input(path: Path, root: Path) -> bool:
 
 
 def read_documents(
-    path: Path, *, text_key: str, doc_separator: DocSeparator
+    path: Path,
+    *,
+    text_key: str,
+    doc_separator: DocSeparator,
+    piece_chars: int = PIECE_CHARS,
+    max_line_chars: int = MAX_LINE_CHARS,
 ) -> Iterator[tuple[str, int]]:
-    """``(document, bytes of the file read so far)`` for every non-empty document."""
+    """``(document, bytes of the file read so far)`` for every non-empty document.
+
+    Each document is held whole: for bounded memory, tokenize ``read_pieces``."""
+    parts: list[str] = []
+    pieces = read_pieces(
+        path,
+        text_key=text_key,
+        doc_separator=doc_separator,
+        piece_chars=piece_chars,
+        max_line_chars=max_line_chars,
+    )
+    for piece in pieces:
+        parts.append(piece.text)
+        if piece.ends_document:
+            yield "".join(parts), piece.bytes_read
+            parts = []
+
+
+def read_pieces(
+    path: Path,
+    *,
+    text_key: str,
+    doc_separator: DocSeparator,
+    piece_chars: int = PIECE_CHARS,
+    max_line_chars: int = MAX_LINE_CHARS,
+) -> Iterator[Piece]:
+    """Every non-empty document of ``path``, in pieces of at most ``piece_chars``
+    characters (see ``dataset.pieces``)."""
+    fragments = _read_fragments(path, text_key, doc_separator, piece_chars, max_line_chars)
+    return cut_pieces(fragments, piece_chars)
+
+
+def _read_fragments(
+    path: Path, text_key: str, doc_separator: DocSeparator, block_chars: int, max_line_chars: int
+) -> Iterator[Fragment]:
     suffix = input_suffix(path)
     if suffix is None:
         raise DataError(f"{path}: unsupported input; supported kinds are {SUPPORTED}")
     if KINDS[suffix] == "parquet":
-        yield from _parquet_documents(path, text_key)
+        yield from (
+            (text, True, bytes_read) for text, bytes_read in _parquet_documents(path, text_key)
+        )
         return
     with path.open("rb") as raw:
-        text: IO[str] = (
+        text = (
             io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
             if suffix.endswith(".gz")
             else io.TextIOWrapper(raw, encoding="utf-8")
         )
+        fragments: Iterator[tuple[str, bool]]
         if KINDS[suffix] == "jsonl":
-            documents = _jsonl_documents(path, text, text_key)
+            fragments = _jsonl_documents(path, text, text_key, max_line_chars)
         elif doc_separator is DocSeparator.BLANK_LINE:
-            documents = _paragraphs(path, text)
+            fragments = _paragraphs(path, text, block_chars, max_line_chars)
         else:
-            documents = _whole_file(path, text)
+            fragments = _whole_file(path, text, block_chars)
         try:
-            for document in documents:
-                yield document, raw.tell()
+            for fragment, ends in fragments:
+                yield fragment, ends, raw.tell()
         except (OSError, EOFError) as exc:  # a truncated or corrupt .gz
             raise DataError(f"{path}: cannot be read ({exc})") from exc
 
 
-def _whole_file(path: Path, text: IO[str]) -> Iterator[str]:
+def _whole_file(path: Path, text: io.TextIOWrapper, block_chars: int) -> Iterator[tuple[str, bool]]:
+    """The file as one document, read ``block_chars`` characters at a time."""
+    num_read = 0
+    block = _read_block(path, text, block_chars, num_read)
+    while block:
+        num_read += len(block)
+        following = _read_block(path, text, block_chars, num_read)
+        yield block, not following
+        block = following
+
+
+def _read_block(path: Path, text: io.TextIOWrapper, block_chars: int, num_read: int) -> str:
     try:
-        document = text.read()
+        return text.read(block_chars)
     except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    if document:
-        yield document
+        raise DataError(
+            f"{path}: not UTF-8 text ({exc.reason}, after its first {num_read:,} characters)"
+        ) from exc
 
 
-def _numbered_lines(path: Path, text: IO[str]) -> Iterator[tuple[int, str]]:
-    """Lines with their 1-based numbers; a line that is not UTF-8 is an error naming it."""
-    number = 0
-    lines = iter(text)
+def _readline(path: Path, text: io.TextIOWrapper, limit: int, number: int) -> str:
+    """Up to ``limit`` characters of line ``number``; a line that is not UTF-8 is an
+    error naming it."""
+    try:
+        return text.readline(limit)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}:{number}: not UTF-8 text ({exc.reason})") from exc
+
+
+def _paragraphs(
+    path: Path, text: io.TextIOWrapper, block_chars: int, max_line_chars: int
+) -> Iterator[tuple[str, bool]]:
+    """Runs of non-blank lines, joined by newlines (the final newline dropped), as
+    fragments of at most ``block_chars``: a line is never held whole, only the blank
+    start of one (up to ``max_line_chars``) until it is known to be blank or not."""
+    number, in_paragraph = 0, False
     while True:
-        try:
-            line = next(lines)
-        except StopIteration:
-            return
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}:{number + 1}: not UTF-8 text ({exc.reason})") from exc
         number += 1
-        yield number, line
+        blank, eof = True, False
+        held: list[str] = []  # the blank start of the line
+        num_held = 0
+        while True:
+            fragment = _readline(path, text, block_chars, number)
+            if not fragment:
+                eof = True
+                break
+            complete = fragment.endswith("\n")
+            body = fragment[:-1] if complete else fragment
+            if blank and not body.strip():
+                held.append(body)
+                num_held += len(body)
+                if num_held > max_line_chars:
+                    raise DataError(
+                        f"{path}:{number}: a line starts with more than {max_line_chars:,} "
+                        "whitespace characters; remove them"
+                    )
+            else:
+                if blank:
+                    if in_paragraph:
+                        yield "\n", False
+                    yield "".join(held), False
+                    blank, in_paragraph = False, True
+                yield body, False
+            if complete:
+                break
+        if blank and in_paragraph:
+            yield "", True
+            in_paragraph = False
+        if eof:
+            if in_paragraph:
+                yield "", True
+            return
 
 
-def _paragraphs(path: Path, text: IO[str]) -> Iterator[str]:
-    """Runs of non-blank lines, joined by newlines (the final newline dropped)."""
-    paragraph: list[str] = []
-    for _, line in _numbered_lines(path, text):
-        if line.strip():
-            paragraph.append(line.rstrip("\n"))
-        elif paragraph:
-            yield "\n".join(paragraph)
-            paragraph = []
-    if paragraph:
-        yield "\n".join(paragraph)
-
-
-def _jsonl_documents(path: Path, text: IO[str], text_key: str) -> Iterator[str]:
-    for number, line in _numbered_lines(path, text):
+def _jsonl_documents(
+    path: Path, text: io.TextIOWrapper, text_key: str, max_line_chars: int
+) -> Iterator[tuple[str, bool]]:
+    """One document a line; a line over ``max_line_chars`` is refused, not read whole
+    (a file with no newline at all would otherwise be held in memory entire)."""
+    number = 0
+    while line := _readline(path, text, max_line_chars + 1, number + 1):
+        number += 1
+        if len(line) > max_line_chars and not line.endswith("\n"):
+            raise DataError(
+                f"{path}:{number}: a line longer than {max_line_chars:,} characters (a "
+                "file without newlines?); split the document into several, or store it "
+                "as a .txt file (read in pieces, whatever its length)"
+            )
         if not line.strip():
             continue
-        try:
-            record: Any = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
-        if not isinstance(record, dict) or text_key not in record:
-            keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-            raise DataError(
-                f"{path}:{number}: no {text_key!r} field (found: {keys}); "
-                "pass --text-key to name the field that holds the text"
-            )
-        value = record[text_key]
-        if not isinstance(value, str):
-            raise DataError(
-                f"{path}:{number}: field {text_key!r} is {type(value).__name__}, not a string"
-            )
+        value = _jsonl_text(path, number, line, text_key)
         if value:
-            yield value
+            yield value, True
+
+
+def _jsonl_text(path: Path, number: int, line: str, text_key: str) -> str:
+    try:
+        record: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
+    if not isinstance(record, dict) or text_key not in record:
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise DataError(
+            f"{path}:{number}: no {text_key!r} field (found: {keys}); "
+            "pass --text-key to name the field that holds the text"
+        )
+    value = record[text_key]
+    if not isinstance(value, str):
+        raise DataError(
+            f"{path}:{number}: field {text_key!r} is {type(value).__name__}, not a string"
+        )
+    return value
 
 
 def _parquet_documents(path: Path, text_key: str) -> Iterator[tuple[str, int]]:
@@ -181,8 +286,8 @@ def _parquet_documents(path: Path, text_key: str) -> Iterator[tuple[str, int]]:
     total_rows = max(1, source.metadata.num_rows)
     size = path.stat().st_size
     row = 0
-    for batch in source.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_key]):
-        for value in batch.column(0).to_pylist():
+    for values in _parquet_values(source, path, text_key):
+        for value in values:
             row += 1
             if value is None:
                 continue  # a null text is an empty document
@@ -193,3 +298,26 @@ def _parquet_documents(path: Path, text_key: str) -> Iterator[tuple[str, int]]:
                 )
             if value:
                 yield value, size * row // total_rows
+
+
+def _parquet_values(source: Any, path: Path, text_key: str) -> Iterator[list[Any]]:
+    """The column's values, a batch at a time, row group by row group; a damaged page
+    (bad header, compression or encoding, bytes that are not UTF-8) is an error naming
+    the file and its row group."""
+    first_row = 0
+    for group in range(source.num_row_groups):
+        num_rows = source.metadata.row_group(group).num_rows
+        batches = source.iter_batches(
+            batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=[text_key]
+        )
+        try:
+            for batch in batches:
+                yield batch.column(0).to_pylist()
+        except Exception as exc:  # ArrowInvalid, OSError, UnicodeDecodeError...
+            rows = f"rows {first_row + 1}-{first_row + num_rows}"
+            reason = " ".join(str(exc).split())  # pyarrow's may span lines
+            raise DataError(
+                f"{path}: row group {group} ({rows}) is damaged ({type(exc).__name__}: "
+                f"{reason}); re-export or download the file again, or leave it out"
+            ) from exc
+        first_row += num_rows
