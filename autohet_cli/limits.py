@@ -7,13 +7,30 @@ billion layer records, and a global batch of 10^9 made the 1F1B simulator run
 for hours. Each bound is far above anything real (so no honest input meets
 it) and low enough that what passes cannot exhaust the machine. A value over
 its bound is almost always a typo or an attack; the error says which field.
+
+The error shows the value as ``shown`` does: whole up to 15 digits, else in a
+few characters (``1e+400``, not 400 digits), and any structure cut short, so a
+hostile value cannot make the message itself the problem.
 """
 
 from __future__ import annotations
 
 import math
+import reprlib
+from typing import Any
 
 from autohet_cli.errors import ConfigError
+
+# Any integer field of any file: the readers downstream (numpy, torch, JSON
+# tools) hold 64 bits, and no count, size or id of ours comes near 9.2e18.
+MAX_INT = (1 << 63) - 1
+# Training steps: published runs take 10^5-10^6 optimizer steps; 10^12 steps of
+# even 1 ms each would take 30 years. The step count sizes the learning-rate
+# schedule and the checkpoint plan, so a typo there must not pass.
+MAX_STEPS = 10**12
+# A run config is a screenful of settings: 1 MiB leaves room for any comments
+# and keeps a hostile file from costing the parser much time or memory.
+MAX_RUN_CONFIG_BYTES = 1 << 20
 
 # Hosts carry 8 or 16 GPUs; the largest NVLink domain sold (NVL72) has 72.
 MAX_GPUS_PER_HOST = 1024
@@ -87,5 +104,50 @@ def at_most(value: int, bound: int, at: str, why: str) -> int:
     user can tell a typo from a limit they have genuinely outgrown.
     """
     if value > bound:
-        raise ConfigError(f"{at}: {value} is larger than {bound:,} ({why}); is it a typo?")
+        raise ConfigError(f"{at}: {shown(value)} is larger than {bound:,} ({why}); is it a typo?")
     return value
+
+
+# Integers past this many digits are shown in scientific form.
+_WHOLE_DIGITS = 15
+# Below Python's limit on int-to-str conversion (4,300 digits), with a margin.
+_STR_BITS = 14_000
+# The most characters a value takes in a message.
+_SHOWN_CHARS = 60
+
+
+def _shown_int(n: int) -> str:
+    sign = "-" if n < 0 else ""
+    if abs(n) < 10**_WHOLE_DIGITS:
+        return str(n)
+    if n.bit_length() > _STR_BITS:
+        return f"a number of about {int(n.bit_length() * math.log10(2)):,} digits"
+    digits = str(abs(n))
+    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+    return f"{sign}{mantissa}e+{len(digits) - 1}"
+
+
+class _Bounded(reprlib.Repr):
+    """``repr`` that never walks or prints more than a few items of anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxother = _SHOWN_CHARS
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        return _shown_int(x)
+
+
+_BOUNDED = _Bounded()
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message shows it: at most 60 characters, with integers
+    whole up to 15 digits and as ``1.23e+28`` beyond, whatever the value's size or
+    depth (a 10^400 or an alias-expanded list must not become the message)."""
+    if isinstance(value, bool):
+        return repr(value)
+    text = _BOUNDED.repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."

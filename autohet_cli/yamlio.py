@@ -30,6 +30,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from autohet_cli.errors import ConfigError
+from autohet_cli.limits import MAX_INT, shown
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -222,6 +223,12 @@ def coerce(value: Any, typ: type[T], at: str) -> T:
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{at}: expected an integer, got {_show(value)}")
+        if abs(value) > MAX_INT:
+            side = "larger" if value > 0 else "smaller"
+            raise ConfigError(
+                f"{at}: {_show(value)} is {side} than any field holds (64-bit integers, "
+                f"{_show(-MAX_INT)} to {_show(MAX_INT)}); is it a typo?"
+            )
         return value  # type: ignore[return-value]
     if typ is bool:
         if not isinstance(value, bool):
@@ -235,8 +242,7 @@ def coerce(value: Any, typ: type[T], at: str) -> T:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value)
 
 
 def dump_yaml(data: Any) -> str:

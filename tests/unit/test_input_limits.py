@@ -300,3 +300,103 @@ def test_yaml_failures_are_one_line(tmp_path: Path, text: str, needle: str) -> N
     path = tmp_path / "f.yaml"
     path.write_text(text)
     assert needle in error_of(load_yaml, path)
+
+
+# ------------------------------------------------- issue 29: huge numbers, shown short
+
+BIG = "1" + "0" * 400  # 10^400: Python reads it whole; no field means anything by it
+
+
+def _short(message: str) -> str:
+    """A message that shows a huge number in a few characters, not its 400 digits."""
+    assert "0" * 20 not in message and len(message) < 400, message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("host", "needles"),
+    [
+        (f"gpus: {{type: cpu, count: {BIG}}}", ["hosts[0].gpus.count", "1e+400"]),
+        (f"gpus: {{type: cpu, count: -{BIG}}}", ["hosts[0].gpus.count", "-1e+400"]),
+        (f"gpus: {{type: cpu, count: 2, mem_gb: {BIG}}}", ["hosts[0].gpus.mem_gb", "1e+400"]),
+        (f"port: {BIG}", ["hosts[0].port", "1e+400"]),
+        (f"price_per_hour: {BIG}", ["hosts[0].price_per_hour", "1e+400"]),
+    ],
+)
+def test_a_huge_number_in_a_cluster_file_is_shown_short(
+    tmp_path: Path, host: str, needles: list[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    text = cluster_yaml(host)
+    path.write_text(text.replace("gpus: {type: cpu, count: 2}, ", "") if "gpus:" in host else text)
+    message = _short(error_of(load_cluster, path))
+    for needle in needles:
+        assert needle in message, message
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"mem": BIG}, "devices.cpu.mem_bytes"),
+        ({"params": BIG}, "layers[0].num_params"),
+        ({"tp": BIG}, "entries[0].tensor_parallel"),
+        ({"out": BIG}, "layers[0].output_bytes"),
+    ],
+)
+def test_a_huge_number_in_a_profile_is_refused_and_shown_short(
+    tmp_path: Path, change: dict[str, object], needle: str
+) -> None:
+    path = tmp_path / "prof.yaml"
+    path.write_text(PROFILE.format(**{**GOOD, **change}))
+    message = _short(error_of(load_profile, path))
+    assert needle in message and "1e+400" in message, message
+
+
+def test_a_huge_number_in_a_plan_is_refused_and_shown_short(tmp_path: Path, plan_text: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(plan_text.replace("version: 1", f"version: {BIG}"), encoding="utf-8")
+    message = _short(error_of(load_plan, path))
+    assert "version" in message and "1e+400" in message, message
+
+
+def test_a_huge_number_in_a_model_config_is_shown_short(tmp_path: Path) -> None:
+    config = json.loads(TINY_LLAMA.read_text(encoding="utf-8"))
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(config).replace(
+            '"num_hidden_layers": ', f'"x": 0, "num_hidden_layers": {BIG}, "y": '
+        )
+    )
+    message = _short(error_of(load_hf_config, path))
+    assert "1e+400" in message, message
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0"),
+        (-12, "-12"),
+        (10**14, "100000000000000"),
+        (10**23, "1e+23"),
+        (123456789 * 10**20, "1.23e+28"),
+        (-(10**400), "-1e+400"),
+        (10**5000, "a number of about 5,000 digits"),
+    ],
+    ids=["0", "-12", "1e14", "1e23", "1.23e28", "-1e400", "1e5000"],
+)
+def test_numbers_are_shown_whole_up_to_15_digits(value: int, text: str) -> None:
+    from autohet_cli.limits import shown
+
+    assert shown(value) == text
+
+
+def test_values_are_shown_bounded_however_big_or_deep() -> None:
+    from autohet_cli.limits import shown
+
+    deep: list[object] = []
+    for _ in range(10_000):
+        deep = [deep]
+    wide = {f"k{i}": "x" * 10_000 for i in range(10_000)}
+    for value in (deep, wide, "y" * 10**6, [10**400] * 10**5, True, 1.5):
+        assert len(shown(value)) <= 60
+    assert shown(True) == "True" and shown("a") == "'a'" and shown([1, 2]) == "[1, 2]"
