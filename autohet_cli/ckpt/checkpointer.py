@@ -10,37 +10,41 @@ Where
     recovered run continues its own, so two runs never mix.
 
 Saving (every rank, collectively; asynchronous)
-    Training stops only to agree on the step and to snapshot each rank's state
-    into reused host buffers (``ckpt.snapshot``: pinned on GPUs); the rest runs
-    in a background thread with a process group of its own, at most one save in
-    flight (the next save waits for it). A step is written under
-    ``.tmp-step-<N>`` and renamed into place on every host once every rank's
-    files are durable, and becomes ``COMPLETE`` only after that, so a complete
-    step is whole on every host; a step that is already ``COMPLETE`` is never
-    written again (it is kept, with a note), and only incomplete leftovers
-    of this job are removed. Each rank hands ``torch.distributed.checkpoint.save``
+    Training stops only to agree on the step and to snapshot each rank's state into
+    reused host buffers (``ckpt.snapshot``: pinned on GPUs); the rest runs in a
+    background thread with a process group of its own, at most one save in flight
+    (the next save waits for it). A step is written under ``.tmp-step-<N>`` and
+    renamed into place on every host once every rank's files are durable, and
+    becomes ``COMPLETE`` only after that, so a complete step is whole on every host.
+    The step this run resumed from is never written again; a ``COMPLETE`` step of an
+    earlier run that this run reaches (it resumed from an older step) is replaced
+    once the new save is durable, since the run the user went back from is the one
+    abandoned. Interrupted saves' leftovers (``.tmp-*``) are removed when a run
+    starts (``ckpt.jobdir``). Each rank hands ``torch.distributed.checkpoint.save``
     a ``FileSystemWriter`` on ITS host's directory with several writer threads
     (``ckpt.persist``): DCP names every rank's data files (``__<rank>_<n>.distcp``),
     only the coordinator writes ``.metadata``, and its planner deduplicates
-    replicated entries onto one of their holders, so a loading rank may need a
-    file another host wrote. Entries of no layer (``step``, ``run``, ...) are
-    saved by rank 0 alone, so they all land in rank 0's files. Every file is
-    hashed on its way out and fsynced; rank 0 gathers the entries once every
-    rank's files are durable, records which layers each data file holds and
-    which holds the shared entries (from the ``.metadata`` it wrote: recovery's
-    "layers" rule moves only what a host reads), and once the step directories
-    are in place writes ``manifest.json`` signed with the job key (HMAC-SHA256)
-    and ``COMPLETE`` last, so a crash mid-save never leaves a COMPLETE step. The
-    final and emergency saves write straight from the training state when no
-    snapshot buffers exist yet (nothing would overlap the write). Where host
-    memory is short for the snapshot the rank writes synchronously, and says why.
-    Every rank learns together at each step end whether the save in flight
-    succeeded (one small all-reduce while one is in flight). The state is
-    ``Trainer.state_dict`` with the optimizer flattened to one entry per full
-    parameter name, and a tied parameter's optimizer state filed under the first
-    name of its group whatever copy a rank holds, so every entry has one name in
-    every plan. Each save's figures (``ckpt.persist.SaveRecord``) go to the
-    listeners (the metrics file and the log, on rank 0).
+    replicated entries onto one of their holders, so a loading rank may need a file
+    another host wrote. Entries of no layer (``step``, ``run``, ...) are saved by
+    rank 0 alone, so they all land in rank 0's files. Every file is hashed on its
+    way out and fsynced; rank 0 gathers the entries once every rank's files are
+    durable, records which layers each data file holds and which holds the shared
+    entries (from the ``.metadata`` it wrote: recovery's "layers" rule moves only
+    what a host reads), and once the step directories are in place writes
+    ``manifest.json`` signed with the job key (HMAC-SHA256) and ``COMPLETE`` last,
+    so a crash mid-save never leaves a COMPLETE step. The final and emergency saves
+    write straight from the training state when no snapshot buffers exist yet
+    (nothing would overlap the write). Where host memory is short for the snapshot
+    the rank writes synchronously, and says why. Every rank learns together at each
+    step end whether the save in flight succeeded (one small all-reduce while one is
+    in flight). A failed periodic save is named with its cause (a full or read-only
+    disk included) and training goes on; a failed last or emergency save fails the
+    run (``ckpt.failures``). The state is ``Trainer.state_dict`` with the optimizer
+    flattened to one entry per full parameter name, and a tied parameter's optimizer
+    state filed under the first name of its group whatever copy a rank holds, so
+    every entry has one name in every plan. Each save's figures
+    (``ckpt.persist.SaveRecord``) go to the listeners (the metrics file and the log,
+    on rank 0).
 
 Keeping (``--keep-checkpoints K``, ``ckpt.prune``)
     After a save whose ``COMPLETE`` and rename succeeded, every host's directory
@@ -54,7 +58,9 @@ The job key
     every host over SSH before the workers start. A worker started without the
     launcher (tests, a hand-run torchrun) makes one on rank 0 and sends it to the
     ranks that lack it over the process group; every rank then checks that all
-    hold the same key.
+    hold the same key. It is checked again at every save: a key deleted or
+    replaced during the run stops it (``ckpt.jobdir``). A run that saved nothing
+    removes its job directory at the end.
 
 Loading (``--resume [STEP]``, ``ckpt.loading``)
     Every rank lists its own job directory and verifies each manifest's HMAC; the
@@ -69,7 +75,6 @@ Loading (``--resume [STEP]``, ``ckpt.loading``)
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -84,22 +89,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from autohet_cli.ckpt import finish, loading
+from autohet_cli.ckpt import finish, jobdir, loading
+from autohet_cli.ckpt.failures import after_failure, disk_diagnosis, save_failure
 from autohet_cli.ckpt.files import (
     CheckpointError,
     ensure_private_dir,
     incomplete_reason,
     list_steps,
-    read_key,
     sha256_file,
-    write_key,
 )
 from autohet_cli.ckpt.finish import SaveJob
 from autohet_cli.ckpt.format import (
     COMPLETE,
     TMP_PREFIX,
     check_job,
-    new_key,
     step_dir_name,
 )
 from autohet_cli.ckpt.memory import available_memory_bytes, memory_verdict, ranks_on_this_host
@@ -115,7 +118,6 @@ from autohet_cli.ckpt.state import (
     rename_optimizer,
     tied_aliases,
 )
-from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
 
@@ -197,6 +199,8 @@ class Checkpointer:
         self._failure: BaseException | None = None
         self._pending = False  # a save every rank started and not all have confirmed
         self._pending_step = 0
+        self.resumed_step: int | None = None  # the step this run loaded (resume)
+        self.failed_steps: list[int] = []  # saves that failed (reported; training went on)
         self.last_alloc_s = 0.0  # of the latest save: new snapshot buffers
         self.host = trainer.runtime.info.device.host
         problem = self._prepare_dir(root)
@@ -212,7 +216,9 @@ class Checkpointer:
         # Hosts sharing this directory (an NFS home): each has an owner, and either may
         # find the other's work done (a rename, a cleanup).
         self.shared_dir = len({m for m, d in places if d == where[1]}) > 1
-        self.key = self._agree_key()
+        self.key = jobdir.agree_key(self)
+        if self.owner:
+            jobdir.clear_leftovers(self)
         self.retention = Retention(
             keep=keep,
             job=self.job,
@@ -238,36 +244,6 @@ class Checkpointer:
         first = next((p for p in seen if p), None)
         if first:
             raise CheckpointError(first)
-
-    def _agree_key(self) -> bytes:
-        """This job's key on every rank (see the module docstring), checked to agree."""
-        try:
-            mine: bytes | None = read_key(self.plan_dir)
-            problem = None
-        except (CheckpointError, ConfigError) as exc:
-            mine, problem = None, str(exc)
-        self.agree_no_problem(problem)
-        digests: list[Any] = [None] * self.world_size
-        digest = hashlib.sha256(mine).hexdigest() if mine is not None else None
-        dist.all_gather_object(digests, digest, group=self.group)
-        known = {d for d in digests if d is not None}
-        if len(known) > 1:
-            raise CheckpointError(
-                f"the hosts hold different keys for job {self.job} under {self.plan_dir}: "
-                "checkpoints of different runs are mixed there; start a new job "
-                "(autohet launch starts one by default)"
-            )
-        if all(d is not None for d in digests):
-            assert mine is not None
-            return mine
-        holder = next((r for r, d in enumerate(digests) if d is not None), 0)
-        payload: list[Any] = [
-            (mine if mine is not None else new_key()) if self.rank == holder else None
-        ]
-        dist.broadcast_object_list(payload, src=holder, group=self.group)
-        key = payload[0]
-        assert isinstance(key, bytes)
-        return write_key(self.plan_dir, key) if mine is None else mine
 
     # ----------------------------------------------------------------- state
 
@@ -297,23 +273,33 @@ class Checkpointer:
         allocating them first, since nothing would overlap the write anyway.
         """
         started = time.monotonic()
-        self.wait()
-        self._pending = False
+        self.poll(block=True)  # the previous save: durable, or its failure reported
         self.last_alloc_s = 0.0
         step = self.trainer.step
         final = self.plan_dir / step_dir_name(step)
         tmp = self.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}"
         complete = (final / COMPLETE).is_file()
         seen: list[Any] = [None] * self.world_size
-        dist.all_gather_object(seen, complete, group=self.group)
-        if any(seen):
+        dist.all_gather_object(seen, (complete, jobdir.key_problem(self)), group=self.group)
+        problem = next((p for _, p in seen if p), None)
+        if problem:
+            raise CheckpointError(problem)
+        replacing = any(c for c, _ in seen)
+        if replacing and step == self.resumed_step:
             if self.rank == 0:
                 say(f"note: step {step} of job {self.job} is already saved and complete; kept")
             return None
+        if replacing and self.rank == 0:
+            say(
+                f"note: step {step} of job {self.job} holds the save of an earlier run (this "
+                f"run resumed from step {self.resumed_step}); it is replaced once this "
+                "save is durable"
+            )
         if self.owner:  # leftovers of an interrupted attempt of this job (never COMPLETE)
-            for d in (tmp, final):
-                # Hosts sharing one directory (NFS) each have an owner: both may clear it.
-                shutil.rmtree(d, ignore_errors=True)
+            # Hosts sharing one directory (NFS) each have an owner: both may clear it.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not replacing:
+                shutil.rmtree(final, ignore_errors=True)
         dist.barrier(group=self.group)
         state, _ = self.state()
         runtime = self.trainer.runtime
@@ -379,27 +365,32 @@ class Checkpointer:
         if failure is not None:
             raise failure
 
-    def poll(self) -> None:
-        """Collective, at every step end while a save is unconfirmed: every rank learns
-        together whether it is durable, and raises together when it failed anywhere
-        (alone, the failed rank would stop while the others trained on into it)."""
+    def poll(self, *, block: bool = False) -> int | None:
+        """Collective, at every step end while a save is unconfirmed (and before the
+        next save, ``block``: after waiting for it): every rank learns together
+        whether it is durable. A save that failed anywhere is reported on rank 0
+        with its cause and its leftovers removed, and training goes on (alone, the
+        failed rank would stop while the others trained on into it); returns that
+        step. A failure that is no checkpoint's (a bug) is raised on every rank."""
         if not self._pending:
-            return
+            return None
         thread = self._inflight
+        if block and thread is not None:
+            thread.join()
         done = thread is None or not thread.is_alive()
         running, failed = self.agree_max(
             [0.0 if done else 1.0, 1.0 if done and self._failure is not None else 0.0]
         )
-        if failed:
-            self._pending = False
-            self.wait()  # raises this rank's failure; the others' threads failed with it
-            raise CheckpointError(
-                f"step {self._pending_step} was not saved: it failed on another rank (its "
-                "log says why); the steps saved before it are kept"
-            )
-        if not running:
-            self._pending = False
-            self.wait()
+        if running:
+            return None
+        self._pending = False
+        thread, self._inflight = self._inflight, None
+        if thread is not None:
+            thread.join()
+        failure, self._failure = self._failure, None
+        if not failed:
+            return None
+        return after_failure(self, self._pending_step, failure)
 
     def _persist(self, job: SaveJob) -> None:
         """The second half of a save (this rank's files, then with every rank: the
@@ -407,16 +398,14 @@ class Checkpointer:
         try:
             finish.write_and_finish(self, job)
         except CheckpointException as exc:
-            self._failure = checkpoint_failure(exc)
-        except OSError as exc:  # a full or failing disk, named with the step
-            self._failure = CheckpointError(
-                f"step {job.step} was not saved: {exc.strerror or exc} "
-                f"({exc.filename or job.tmp}); the steps saved before it are kept"
-            )
-        except BaseException as exc:  # kept for the training thread: wait() raises it
+            self._failure = save_failure(job.step, checkpoint_failure(exc), self.plan_dir)
+        except (OSError, CheckpointError) as exc:  # a full or failing disk, named
+            self._failure = save_failure(job.step, exc, self.plan_dir)
+        except RuntimeError as exc:  # torch's own words for a short write
+            failure = save_failure(job.step, exc, self.plan_dir)
+            self._failure = failure if disk_diagnosis(self.plan_dir) else exc
+        except BaseException as exc:  # kept for the training thread: poll() raises it
             self._failure = exc
-        if job.inline:
-            self.wait()
 
     def previous_record(self) -> dict[str, float] | None:
         """The figures of this job's last save on this host (None: unknown)."""
@@ -439,9 +428,18 @@ class Checkpointer:
             if self.uploader is not None:
                 self.uploader.join()
             self.snapshots.release()
+        self.forget_if_unused()
+
+    def forget_if_unused(self) -> None:
+        """The owner removes the job's directory when this run left nothing in it but
+        the key (no save, no resume: a ``--checkpoint-every 0`` run, say), so runs
+        do not pile up empty jobs; see ``jobdir.remove_if_unused``."""
+        if self.owner and self.resumed_step is None:
+            jobdir.remove_if_unused(self.plan_dir)
 
     # ----------------------------------------------------------------- load
 
     def resume(self, step: int | None = None) -> int | None:
         """Load ``step`` (None: the newest complete one); see ``ckpt.loading``."""
-        return loading.resume(self, step)
+        self.resumed_step = loading.resume(self, step)
+        return self.resumed_step

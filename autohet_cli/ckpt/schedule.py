@@ -76,7 +76,7 @@ class CheckpointHook(Hook):
     def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
         poll = getattr(self.checkpointer, "poll", None)
         if poll is not None:
-            poll()  # a failed background save stops training now, not at the next save
+            poll()  # a failed background save is reported now (training goes on)
         self._step_times.append(result.time_s)
         if self.every is not None:
             if self.every and trainer.step % self.every == 0:
@@ -154,6 +154,14 @@ class CheckpointHook(Hook):
     def on_train_end(self, trainer: Trainer) -> None:
         preempted = getattr(trainer, "stop_reason", None) == "preempted"
         wanted = self.emergency if preempted else self.final
-        if wanted and self._last_saved is not None and trainer.step != self._last_saved:
+        poll = getattr(self.checkpointer, "poll", None)
+        if poll is not None:
+            poll(block=True)  # a save of this very step that failed is tried again below
+        failed = set(getattr(self.checkpointer, "failed_steps", ()))
+        self.saved_steps = [s for s in self.saved_steps if s not in failed]
+        unsaved = trainer.step != self._last_saved or self._last_saved in failed
+        if wanted and self._last_saved is not None and unsaved:
             self._save(trainer, last=True)
-        self.checkpointer.close()  # the last save is durable (or its failure raised) here
+        # The last save is durable here, or its failure raised: with no next save to
+        # try again, a save that ends training fails the run.
+        self.checkpointer.close()

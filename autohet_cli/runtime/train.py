@@ -21,6 +21,7 @@ how the launcher tells a crash from a lost host.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import os
@@ -349,6 +350,7 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     )
     health.start()
     saver: CheckpointHook | None = None
+    checkpointer: Checkpointer | None = None
     try:
         checkpointer = _checkpointer(args, trainer, run_dir)
         if checkpointer is not None and trainer.runtime.global_rank == 0:
@@ -387,6 +389,9 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         trainer.hooks.append(_preemption_hook(trainer, saver))
         results = trainer.fit(max(0, args.steps - trainer.step))
     except BaseException as exc:
+        if checkpointer is not None:  # a run that failed before saving leaves no job
+            with contextlib.suppress(Exception):
+                checkpointer.forget_if_unused()
         health.fail(exc)  # a lost peer is reported here and the process ends
         raise
     else:

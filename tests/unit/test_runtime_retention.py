@@ -164,12 +164,11 @@ def test_the_step_a_run_resumed_from_stays_until_it_saved_k_newer(tmp_path: Path
     assert _steps(job) == ["step-00000002", "step-00000003"]
     resumed, ckpt = _fresh(tmp_path, 0, keep=2)
     assert ckpt.resume(2) == 2
-    resumed.fit(1)
-    assert ckpt.save() is None  # step 3 is complete already: kept, nothing pruned
-    _save_steps(resumed, ckpt, 1)  # step 4: one newer save, 2 still held
-    assert _steps(job) == ["step-00000002", "step-00000003", "step-00000004"]
-    _save_steps(resumed, ckpt, 1)  # step 5: two newer saves, 2 released
-    assert _steps(job) == ["step-00000004", "step-00000005"]
+    # Step 3 of the run left behind is replaced by this run's: one newer save, 2 held.
+    _save_steps(resumed, ckpt, 1)
+    assert _steps(job) == ["step-00000002", "step-00000003"]
+    _save_steps(resumed, ckpt, 1)  # step 4: two newer saves, 2 released
+    assert _steps(job) == ["step-00000003", "step-00000004"]
 
 
 def test_a_remote_pin_keeps_the_step_in_the_remote_copy(tmp_path: Path) -> None:

@@ -1,0 +1,114 @@
+"""A save that failed: why, in words a user can act on, and what is left behind.
+
+A periodic save that fails (a full or read-only disk, a quota, a flaky mount) must
+not end the run: the steps saved before it are kept, the next save tries again,
+and the log says which step was lost and why (Megatron users ask for the same).
+A save that ends training (the last step's, a preemption notice's) has no next
+save to try, so its failure stops the worker with the same sentence.
+
+DCP and torch report a full disk in their own words ("unexpected pos 704 vs 598"
+from torch's zip writer, a bare EFBIG): the checkpoint directory's file system is
+asked afterwards whether it is full or read-only, so the cause is named."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from autohet_cli.ckpt.files import CheckpointError, list_steps
+from autohet_cli.ckpt.format import COMPLETE, TMP_PREFIX, step_dir_name
+from autohet_cli.runtime.records import say
+
+if TYPE_CHECKING:
+    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+# A file system with less free than this after a failed write was what failed it.
+NEARLY_FULL_BYTES = 64 << 20
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def disk_diagnosis(path: Path) -> str:
+    """ " (the file system of PATH is full: ...)" or read-only, else ""."""
+    where = path
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        st = os.statvfs(where)
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY:
+        return (
+            f" ({where} is on a read-only file system: remount it or pass another --checkpoint-dir)"
+        )
+    if usage.free < NEARLY_FULL_BYTES:
+        return (
+            f" (the file system of {where} is full: {_size(usage.free)} free of "
+            f"{_size(usage.total)}; free space there or pass another --checkpoint-dir)"
+        )
+    return ""
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def save_failure(step: int, exc: BaseException, where: Path) -> CheckpointError:
+    """``exc`` (an OSError, torch's or DCP's words) as a CheckpointError naming the
+    step, the cause and, where the disk is to blame, the disk."""
+    if isinstance(exc, CheckpointError):
+        text = str(exc)
+        prefix = f"step {step} was not saved: "
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    elif isinstance(exc, OSError):
+        name = errno.errorcode.get(exc.errno or 0, "")
+        text = f"{exc.strerror or exc}" + (f" [{name}]" if name else "")
+        text += f" ({exc.filename})" if exc.filename else ""
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return CheckpointError(f"step {step} was not saved: {text}{disk_diagnosis(where)}")
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) -> int:
+    """Every rank, once every rank knows step ``step`` failed somewhere: agree on its
+    cause; raise it when it is not a checkpoint's (a bug), else say it (rank 0),
+    clear the step's leftovers and return ``step``: training goes on."""
+    mine = None if failure is None else (isinstance(failure, CheckpointError), str(failure))
+    seen: list[Any] = [None] * ckpt.world_size
+    dist.all_gather_object(seen, mine, group=ckpt.group)
+    reported = [m for m in seen if m is not None]
+    if failure is not None and not isinstance(failure, CheckpointError):
+        raise failure
+    if any(not ours for ours, _ in reported):
+        raise CheckpointError(
+            f"step {step} was not saved: it failed on another rank (its log says why)"
+        )
+    if ckpt.owner:  # never COMPLETE: the next save of this step starts afresh
+        shutil.rmtree(ckpt.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}", ignore_errors=True)
+        final = ckpt.plan_dir / step_dir_name(step)
+        if final.is_dir() and not (final / COMPLETE).exists():
+            shutil.rmtree(final, ignore_errors=True)
+    ckpt.failed_steps.append(step)
+    if ckpt.rank == 0:
+        complete = [s for s, why in list_steps(ckpt.plan_dir, ckpt.key).items() if not why]
+        newest = f"step {max(complete)}" if complete else "none"
+        say(
+            f"warning: {reported[0][1] if reported else f'step {step} was not saved'}; "
+            "training goes on and the next save tries again (the newest complete step "
+            f"on this host: {newest})"
+        )
+    return step
