@@ -131,7 +131,7 @@ def this_process(job: str, *, now_unix: float | None = None) -> Holder:
         pid=pid,
         pid_start=start_time(pid) or "",
         user=_user(),
-        cwd=os.getcwd(),
+        cwd=_cwd(),
         since_unix=time.time() if now_unix is None else now_unix,
     )
 
@@ -173,7 +173,8 @@ def refusal(state: State, age_s: float | None, *, break_lock: bool) -> str | Non
     if not break_lock:
         return (
             "it cannot be checked from this machine; if it is no longer running (its "
-            "controller is down, or it was killed), run again with --break-lock"
+            "controller is down, or it was killed), run again with --break-lock (which "
+            f"breaks a lock older than {BREAK_AFTER_S / 60:.0f} min)"
         )
     if age_s is None or age_s < BREAK_AFTER_S:
         taken = "when is unknown" if age_s is None else f"taken {age_s:.0f} s ago"
@@ -302,6 +303,13 @@ class HostLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # removed under us: the record still names the process
+        return "?"
 
 
 def _user() -> str:
