@@ -114,7 +114,7 @@ def _copy_one(item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
                 errors.append(f"{_label(source)}: cannot verify or place the copy: {why}")
                 _discard(dest, staged)
         except (AutohetError, OSError) as exc:
-            errors.append(f"{_label(source)}: {exc}")
+            errors.append(f"{_label(source)}: {exc or type(exc).__name__}")
             _discard(dest, staged)
         say(f"{item.dest_host}: {item.file} from {_label(source)} failed, trying the next source")
     message = f"{item.file} to {item.dest_host}: every source failed: " + "; ".join(errors)

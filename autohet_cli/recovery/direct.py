@@ -149,8 +149,10 @@ def direct_copy(
         if res.exit_code != 0:
             tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
             raise AutohetError(f"{dest_host.name}: fetching {path} failed: {tail}")
-        if server.wait(30) != 0:
-            raise AutohetError(f"{src_host.name}: serving {path} failed: {server.stderr.strip()}")
+        code = server.wait(30)
+        if code != 0:
+            why = (server.stderr.strip().splitlines() or [f"exit code {code}, no output"])[-1]
+            raise AutohetError(f"{src_host.name}: serving {path} failed: {why}")
     finally:
         if server.poll() is None:
             server.kill(1.0)
