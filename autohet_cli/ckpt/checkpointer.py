@@ -106,7 +106,7 @@ from autohet_cli.ckpt.format import (
     step_dir_name,
 )
 from autohet_cli.ckpt.memory import available_memory_bytes, memory_verdict, ranks_on_this_host
-from autohet_cli.ckpt.persist import SaveRecord, writer_threads
+from autohet_cli.ckpt.persist import SaveRecord, quiet_writer_thread_errors, writer_threads
 from autohet_cli.ckpt.prune import Retention
 from autohet_cli.ckpt.remote import RemoteCopy, Uploader, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
@@ -192,6 +192,7 @@ class Checkpointer:
         # collectives on one group.
         self.persist_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.snapshots = Snapshotter()
+        quiet_writer_thread_errors()
         self.background = background
         self.listeners: list[Callable[[SaveRecord], None]] = []  # rank 0, after each save
         self.last_record: SaveRecord | None = None  # the latest finished save's figures

@@ -169,3 +169,27 @@ class SaveRecord:
             f"checkpoint step {self.step}: {self.nbytes / 1e9:.2f} GB durable after "
             f"{self.persist_s:.2f} s ({rate:.2f} GB/s), {how} {self.blocked_s:.2f} s"
         )
+
+
+_quiet = False  # the hook below is installed once per process
+
+
+def quiet_writer_thread_errors() -> None:
+    """A disk error in one of DCP's extra writer threads (``_write_files_from_queue``)
+    reaches the save as a missing result, which the save reports with its cause
+    (``ckpt.failures``); Python would also print that thread's traceback into the
+    log, where it reads like a crash. Only those threads' OSErrors are kept quiet;
+    anything else still prints."""
+    global _quiet
+    if _quiet:
+        return
+    _quiet = True
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else ""
+        if "_write_files_from_queue" in name and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    threading.excepthook = hook

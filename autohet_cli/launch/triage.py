@@ -44,6 +44,8 @@ _EXC_LINE = re.compile(
 )
 _RUNTIME_ERROR = re.compile(r"autohet runtime: error: (.+)$")
 _SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
+# argparse's last line when a worker refuses a flag (``--train-arg=--lrr=0.1``).
+_ARGPARSE_ERROR = re.compile(r"autohet_cli\.runtime\.train: error: (.+)$")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _NOISE = ("ChildFailedError", "torch.distributed.elastic.multiprocessing.errors")
 
@@ -135,18 +137,26 @@ def error_from_output(host: str, lines: Sequence[str]) -> WorkerError | None:
     ours = [m.group(1) for m in map(_RUNTIME_ERROR.search, lines) if m]
     if ours:
         return WorkerError(host=host, kind="output", message=ours[0])
+    flags = [m.group(1) for m in map(_ARGPARSE_ERROR.search, lines) if m]
+    if flags:
+        return WorkerError(
+            host=host,
+            kind="output",
+            message=f"the worker refused its flags: {flags[0]} (check --train-arg and "
+            "the run config; `python -m autohet_cli.runtime.train --help` lists them)",
+        )
     for line in reversed(lines):
         m = _EXC_LINE.match(line)
         if m and not any(n in m.group(1) for n in _NOISE):
             return WorkerError(host=host, kind="output", message=f"{m.group(1)}: {m.group(2)}")
-    for line in reversed(lines):
-        if m := _SIGNAL.search(line):
-            return WorkerError(
-                host=host,
-                kind="output",
-                message=f"a worker (pid {m.group(3)}) was killed by signal {m.group(1)} "
-                f"({m.group(2)}); out of memory?",
-            )
+    # A signal says how a worker died, not why. SIGTERM is what torchrun sends the
+    # others once one fails (and what a shutdown sends): the least telling, so
+    # another signal wins. Only SIGKILL may be the kernel's out-of-memory killer,
+    # and the host's kernel log says whether it was: nothing here guesses more.
+    signals = [m for m in map(_SIGNAL.search, lines) if m]
+    if signals:
+        m = next((x for x in signals if x.group(2) != "SIGTERM"), signals[0])
+        return WorkerError(host=host, kind="output", message=_signal_words(m, host))
     for line in reversed(lines):
         if (m := _EXITCODE.search(line)) and int(m.group(1)) < 0:
             sig = -int(m.group(1))
@@ -154,6 +164,22 @@ def error_from_output(host: str, lines: Sequence[str]) -> WorkerError | None:
                 host=host, kind="output", message=f"a worker was killed by signal {sig}"
             )
     return None
+
+
+def _signal_words(m: re.Match[str], host: str) -> str:
+    number, name, pid = m.group(1), m.group(2), m.group(3)
+    said = f"a worker (pid {pid}) was killed by signal {number} ({name})"
+    if name == "SIGKILL":
+        return (
+            f"{said}: the kernel's out-of-memory killer sends it, as does kill -9 or a "
+            f"scheduler; `dmesg` or `journalctl -k` on {host} says whether memory ran out"
+        )
+    if name == "SIGTERM":
+        return (
+            f"{said}: torchrun stops every worker this way once one fails, and a "
+            "shutdown or a scheduler sends it too; no worker recorded a cause"
+        )
+    return said
 
 
 # Errors whose fix is known: (pattern in the message, what to do).

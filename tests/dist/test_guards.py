@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from realdata import byte_tokens
-from test_runtime_exact import ROOT, _env, make_plan
+from test_runtime_exact import ROOT, _env, _free_port, make_plan
 
 from autohet_cli.plan import write_plan
 
@@ -99,3 +99,39 @@ def test_a_loss_that_stays_non_finite_stops_the_run(tmp_path: Path) -> None:
     assert "were not finite (--max-nonfinite-steps 2)" in text, text[-3000:]
     losses = _losses(tmp_path)
     assert len(losses) < 30
+
+
+def test_a_disk_that_refuses_every_save_is_named_and_training_goes_on(tmp_path: Path) -> None:
+    """Issue 29: a full disk killed the run at its first save with "workers failed" and
+    torch's "unexpected pos 704 vs 598". Here every file over 64 KB is refused
+    (RLIMIT_FSIZE, as a quota would): the periodic saves fail with their cause and
+    training goes on to the end; the last save fails too, so the run exits 1 saying so."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    plan = make_plan("full", [(2, [(0, 6)])])
+    _, path = write_plan(plan, tmp_path)
+    cmd = [
+        sys.executable,
+        *("-m", "autohet_cli.runtime.train", "--plan", str(path), "--device", "cpu"),
+        *("--seed", "7", "--metrics", str(tmp_path / "metrics.jsonl"), "--steps", "6"),
+        *("--data", str(byte_tokens()), "--checkpoint-every", "2"),
+        *("--checkpoint-dir", str(tmp_path / "ckpt"), "--remote-storage", "none"),
+    ]
+    env = _env() | {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    }  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        check=False, preexec_fn=small_files,
+    )  # fmt: skip
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    assert "warning: step 2 was not saved: " in err and "File too large" in err, err[-3000:]
+    assert "warning: step 4 was not saved" in err and "training goes on" in err
+    assert "error: step 6 was not saved" in err
+    assert len(_losses(tmp_path)) == 6  # every step trained
+    assert "Traceback" not in err

@@ -12,6 +12,7 @@ from autohet_cli.launch.triage import (
     HostState,
     WorkerError,
     error_from_output,
+    hint_for,
     parse_records,
     root_cause,
     triage,
@@ -112,3 +113,30 @@ def test_parse_records_reads_runtime_error_files_and_skips_garbage() -> None:
     assert got == [
         WorkerError(host="h", kind="error", message="boom", rank=2, place="p", time_unix=3.5)
     ]
+
+
+def test_a_sigterm_is_never_called_out_of_memory_and_yields_to_a_telling_cause() -> None:
+    """Issue 29: a resume on a full disk and a bad training flag were both reported as
+    "killed by signal 15 (SIGTERM); out of memory?" with the stage-does-not-fit hint."""
+    term = ["  traceback : Signal 15 (SIGTERM) received by PID 11"]
+    got = error_from_output("h", term)
+    assert got is not None and "out of memory" not in got.message
+    assert "torchrun stops every worker this way once one fails" in got.message
+    assert hint_for(got.message) == ""
+    both = ["Signal 9 (SIGKILL) received by PID 12", *term]
+    got = error_from_output("h", both)
+    assert got is not None and "pid 12" in got.message
+    assert "`dmesg` or `journalctl -k` on h says whether memory ran out" in got.message
+
+
+def test_a_flag_the_worker_refuses_is_the_root_cause() -> None:
+    out = [
+        "usage: python -m autohet_cli.runtime.train [-h] --plan PLAN",
+        "python -m autohet_cli.runtime.train: error: unrecognized arguments: --lrr=0.1",
+        "  traceback : Signal 15 (SIGTERM) received by PID 11",
+    ]
+    got = error_from_output("h", out)
+    assert got is not None
+    assert got.message.startswith(
+        "the worker refused its flags: unrecognized arguments: --lrr=0.1 (check --train-arg"
+    )
