@@ -13,21 +13,28 @@ check it, and pass each setting to the workers as its flag; the worker itself
 takes ``--config FILE`` too. Flags given on the command line override the file.
 Each key is the worker flag's name with ``_`` for ``-``; unknown keys are refused
 with the list of known ones, so a typo never silently keeps a default.
+
+The file is read like every YAML input (``yamlio.parse_yaml``: aliases and
+nesting capped) or through ``tomlio`` (nesting capped before ``tomllib``
+recurses), at most ``MAX_RUN_CONFIG_BYTES``; integers have upper bounds
+(``steps`` at most ``MAX_STEPS``) and errors show values through
+``limits.shown``, so an alias bomb or a 400-digit number is refused in one
+short line instead of being printed.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autohet_cli.errors import ConfigError
+from autohet_cli.limits import MAX_INT, MAX_RUN_CONFIG_BYTES, MAX_STEPS, at_most, shown
+from autohet_cli.tomlio import parse_toml
+from autohet_cli.yamlio import parse_yaml, read_text
 
 SCHEMA = "autohet.run/v1"
 
@@ -39,6 +46,7 @@ class Setting:
     help: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: int = MAX_INT  # integers only (a float is checked to be finite)
 
     @property
     def flag(self) -> str:
@@ -46,12 +54,18 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("steps", int, "train until this step", minimum=0),
+    Setting("steps", int, "train until this step", minimum=0, maximum=MAX_STEPS),
     Setting("seed", int, "seed of weights and data"),
     Setting("lr", float, "peak learning rate", minimum=0.0),
     Setting("min_lr", float, "learning rate at the end of decay (default lr/10)", minimum=0.0),
-    Setting("warmup_steps", int, "linear warmup steps", minimum=0),
-    Setting("decay_steps", int, "step the decay ends at (default: steps)", minimum=0),
+    Setting("warmup_steps", int, "linear warmup steps", minimum=0, maximum=MAX_STEPS),
+    Setting(
+        "decay_steps",
+        int,
+        "step the decay ends at (default: steps)",
+        minimum=0,
+        maximum=MAX_STEPS,
+    ),
     Setting("lr_schedule", str, "decay after warmup", choices=("cosine", "linear", "constant")),
     Setting("weight_decay", float, "AdamW decay of matrices", minimum=0.0),
     Setting("beta1", float, "AdamW beta1", minimum=0.0),
@@ -61,33 +75,42 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data_dtype", str, "dtype of a headerless token file", choices=("uint16", "uint32")),
     Setting("data_fn", str, "package.module:function giving the batches"),
     Setting("val_fraction", float, "held-out share of the samples", minimum=0.0),
-    Setting("eval_every", int, "steps between validation losses (0: never)", minimum=0),
-    Setting("eval_batches", int, "global batches per validation loss", minimum=1),
+    Setting(
+        "eval_every",
+        int,
+        "steps between validation losses (0: never)",
+        minimum=0,
+        maximum=MAX_STEPS,
+    ),
+    Setting(
+        "eval_batches", int, "global batches per validation loss", minimum=1, maximum=MAX_STEPS
+    ),
     Setting("model_fn", str, "package.module:function building the model"),
     Setting("init_from", str, "HuggingFace model directory on every host"),
     Setting("checkpoint_every", str, "K, auto or 0"),
-    Setting("keep_checkpoints", int, "complete steps kept per job (0: every step)", minimum=0),
+    Setting(
+        "keep_checkpoints",
+        int,
+        "complete steps kept per job (0: every step)",
+        minimum=0,
+        maximum=MAX_STEPS,
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def load_run_config(path: Path) -> dict[str, Any]:
     """The file's settings, checked; keys as in ``SETTINGS``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such run config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the run config: {exc}") from None
-    try:
-        raw = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid {_kind(path)}: {exc}") from None
+    if not path.exists():
+        raise ConfigError(f"{path}: no such run config file")
+    text = read_text(path, max_bytes=MAX_RUN_CONFIG_BYTES)
+    where = str(path)
+    raw = parse_toml(text, where) if path.suffix == ".toml" else parse_yaml(text, where)
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(raw).__name__}")
-    return check_settings(raw, str(path))
+    return check_settings(raw, where)
 
 
 def check_settings(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -95,13 +118,15 @@ def check_settings(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         if key == "schema":
             if value != SCHEMA:
-                raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {value!r}")
+                raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {shown(value)}")
             continue
         setting = BY_KEY.get(str(key))
         if setting is None:
             near = difflib.get_close_matches(str(key), BY_KEY, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"{where}: unknown setting {key!r}{hint}; known: {', '.join(BY_KEY)}")
+            raise ConfigError(
+                f"{where}: unknown setting {shown(key)}{hint}; known: {', '.join(BY_KEY)}"
+            )
         out[setting.key] = _value(setting, value, where)
     return out
 
@@ -119,21 +144,25 @@ def _value(s: Setting, value: Any, where: str) -> Any:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, s.kind):
-        raise ConfigError(f"{field}: expected {s.kind.__name__} ({s.help}), got {value!r}")
+        raise ConfigError(f"{field}: expected {s.kind.__name__} ({s.help}), got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{field}: must be a finite number, got {value!r}")
+        raise ConfigError(f"{field}: must be a finite number, got {shown(value)}")
     if s.choices and value not in s.choices:
-        raise ConfigError(f"{field}: expected one of {', '.join(s.choices)}, got {value!r}")
+        raise ConfigError(f"{field}: expected one of {', '.join(s.choices)}, got {shown(value)}")
     if s.minimum is not None and isinstance(value, int | float) and value < s.minimum:
-        raise ConfigError(f"{field}: must be at least {s.minimum:g}, got {value!r}")
+        raise ConfigError(f"{field}: must be at least {s.minimum:g}, got {shown(value)}")
+    if isinstance(value, int):
+        if value < -MAX_INT:
+            raise ConfigError(f"{field}: {shown(value)} is smaller than any 64-bit integer")
+        at_most(value, s.maximum, field, _WHY_MAX.get(s.maximum, "the largest 64-bit integer"))
     return value
+
+
+# Why each bound (limits.py has the reasons in full).
+_WHY_MAX = {MAX_STEPS: "published runs take 10^5-10^6 steps"}
 
 
 def worker_args(settings: Mapping[str, Any]) -> list[str]:
     """``--flag=value`` for each setting, in ``SETTINGS`` order (one token each, so
     values starting with ``-`` survive)."""
     return [f"{s.flag}={settings[s.key]}" for s in SETTINGS if s.key in settings]
-
-
-def _kind(path: Path) -> str:
-    return "TOML" if path.suffix == ".toml" else "YAML"

@@ -6,11 +6,12 @@ the file and the field (``lab.yaml: hosts[2].gpus.count: expected an integer``)
 and unknown keys are rejected instead of silently ignored (a typo such as
 ``cuont`` must not fall back to a default).
 
-``load_yaml`` is the only YAML reader of the package, so it is also where
-hostile files stop: nesting and alias expansion are capped (``_Limits``), and
-every way a read fails (missing, a folder, not UTF-8, bad YAML) is one
-ConfigError line. Writes fail the same way (full disk, a file where the output
-folder should be), leaving nothing behind.
+``load_yaml`` (``parse_yaml`` for text already read) is the only YAML reader
+of the package, so it is also where hostile files stop: nesting and alias
+expansion are capped (``_Limits``), and every way a read fails (missing, a
+folder, not UTF-8, too large, bad YAML) is one ConfigError line. Writes fail
+the same way (full disk, a file where the output folder should be), leaving
+nothing behind.
 """
 
 from __future__ import annotations
@@ -114,17 +115,26 @@ else:  # pragma: no cover - PyYAML built without libyaml
             _Limits.__init__(self)
 
 
-def read_text(path: str | Path) -> str:
-    """A hand-written input file as text; every way reading fails is one ConfigError."""
+def read_text(path: str | Path, *, max_bytes: int | None = None) -> str:
+    """A hand-written input file as text; every way reading fails is one ConfigError.
+
+    ``max_bytes``: a file larger than this is refused unread (past its first
+    ``max_bytes + 1`` bytes), for inputs that are small by nature."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with p.open("rb") as fh:
+            data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found") from None
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a directory; pass the path of a file") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        size = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes:,} bytes"
+        raise ConfigError(
+            f"{p}: larger than {size}, the most this file may hold; is it the right file?"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -138,11 +148,16 @@ def read_text(path: str | Path) -> str:
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML artifact; every failure, hostile input included, is one ConfigError.
 
-    Every YAML read of the package comes through here, so the limits on nesting
-    and alias expansion (``_LimitedLoader``) hold for every artifact.
+    Every YAML read of the package comes through here (or ``parse_yaml``), so the
+    limits on nesting and alias expansion (``_LimitedLoader``) hold for every input.
     """
     p = Path(path)
-    text = read_text(p)
+    return parse_yaml(read_text(p), str(p))
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """``load_yaml`` for text already read (``where`` names it in errors): a run
+    config, read with a size limit first."""
     try:
         loader = _LimitedLoader(text)
         try:
@@ -155,15 +170,15 @@ def load_yaml(path: str | Path) -> Any:
         why = ", ".join(str(x) for x in (exc.context, exc.problem) if x)
         if "nesting depth" in why:  # PyYAML >= 6.0.4's scanner stops first, at its limit
             why = f"nested more than {MAX_DEPTH} levels deep"
-        raise ConfigError(f"{p}{line}: not valid YAML: {why}") from None
+        raise ConfigError(f"{where}{line}: not valid YAML: {why}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
     except (ValueError, TypeError, OverflowError) as exc:
         # The safe constructor's own conversions: a 13th month, ``!!int 0x``, an
         # integer of more digits than Python converts.
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"{p}: not valid YAML: nested too deeply") from None
+        raise ConfigError(f"{where}: not valid YAML: nested too deeply") from None
 
 
 def as_mapping(obj: Any, where: str) -> Mapping[str, Any]:

@@ -16,6 +16,7 @@ import typer
 from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import ConfigError
+from autohet_cli.limits import MAX_STEPS, at_most
 from autohet_cli.runconfig import load_run_config, worker_args
 
 DEFAULT_STEPS = 100
@@ -103,6 +104,7 @@ def resolve(
     explicit += [f"--data-fn={data_fn}"] if data_fn else []
     if steps is None:
         steps = DEFAULT_STEPS if file_steps is None else int(file_steps)
+    at_most(steps, MAX_STEPS, "--steps", "published runs take 10^5-10^6 steps")
     return Training(
         steps=steps,
         checkpoint_every=every,

@@ -44,6 +44,7 @@ from autohet_cli.ckpt.checkpointer import (
 from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import AutohetError
+from autohet_cli.limits import MAX_STEPS
 from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
 from autohet_cli.runtime.context import WorkerEnv, pick_device
@@ -260,8 +261,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps is None:
         p.error("--steps is required (or steps: in --config)")
-    if args.steps < 0:
-        p.error("--steps must be >= 0")
+    if not 0 <= args.steps <= MAX_STEPS:
+        p.error(f"--steps must be 0 to {MAX_STEPS:,}")
     for name in ("warmup_steps", "eval_every"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")

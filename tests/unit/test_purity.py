@@ -24,6 +24,7 @@ PKG = ROOT / "autohet_cli"
 PURE_MODULES = (
     "autohet_cli.errors",
     "autohet_cli.yamlio",
+    "autohet_cli.tomlio",
     "autohet_cli.catalog",
     "autohet_cli.gputypes",
     "autohet_cli.cluster",

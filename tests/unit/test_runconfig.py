@@ -164,3 +164,103 @@ def test_non_finite_numbers_are_refused(tmp_path: Path, value: str) -> None:
         parse_args(["--plan", "p", "--steps", "1", "--lr", "nan"])
     with pytest.raises(SystemExit):
         parse_args(["--plan", "p", "--steps", "1", "--grad-clip", "-1"])
+
+
+# ------------------------------------------ hostile run configs (issue 29, Medium 6, 10)
+
+
+def _alias_levels(levels: int) -> str:
+    """``data:`` holding anchored lists of nine aliases of the level before: 9^levels
+    strings once expanded (the "billion laughs" at ``levels`` 9)."""
+    parts = ["&a0 [x, x, x, x, x, x, x, x, x]"]
+    parts += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"data: [{', '.join(parts)}]\n"
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(path)
+    message = str(exc.value)
+    assert str(path) in message and "\n" not in message and len(message) < 600, message[:2000]
+    return message
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, _alias_levels(6)))  # 531,441 strings
+    assert "aliases expand to more than" in message
+
+
+def test_a_value_shown_in_an_error_is_cut_short(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, _alias_levels(4)))  # 6,561 strings: allowed
+    assert "data: expected str" in message and "..." in message
+    assert "unknown setting" in _error(_write(tmp_path, "? " + "x" * 100_000 + "\n: 1\n"))
+    assert "schema: expected" in _error(_write(tmp_path, f"schema: {'v' * 100_000}\n"))
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("run.yaml", "data: " + "[" * 100_000 + "\n"),
+        ("run.yaml", "data: " + "{a: " * 100_000 + "\n"),
+        ("run.toml", "data = " + "[" * 100_000 + "\n"),
+        ("run.toml", "data = " + "{a = " * 100_000 + "\n"),
+        ("run.toml", "a" + ".a" * 3_000 + " = 1\n"),
+        ("run.toml", "[a" + ".a" * 3_000 + "]\n"),
+        ("run.toml", "data = [" + "[" * 70 + "]" * 71 + "\n"),
+    ],
+)
+def test_deep_nesting_is_one_clear_error(tmp_path: Path, name: str, text: str) -> None:
+    assert "nested more than 64 levels" in _error(_write(tmp_path, text, name))
+
+
+def test_toml_strings_and_comments_do_not_count_as_nesting(tmp_path: Path) -> None:
+    text = (
+        'data = "/d/[[[[{{{{' + "." * 200 + '"  # ' + "[{." * 100 + "\n"
+        "data_fn = '''m.a.b.c.d:" + "." * 100 + "'''\n"
+        'model_fn = """x\n' + "[" * 100 + '"""\n'
+        "lr = 3.0e-4\n"
+    )
+    got = load_run_config(_write(tmp_path, text, "run.toml"))
+    assert (
+        got["lr"] == 3.0e-4 and got["data"].startswith("/d/[[[[") and "[" * 100 in got["model_fn"]
+    )
+
+
+def test_a_run_config_past_one_mib_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "# comment\n" * 200_000 + "steps: 5\n")
+    assert "larger than 1 MiB" in _error(path)
+
+
+@pytest.mark.parametrize("name", ["run.yaml", "run.toml"])
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("steps", 10**23, "steps: 1e+23 is larger than 1,000,000,000,000"),
+        ("warmup_steps", 10**13, "warmup_steps: 10000000000000 is larger than"),
+        ("eval_every", 10**400, "eval_every: 1e+400 is larger than"),
+        ("seed", 10**19, "seed: 1e+19 is larger than"),
+        ("keep_checkpoints", -(10**30), "keep_checkpoints: must be at least 0, got -1e+30"),
+    ],
+    ids=["steps", "warmup", "eval_every", "seed", "keep"],
+)
+def test_integers_are_bounded_and_shown_short(
+    tmp_path: Path, name: str, key: str, value: int, needle: str
+) -> None:
+    sep = " = " if name.endswith(".toml") else ": "
+    message = _error(_write(tmp_path, f"{key}{sep}{value}\n", name))
+    assert needle in message, message
+
+
+def test_steps_on_the_command_line_are_bounded_too() -> None:
+    with pytest.raises(ConfigError, match=r"--steps: 1e\+23 is larger than 1,000,000,000,000"):
+        resolve(
+            config=None,
+            steps=10**23,
+            checkpoint_every=None,
+            data=None,
+            data_fn=None,
+            train_arg=None,
+        )
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "p.yaml", "--steps", str(10**23)])
+    assert parse_args(["--plan", "p.yaml", "--steps", str(10**12)]).steps == 10**12
