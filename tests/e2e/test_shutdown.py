@@ -131,7 +131,7 @@ def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
         assert list(d.glob("*.distcp")) and (d / "COMPLETE").is_file() == (h.name == "fake-2")
         assert float((d.parent / LAST_SAVE_FILE).read_text()) > 0  # for the next launch
     assert "to continue on the survivors" not in out  # nobody survives: no recover hint
-    hint = re.search(r"no host of the plan survives .*; to resume the job once .*: (.*)", out)
+    hint = re.search(r"no host of the plan survives .*?; to resume the job once .*?: (.*)", out)
     assert hint, out[-3000:]
     assert "launch" in hint.group(1) and "--resume" in hint.group(1)
     assert not _workers_alive(sshd_farm)
