@@ -41,9 +41,11 @@ from autohet_cli.ckpt.checkpointer import (
     checkpoint_root,
     remote_url,
 )
+from autohet_cli.ckpt.format import check_job
+from autohet_cli.ckpt.jobdir import remove_if_unused
 from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
-from autohet_cli.errors import AutohetError
+from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
@@ -446,9 +448,14 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _checkpointer(
     args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
 ) -> Checkpointer | None:
-    if args.checkpoint_every == 0 and args.resume is None and not args.emergency_save:
-        return None
     root = checkpoint_root(args.checkpoint_dir, run_dir)
+    if args.checkpoint_every == 0 and args.resume is None and not args.emergency_save:
+        # Nothing will be saved: the job directory the launcher made (the key alone)
+        # goes now rather than pile up (every rank of a host may try; harmless).
+        if root is not None:
+            with contextlib.suppress(ConfigError, OSError):
+                remove_if_unused(root / trainer.plan.name / check_job(args.job))
+        return None
     optional = args.checkpoint_every is None or args.checkpoint_every == 0
     if root is None and optional and args.resume is None:
         if trainer.runtime.global_rank == 0:

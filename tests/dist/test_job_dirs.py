@@ -1,0 +1,51 @@
+"""Issue 29: every launch left a job directory and key behind, even with
+``--checkpoint-every 0`` (49 empty ones after one session). The launcher makes the
+job (key on every host) before the workers start; a worker that saves nothing
+removes it again, whether a preemption notice could have saved or not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from realdata import byte_tokens
+from test_runtime_exact import ROOT, _env, _free_port, make_plan
+
+from autohet_cli.ckpt.format import KEY_FILE, new_key
+from autohet_cli.plan import write_plan
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("emergency", [True, False])
+def test_a_run_that_saves_nothing_leaves_no_job(tmp_path: Path, emergency: bool) -> None:
+    plan = make_plan("nojob", [(2, [(0, 6)])])
+    _, path = write_plan(plan, tmp_path)
+    job = tmp_path / "ckpt" / "nojob" / "j7"
+    job.mkdir(parents=True, mode=0o700)
+    fd = os.open(job / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, new_key())
+    os.close(fd)
+    other = tmp_path / "ckpt" / "nojob" / "j8"  # another job, with something in it
+    other.mkdir(mode=0o700)
+    (other / "step-00000003").mkdir()
+    cmd = [
+        sys.executable,
+        *("-m", "autohet_cli.runtime.train", "--plan", str(path), "--device", "cpu"),
+        *("--steps", "2", "--data", str(byte_tokens()), "--checkpoint-every", "0"),
+        *("--checkpoint-dir", str(tmp_path / "ckpt"), "--job", "j7"),
+        *(("--remote-storage", "none") if emergency else ("--no-emergency-save",)),
+    ]
+    env = _env() | {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    }  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not job.exists()
+    assert (other / "step-00000003").is_dir()
