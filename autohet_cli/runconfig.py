@@ -71,6 +71,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("beta1", float, "AdamW beta1", minimum=0.0),
     Setting("beta2", float, "AdamW beta2", minimum=0.0),
     Setting("grad_clip", float, "max global gradient norm (0: off)", minimum=0.0),
+    Setting("max_nonfinite_steps", int, "non-finite losses in a row that stop the run", minimum=1),
     Setting("data", str, "token file or directory on every host"),
     Setting("data_dtype", str, "dtype of a headerless token file", choices=("uint16", "uint32")),
     Setting("data_fn", str, "package.module:function giving the batches"),
