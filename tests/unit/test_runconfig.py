@@ -74,6 +74,7 @@ def test_every_setting_is_a_worker_flag() -> None:
         "beta1": 0.8,
         "beta2": 0.9,
         "grad_clip": 0.5,
+        "max_nonfinite_steps": 5,
         "data": "/d/tok",
         "data_dtype": "uint32",
         "data_fn": "m:f",
