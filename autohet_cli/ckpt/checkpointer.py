@@ -425,6 +425,10 @@ class Checkpointer:
         """Wait for the save in flight to be durable, then for this rank's upload."""
         try:
             self.wait()
+        except CheckpointError:
+            if self.owner and self._pending:  # the last save failed: no leftovers either
+                jobdir.clear_step(self.plan_dir, self._pending_step)
+            raise
         finally:
             if self.uploader is not None:
                 self.uploader.join()

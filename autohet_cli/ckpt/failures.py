@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from autohet_cli.ckpt.files import CheckpointError, list_steps
-from autohet_cli.ckpt.format import COMPLETE, TMP_PREFIX, step_dir_name
+from autohet_cli.ckpt.jobdir import clear_step
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
@@ -98,10 +98,7 @@ def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) 
             f"step {step} was not saved: it failed on another rank (its log says why)"
         )
     if ckpt.owner:  # never COMPLETE: the next save of this step starts afresh
-        shutil.rmtree(ckpt.plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}", ignore_errors=True)
-        final = ckpt.plan_dir / step_dir_name(step)
-        if final.is_dir() and not (final / COMPLETE).exists():
-            shutil.rmtree(final, ignore_errors=True)
+        clear_step(ckpt.plan_dir, step)
     ckpt.failed_steps.append(step)
     if ckpt.rank == 0:
         complete = [s for s, why in list_steps(ckpt.plan_dir, ckpt.key).items() if not why]

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from autohet_cli.ckpt.files import CheckpointError, read_key, write_key
-from autohet_cli.ckpt.format import KEY_FILE, TMP_PREFIX, new_key, parse_step_dir
+from autohet_cli.ckpt.format import (
+    COMPLETE,
+    KEY_FILE,
+    TMP_PREFIX,
+    new_key,
+    parse_step_dir,
+    step_dir_name,
+)
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.records import say
 
@@ -114,6 +121,15 @@ def clear_leftovers(ckpt: Checkpointer) -> None:
     if entries and ckpt.rank == 0:
         names = ", ".join(sorted(e.name for e in entries))
         say(f"note: removed the leftovers of interrupted saves in {ckpt.plan_dir}: {names}")
+
+
+def clear_step(plan_dir: Path, step: int) -> None:
+    """Remove what a failed save of ``step`` left: its temporary directory, and its
+    step directory if it never became COMPLETE (never a complete one)."""
+    shutil.rmtree(plan_dir / f"{TMP_PREFIX}{step_dir_name(step)}", ignore_errors=True)
+    final = plan_dir / step_dir_name(step)
+    if final.is_dir() and not (final / COMPLETE).exists():
+        shutil.rmtree(final, ignore_errors=True)
 
 
 def remove_if_unused(plan_dir: Path) -> bool:

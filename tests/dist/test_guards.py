@@ -134,4 +134,6 @@ def test_a_disk_that_refuses_every_save_is_named_and_training_goes_on(tmp_path: 
     assert "warning: step 4 was not saved" in err and "training goes on" in err
     assert "error: step 6 was not saved" in err
     assert len(_losses(tmp_path)) == 6  # every step trained
+    # Nothing half-written stays; with no step saved at all, not even the job.
+    assert not (tmp_path / "ckpt" / "full" / "default").exists()
     assert "Traceback" not in err

@@ -68,6 +68,7 @@ def test_a_failed_last_save_fails_the_run_with_its_cause(
     ckpt.save(last=True)
     with pytest.raises(CheckpointError, match=r"step 1 was not saved: Read-only file system"):
         ckpt.close()
+    assert not [p for p in (tmp_path / JOB).iterdir() if "step-" in p.name]  # no leftovers
 
 
 def test_torchs_words_for_a_full_disk_come_with_the_disk_named(
