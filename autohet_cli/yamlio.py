@@ -32,6 +32,7 @@ from yaml.resolver import Resolver
 
 from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_INT, shown
+from autohet_cli.regular_file import open_regular
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -122,7 +123,13 @@ def read_text(path: str | Path, *, max_bytes: int | None = None) -> str:
     ``max_bytes + 1`` bytes), for inputs that are small by nature."""
     p = Path(path)
     try:
-        with p.open("rb") as fh:
+        if os.path.isdir(p):
+            raise IsADirectoryError
+        if not os.path.exists(p):
+            raise FileNotFoundError
+        # Never a FIFO or device: open() on a named pipe waits for a writer forever.
+        fd = open_regular(p)
+        with os.fdopen(fd, "rb") as fh:
             data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found") from None

@@ -265,3 +265,14 @@ def test_steps_on_the_command_line_are_bounded_too() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--plan", "p.yaml", "--steps", str(10**23)])
     assert parse_args(["--plan", "p.yaml", "--steps", str(10**12)]).steps == 10**12
+
+
+def test_a_named_pipe_as_config_is_refused_at_once(tmp_path: Path) -> None:
+    """``open()`` on a FIFO waits for a writer forever: --config, a plan or a cluster
+    file naming one hung the command (issue 29)."""
+    import os
+
+    fifo = tmp_path / "run.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"run\.yaml: is a named pipe \(FIFO\), not a regular"):
+        load_run_config(fifo)
