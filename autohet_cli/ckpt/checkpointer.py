@@ -16,35 +16,34 @@ Saving (every rank, collectively; asynchronous)
     (the next save waits for it). A step is written under ``.tmp-step-<N>`` and
     renamed into place on every host once every rank's files are durable, and
     becomes ``COMPLETE`` only after that, so a complete step is whole on every host.
-    The step this run resumed from is never written again; a ``COMPLETE`` step of an
-    earlier run that this run reaches (it resumed from an older step) is replaced
-    once the new save is durable, since the run the user went back from is the one
-    abandoned. Interrupted saves' leftovers (``.tmp-*``) are removed when a run
-    starts (``ckpt.jobdir``). Each rank hands ``torch.distributed.checkpoint.save``
-    a ``FileSystemWriter`` on ITS host's directory with several writer threads
-    (``ckpt.persist``): DCP names every rank's data files (``__<rank>_<n>.distcp``),
-    only the coordinator writes ``.metadata``, and its planner deduplicates
-    replicated entries onto one of their holders, so a loading rank may need a file
-    another host wrote. Entries of no layer (``step``, ``run``, ...) are saved by
-    rank 0 alone, so they all land in rank 0's files. Every file is hashed on its
-    way out and fsynced; rank 0 gathers the entries once every rank's files are
-    durable, records which layers each data file holds and which holds the shared
-    entries (from the ``.metadata`` it wrote: recovery's "layers" rule moves only
-    what a host reads), and once the step directories are in place writes
-    ``manifest.json`` signed with the job key (HMAC-SHA256) and ``COMPLETE`` last,
-    so a crash mid-save never leaves a COMPLETE step. The final and emergency saves
-    write straight from the training state when no snapshot buffers exist yet
-    (nothing would overlap the write). Where host memory is short for the snapshot
-    the rank writes synchronously, and says why. Every rank learns together at each
-    step end whether the save in flight succeeded (one small all-reduce while one is
-    in flight). A failed periodic save is named with its cause (a full or read-only
-    disk included) and training goes on; a failed last or emergency save fails the
-    run (``ckpt.failures``). The state is ``Trainer.state_dict`` with the optimizer
-    flattened to one entry per full parameter name, and a tied parameter's optimizer
-    state filed under the first name of its group whatever copy a rank holds, so
-    every entry has one name in every plan. Each save's figures
-    (``ckpt.persist.SaveRecord``) go to the listeners (the metrics file and the log,
-    on rank 0).
+    A ``COMPLETE`` step is never written again. A resume sets the job's later steps
+    aside first (the run it went back from, ``jobdir.set_aside_newer``), so the
+    resumed run saves its own. Interrupted saves' leftovers (``.tmp-*``) are removed
+    when a run starts (``ckpt.jobdir``). Each rank hands
+    ``torch.distributed.checkpoint.save`` a ``FileSystemWriter`` on ITS host's
+    directory with several writer threads (``ckpt.persist``): DCP names every rank's
+    data files (``__<rank>_<n>.distcp``), only the coordinator writes ``.metadata``,
+    and its planner deduplicates replicated entries onto one of their holders, so a
+    loading rank may need a file another host wrote. Entries of no layer (``step``,
+    ``run``, ...) are saved by rank 0 alone, so they all land in rank 0's files.
+    Every file is hashed on its way out and fsynced; rank 0 gathers the entries once
+    every rank's files are durable, records which layers each data file holds and
+    which holds the shared entries (from the ``.metadata`` it wrote: recovery's
+    "layers" rule moves only what a host reads), and once the step directories are
+    in place writes ``manifest.json`` signed with the job key (HMAC-SHA256) and
+    ``COMPLETE`` last, so a crash mid-save never leaves a COMPLETE step. The final
+    and emergency saves write straight from the training state when no snapshot
+    buffers exist yet (nothing would overlap the write). Where host memory is short
+    for the snapshot the rank writes synchronously, and says why. Every rank learns
+    together at each step end whether the save in flight succeeded (one small
+    all-reduce while one is in flight). A failed periodic save is named with its
+    cause (a full or read-only disk included) and training goes on; a failed last or
+    emergency save fails the run (``ckpt.failures``). The state is
+    ``Trainer.state_dict`` with the optimizer flattened to one entry per full
+    parameter name, and a tied parameter's optimizer state filed under the first
+    name of its group whatever copy a rank holds, so every entry has one name in
+    every plan. Each save's figures (``ckpt.persist.SaveRecord``) go to the
+    listeners (the metrics file and the log, on rank 0).
 
 Keeping (``--keep-checkpoints K``, ``ckpt.prune``)
     After a save whose ``COMPLETE`` and rename succeeded, every host's directory
@@ -90,7 +89,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from autohet_cli.ckpt import finish, jobdir, loading
-from autohet_cli.ckpt.failures import after_failure, disk_diagnosis, save_failure
+from autohet_cli.ckpt.failures import (
+    after_failure,
+    caused_by_the_disk,
+    disk_diagnosis,
+    save_failure,
+)
 from autohet_cli.ckpt.files import (
     CheckpointError,
     ensure_private_dir,
@@ -285,22 +289,14 @@ class Checkpointer:
         problem = next((p for _, p in seen if p), None)
         if problem:
             raise CheckpointError(problem)
-        replacing = any(c for c, _ in seen)
-        if replacing and step == self.resumed_step:
+        if any(c for c, _ in seen):  # the step resumed from, or a fresh run in an old job
             if self.rank == 0:
                 say(f"note: step {step} of job {self.job} is already saved and complete; kept")
             return None
-        if replacing and self.rank == 0:
-            say(
-                f"note: step {step} of job {self.job} holds the save of an earlier run (this "
-                f"run resumed from step {self.resumed_step}); it is replaced once this "
-                "save is durable"
-            )
         if self.owner:  # leftovers of an interrupted attempt of this job (never COMPLETE)
             # Hosts sharing one directory (NFS) each have an owner: both may clear it.
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not replacing:
-                shutil.rmtree(final, ignore_errors=True)
+            for d in (tmp, final):
+                shutil.rmtree(d, ignore_errors=True)
         dist.barrier(group=self.group)
         state, _ = self.state()
         runtime = self.trainer.runtime
@@ -399,7 +395,12 @@ class Checkpointer:
         try:
             finish.write_and_finish(self, job)
         except CheckpointException as exc:
-            self._failure = save_failure(job.step, checkpoint_failure(exc), self.plan_dir)
+            errors = [error for error, _trace in exc.failures.values()]
+            self._failure = (
+                save_failure(job.step, checkpoint_failure(exc), self.plan_dir)
+                if caused_by_the_disk(errors, self.plan_dir)
+                else exc  # a bug, not the disk: poll() raises it on every rank
+            )
         except (OSError, CheckpointError) as exc:  # a full or failing disk, named
             self._failure = save_failure(job.step, exc, self.plan_dir)
         except RuntimeError as exc:  # torch's own words for a short write
@@ -447,4 +448,6 @@ class Checkpointer:
     def resume(self, step: int | None = None) -> int | None:
         """Load ``step`` (None: the newest complete one); see ``ckpt.loading``."""
         self.resumed_step = loading.resume(self, step)
+        if self.resumed_step is not None:
+            jobdir.set_aside_newer(self, self.resumed_step)
         return self.resumed_step

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from autohet_cli.ckpt.files import CheckpointError, list_steps
+from autohet_cli.ckpt.format import COMPLETE, step_dir_name
 from autohet_cli.ckpt.jobdir import clear_step
+from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
@@ -88,24 +90,58 @@ def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) 
     cause; raise it when it is not a checkpoint's (a bug), else say it (rank 0),
     clear the step's leftovers and return ``step``: training goes on."""
     mine = None if failure is None else (isinstance(failure, CheckpointError), str(failure))
+    done_here = _complete_here(ckpt, step)
     seen: list[Any] = [None] * ckpt.world_size
-    dist.all_gather_object(seen, mine, group=ckpt.group)
-    reported = [m for m in seen if m is not None]
+    dist.all_gather_object(seen, (mine, done_here), group=ckpt.group)
+    reported = [m for m, _ in seen if m is not None]
+    complete = any(c for _, c in seen)  # only rank 0's host holds COMPLETE
     if failure is not None and not isinstance(failure, CheckpointError):
         raise failure
     if any(not ours for ours, _ in reported):
         raise CheckpointError(
             f"step {step} was not saved: it failed on another rank (its log says why)"
         )
+    message = reported[0][1] if reported else f"step {step} was not saved"
+    if complete:  # it failed after COMPLETE (pruning, say): the step itself is whole
+        if ckpt.rank == 0:
+            say(f"warning: step {step} is saved, but what follows a save failed: {message}")
+        return step
     if ckpt.owner:  # never COMPLETE: the next save of this step starts afresh
-        clear_step(ckpt.plan_dir, step)
+        try:
+            clear_step(ckpt.plan_dir, step)
+        except OSError:
+            pass  # the next start clears leftovers again
     ckpt.failed_steps.append(step)
     if ckpt.rank == 0:
-        complete = [s for s, why in list_steps(ckpt.plan_dir, ckpt.key).items() if not why]
-        newest = f"step {max(complete)}" if complete else "none"
+        try:
+            complete_steps = [
+                s for s, why in list_steps(ckpt.plan_dir, ckpt.key).items() if not why
+            ]
+            newest = f"step {max(complete_steps)}" if complete_steps else "none"
+        except OSError as exc:  # the failing disk itself
+            newest = f"unknown ({exc.strerror or exc})"
         say(
-            f"warning: {reported[0][1] if reported else f'step {step} was not saved'}; "
-            "training goes on and the next save tries again (the newest complete step "
-            f"on this host: {newest})"
+            f"warning: {message}; training goes on and the next save tries again (the "
+            f"newest complete step on this host: {newest})"
         )
     return step
+
+
+def _complete_here(ckpt: Checkpointer, step: int) -> bool:
+    try:
+        return (ckpt.plan_dir / step_dir_name(step) / COMPLETE).is_file()
+    except OSError:
+        return False
+
+
+def caused_by_the_disk(errors: list[BaseException], where: Path) -> bool:
+    """Whether every error of a failed DCP save is the storage's (a disk, a mount,
+    our own checks), which training may outlive; a bug inside DCP or a model's
+    state (a TypeError, say) is not, and stops the run like any bug."""
+
+    def one(e: BaseException) -> bool:
+        if isinstance(e, OSError | AutohetError):
+            return True
+        return isinstance(e, RuntimeError) and bool(disk_diagnosis(where))
+
+    return all(one(e) for e in errors)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +17,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from autohet_cli.ckpt.files import CheckpointError, sha256_file, write_atomic
-from autohet_cli.ckpt.format import (
-    COMPLETE,
-    MANIFEST,
-    METADATA,
-    TMP_PREFIX,
-    Manifest,
-    signed_manifest_text,
-)
+from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, Manifest, signed_manifest_text
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
 from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
 from autohet_cli.ckpt.remote import UploadJob
@@ -165,17 +156,6 @@ def _write_manifest(ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]
 
 
 def _rename(ckpt: Checkpointer, tmp: Path, final: Path) -> str | None:
-    """``tmp`` into place as ``final``. A ``final`` already there is an earlier run's
-    save of this step (this run resumed from an older one, ``save``): it is moved
-    aside first and removed once the new one is in place, since a rename cannot
-    replace a non-empty directory."""
-    old = None
-    if final.is_dir() and tmp.is_dir():
-        old = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{os.getpid()}")
-        try:
-            final.rename(old)
-        except OSError as exc:
-            return f"cannot move the earlier {final.name} aside: {exc.strerror or exc}"
     try:
         tmp.rename(final)
     except OSError as exc:
@@ -185,8 +165,6 @@ def _rename(ckpt: Checkpointer, tmp: Path, final: Path) -> str | None:
         fsync_dir(ckpt.plan_dir)
     except OSError as exc:
         return f"cannot sync {ckpt.plan_dir}: {exc.strerror or exc}"
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,8 @@ def key_problem(ckpt: Checkpointer) -> str | None:
         on_disk = read_key(ckpt.plan_dir)
     except (CheckpointError, ConfigError) as exc:
         return f"the job key of {ckpt.plan_dir} is unusable: {exc}"
+    except OSError as exc:  # EACCES, EIO, ESTALE: named on every rank, never raised alone
+        return f"cannot read the job key {path} on {ckpt.host}: {exc.strerror or exc}"
     if on_disk is None:
         return (
             f"the job key {path} on {ckpt.host} is gone (deleted during the run: a "
@@ -121,6 +124,67 @@ def clear_leftovers(ckpt: Checkpointer) -> None:
     if entries and ckpt.rank == 0:
         names = ", ".join(sorted(e.name for e in entries))
         say(f"note: removed the leftovers of interrupted saves in {ckpt.plan_dir}: {names}")
+
+
+ABANDONED_PREFIX = ".abandoned-"  # steps of a run a resume went back from
+
+
+def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
+    """After loading ``step``: every owner moves the job's steps after it aside
+    (``.abandoned-step-<N>-<unix time>``; never loaded, pruned or overwritten), and
+    rank 0 takes their ``COMPLETE`` out of the remote copy.
+
+    They belong to the run the user went back from (``--resume STEP``): left in
+    place, ``--resume`` would later pick the newest of them, pruning would count
+    them among the newest K and remove this run's steps instead, and this run's save
+    of a step number they hold would be skipped as already saved (issue 29: a
+    corrupt step 15 kept while the good state was thrown away). They are kept, not
+    deleted: nothing lost, and the note says where. Returns the steps moved here.
+    """
+    moved = []
+    if ckpt.owner:
+        stamp = int(time.time())
+        try:
+            entries = list(os.scandir(ckpt.plan_dir))
+        except OSError:
+            entries = []
+        for e in entries:
+            n = parse_step_dir(e.name)
+            if n is None or n <= step:
+                continue
+            try:
+                os.rename(e.path, ckpt.plan_dir / f"{ABANDONED_PREFIX}{e.name}-{stamp}")
+                moved.append(n)
+            except OSError as exc:
+                say(f"warning: cannot set {e.path} aside: {exc.strerror or exc}")
+    if ckpt.rank == 0:
+        if moved:
+            say(
+                f"note: steps {', '.join(map(str, sorted(moved)))} of job {ckpt.job} come "
+                f"after the resumed step {step}: they belong to the run this one went back "
+                f"from, and are set aside as {ABANDONED_PREFIX}step-* in {ckpt.plan_dir} "
+                "(never loaded; delete them once sure)"
+            )
+        if ckpt.remote is not None:
+            _unmark_remote_newer(ckpt, step)
+    return moved
+
+
+def _unmark_remote_newer(ckpt: Checkpointer, step: int) -> None:
+    remote = ckpt.remote
+    assert remote is not None
+    try:
+        newer = sorted(s for s in remote.complete_steps(ckpt.key, remote.entries()) if s > step)
+        for s in newer:
+            remote.unmark_complete(s)
+    except Exception as exc:  # a remote outage must not stop the resumed run
+        say(f"warning: cannot mark the later steps in {remote.url} as abandoned: {exc}")
+        return
+    if newer:
+        say(
+            f"note: steps {', '.join(map(str, newer))} in the remote copy {remote.url} are "
+            "no longer COMPLETE there (the run this one went back from)"
+        )
 
 
 def clear_step(plan_dir: Path, step: int) -> None:

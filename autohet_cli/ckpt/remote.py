@@ -70,6 +70,11 @@ class RemoteCopy:
     def mark_complete(self, step: int) -> None:
         self.fs.pipe_file(self.path(step, COMPLETE), b"")
 
+    def unmark_complete(self, step: int) -> None:
+        """Take ``COMPLETE`` away (a step of an abandoned run): no reader takes it, and
+        an upload of the same step number may write it again."""
+        self.fs.rm_file(self.path(step, COMPLETE))
+
     def is_complete(self, step: int) -> bool:
         try:
             return bool(self.fs.exists(self.path(step, COMPLETE)))

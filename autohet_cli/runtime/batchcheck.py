@@ -9,11 +9,16 @@ bare ``IndexError`` or a device-side assert without it. A min and a max per
 micro-batch are a few microseconds against a step; they are taken on the host
 when the batch is there (the data pipeline's tensors), so no GPU sync is added.
 
-A non-finite loss or gradient norm skips the optimizer step (the weights stay as
-they were, so checkpoints stay usable) and, after ``max_nonfinite_steps`` such
-steps in a row, stops the run with an error: a diverged run that "finishes" with
-exit 0 wastes the whole allocation. Every rank sees the same loss (all-reduced)
-and the same global norm, so every rank stops at the same step.
+A non-finite global gradient norm skips the optimizer step (the weights stay as
+they were, so checkpoints stay usable). A step whose loss or gradient norm is not
+finite counts; after ``max_nonfinite_steps`` of them in a row the run stops with
+an error: a diverged run that "finishes" with exit 0 wastes the whole allocation.
+(The loss is known only after the update; with the built-in loss a non-finite
+loss comes with non-finite gradients, so its step was skipped too.) Under fp16 the
+loss scaler skips overflowing steps itself; a scale halved below
+``MIN_LOSS_SCALE`` means the gradients overflow whatever the scale, and stops the
+run the same way. Every rank sees the same loss (all-reduced), the same global
+norm and the same scale, so every rank stops at the same step.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from autohet_cli.errors import AutohetError
 
 IGNORE_INDEX = -100  # torch's cross_entropy default: a label that adds no loss
+MIN_LOSS_SCALE = 2.0**-8  # fp16: below it, every step overflows; training has diverged
 
 
 class BatchError(AutohetError):
@@ -44,11 +50,13 @@ def check_token_ids(
     what: str = "step",
 ) -> None:
     """Raise ``BatchError`` when an input id is outside ``[0, vocab_size)`` or a label
-    outside it other than ``IGNORE_INDEX``; one host sync at most per batch."""
+    outside it other than ``IGNORE_INDEX``. Host tensors (the data pipeline's) cost
+    no device sync; a ``--data-fn`` that yields device tensors costs one per step."""
     if not microbatches:
         return
     lows, highs = [], []
     for inputs, labels in microbatches:
+        inputs, labels = _as_ids(inputs), _as_ids(labels)
         for t in (inputs, labels):
             if t.numel() == 0:
                 continue
@@ -79,11 +87,18 @@ def check_token_ids(
         )
 
 
+def _as_ids(t: torch.Tensor) -> torch.Tensor:
+    """uint16/uint32 (a token file's own dtypes) as int64: comparisons and aminmax
+    have no kernels for them."""
+    return t.to(torch.int64) if t.dtype in (torch.uint16, torch.uint32) else t
+
+
 def _first_bad(
     microbatches: Sequence[tuple[torch.Tensor, torch.Tensor]], vocab_size: int
 ) -> tuple[int, str]:
     """The first offending id and where it is (only on the error path)."""
-    for index, (inputs, labels) in enumerate(microbatches):
+    for index, (raw_inputs, raw_labels) in enumerate(microbatches):
+        inputs, labels = _as_ids(raw_inputs), _as_ids(raw_labels)
         for name, t, allowed in (("inputs", inputs, None), ("labels", labels, IGNORE_INDEX)):
             bad = (t < 0) | (t >= vocab_size)
             if allowed is not None:
@@ -107,6 +122,16 @@ class NonFiniteGuard:
     @staticmethod
     def bad(value: float | None) -> bool:
         return value is not None and not math.isfinite(value)
+
+    def check_scale(self, *, step: int, scale: float) -> None:
+        """fp16: raise once the loss scaler halved its scale below ``MIN_LOSS_SCALE``."""
+        if scale < MIN_LOSS_SCALE:
+            raise DivergedError(
+                f"step {step}: the fp16 loss scale fell to {scale:g}: the gradients overflow "
+                "at any scale, so training stops. Lower the learning rate, train in bf16 "
+                "(--precision bf16 at plan time) or check the data, then resume from the "
+                "last checkpoint"
+            )
 
     def after_step(self, *, step: int, loss: float, grad_norm: float | None) -> bool:
         """Record ``step``; True when it was non-finite. Raises ``DivergedError`` once

@@ -322,6 +322,7 @@ class Trainer:
         if self.scaler is not None:
             params = [p for _, p in trainable_parameters(self.stage)] + slices
             skipped = self.scaler.unscale_and_check(params, self.runtime.device)
+            self.nonfinite.check_scale(step=self.step, scale=self.scaler.scale)
         grad_norm = None
         lr = self.lr_schedule.at(self.step)
         if not skipped:

@@ -64,3 +64,16 @@ def test_the_guard_counts_non_finite_steps_in_a_row_only() -> None:
 def test_the_guard_needs_a_positive_limit() -> None:
     with pytest.raises(ValueError, match="max-nonfinite-steps"):
         NonFiniteGuard(0)
+
+
+def test_an_fp16_scale_halved_to_nothing_stops_the_run() -> None:
+    guard = NonFiniteGuard(3)
+    guard.check_scale(step=1, scale=1.0)
+    with pytest.raises(DivergedError, match=r"step 9: the fp16 loss scale fell to 0\.00"):
+        guard.check_scale(step=9, scale=2.0**-9)
+
+
+def test_a_token_files_unsigned_ids_are_checked() -> None:
+    ids = torch.tensor([[1, 2, 300]]).to(torch.uint16)
+    with pytest.raises(BatchError, match="token id 300"):
+        check_token_ids([(ids, ids)], 256, step=0)

@@ -16,6 +16,7 @@ from autohet_cli.ckpt import failures, finish
 from autohet_cli.ckpt.checkpointer import Checkpointer
 from autohet_cli.ckpt.files import CheckpointError, list_steps, read_key
 from autohet_cli.ckpt.format import KEY_FILE
+from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.runtime.trainer import Trainer
 from tests.unit.test_ckpt_async import CONFIG, JOB, PLAN, _fresh, _params
 
@@ -69,6 +70,24 @@ def test_a_failed_last_save_fails_the_run_with_its_cause(
     with pytest.raises(CheckpointError, match=r"step 1 was not saved: Read-only file system"):
         ckpt.close()
     assert not [p for p in (tmp_path / JOB).iterdir() if "step-" in p.name]  # no leftovers
+
+
+def test_a_bug_inside_a_save_is_raised_not_warned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the storage's errors let training go on; a TypeError inside DCP's save
+    (wrapped in its CheckpointException) is a bug and stops the run."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    _, ckpt = _fresh(tmp_path, 1)
+
+    def bug(*_a: object, **_k: object) -> None:
+        raise CheckpointException("save failed", {0: (TypeError("cannot pickle 'x'"), None)})
+
+    monkeypatch.setattr(finish, "dcp_save", bug)
+    ckpt.save()
+    with pytest.raises(CheckpointException):
+        ckpt.poll(block=True)
 
 
 def test_torchs_words_for_a_full_disk_come_with_the_disk_named(
@@ -134,27 +153,37 @@ def test_no_key_is_made_for_a_job_that_holds_steps(tmp_path: Path) -> None:
 # ------------------------------------------------------------ an earlier run's step
 
 
-def test_a_resumed_run_replaces_the_later_steps_of_the_run_it_left(tmp_path: Path) -> None:
+def test_a_resumed_run_sets_the_later_steps_of_the_run_it_left_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--resume=1`` with step 2 damaged: the resumed run's step 2 used to be
     skipped ("already saved and complete") and the good state thrown away."""
-    trainer, ckpt = _fresh(tmp_path, 1)
+    trainer, ckpt = _fresh(tmp_path, 1, remote=RemoteCopy(str(tmp_path / "r"), "one", "j1"))
     for _ in range(2):
         ckpt.save()
         ckpt.poll(block=True)
         trainer.fit(1)
     ckpt.close()
+    assert ckpt.remote is not None and ckpt.remote.is_complete(2)
     step2 = tmp_path / JOB / "step-00000002"
     shard = next(step2.glob("__0_*.distcp"))
     shard.write_bytes(b"\0" * shard.stat().st_size)  # damaged: its sha256 no longer matches
     dist.destroy_process_group()
     again = Trainer(PLAN, CONFIG, defer_init=True)
     ckpt = Checkpointer(
-        again, root=tmp_path / "ckpt", plan_ref="one.v3", plan_sha256="a" * 64, job="j1"
-    )
+        again, root=tmp_path / "ckpt", plan_ref="one.v3", plan_sha256="a" * 64, job="j1",
+        remote=RemoteCopy(str(tmp_path / "r"), "one", "j1"),
+    )  # fmt: skip
     assert ckpt.resume(1) == 1
+    err = capsys.readouterr().err
+    assert "steps 2 of job j1 come after the resumed step 1" in err
+    assert "steps 2 in the remote copy" in err and "no longer COMPLETE there" in err
+    aside = [p.name for p in (tmp_path / JOB).iterdir() if p.name.startswith(".abandoned-")]
+    assert len(aside) == 1 and aside[0].startswith(".abandoned-step-00000002-")  # kept
     again.fit(1)
-    assert ckpt.save() is not None  # replaced, not "already saved"
+    assert ckpt.save() is not None  # its own step 2, not "already saved"
     ckpt.close()
+    assert ckpt.remote.is_complete(2)  # this run's, uploaded again
     want = _params(again)
     dist.destroy_process_group()
     third = Trainer(PLAN, CONFIG, defer_init=True)
@@ -164,7 +193,37 @@ def test_a_resumed_run_replaces_the_later_steps_of_the_run_it_left(tmp_path: Pat
     assert ckpt.resume() == 2  # loads: every file verifies
     got = _params(third)
     assert all((got[k] == want[k]).all() for k in want)
-    assert not [p for p in (tmp_path / JOB).iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_fresh_run_in_a_job_with_steps_keeps_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer, ckpt = _fresh(tmp_path, 1)
+    ckpt.save()
+    ckpt.close()
+    before = (tmp_path / JOB / "step-00000001" / "manifest.json").read_bytes()
+    dist.destroy_process_group()
+    _, ckpt = _fresh(tmp_path, 1)  # not resumed: step 0 -> 1 again
+    assert ckpt.save() is None
+    ckpt.close()
+    assert (tmp_path / JOB / "step-00000001" / "manifest.json").read_bytes() == before
+    assert "already saved and complete; kept" in capsys.readouterr().err
+
+
+def test_a_failure_after_complete_keeps_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer, ckpt = _fresh(tmp_path, 1)
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise CheckpointError("cannot remove an old step: Permission denied")
+
+    monkeypatch.setattr(ckpt.retention, "after_save", broken)
+    ckpt.save()
+    assert ckpt.poll(block=True) == 1
+    assert "step 1 is saved, but what follows a save failed" in capsys.readouterr().err
+    assert _complete(tmp_path, ckpt.key) == [1]
+    assert ckpt.failed_steps == []
 
 
 def test_the_step_resumed_from_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
