@@ -78,8 +78,12 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     )
     good = (newest / lost_shard).read_bytes()
     (newest / lost_shard).write_bytes(b"x" + good[1:])
-    res = _recover(tmp_path, plan, "--lost", "fake-4", "--no-resume")
-    assert res.returncode == 1 and "every source failed" in res.stderr, res.stderr
+    # With no older step allowed (--step), the step is lost; by default recover falls
+    # back to the older step (tests/unit/test_recovery_session_local.py).
+    step_now = newest.name.split("-")[1].lstrip("0")
+    res = _recover(tmp_path, plan, "--lost", "fake-4", "--no-resume", "--step", step_now)
+    assert res.returncode == 1 and f"--step {step_now}: " in res.stderr, res.stderr
+    assert "every source failed" in res.stderr, res.stderr
     assert not (tmp_path / "plans" / "e2e.v2.yaml").exists()
     (newest / lost_shard).write_bytes(good)
 
