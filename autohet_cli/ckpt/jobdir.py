@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from autohet_cli.ckpt.files import CheckpointError, read_key, write_key
+from autohet_cli.ckpt.files import CheckpointError, list_steps, read_key, write_key
 from autohet_cli.ckpt.format import (
     COMPLETE,
     KEY_FILE,
@@ -141,8 +141,17 @@ def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
     corrupt step 15 kept while the good state was thrown away). They are kept, not
     deleted: nothing lost, and the note says where. Returns the steps moved here.
     """
+    # Only this job's own steps: complete and authentic on some host (rank 0's holds
+    # the manifest), never a planted one, which is nobody's to move (as retention).
+    try:
+        mine = {s for s, why in list_steps(ckpt.plan_dir, ckpt.key).items() if why is None}
+    except OSError:
+        mine = set()
+    views: list[Any] = [None] * ckpt.world_size
+    dist.all_gather_object(views, sorted(s for s in mine if s > step), group=ckpt.group)
+    newer = {s for view in views for s in view}
     moved = []
-    if ckpt.owner:
+    if ckpt.owner and newer:
         stamp = int(time.time())
         try:
             entries = list(os.scandir(ckpt.plan_dir))
@@ -150,7 +159,7 @@ def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
             entries = []
         for e in entries:
             n = parse_step_dir(e.name)
-            if n is None or n <= step:
+            if n is None or n not in newer:
                 continue
             try:
                 os.rename(e.path, ckpt.plan_dir / f"{ABANDONED_PREFIX}{e.name}-{stamp}")

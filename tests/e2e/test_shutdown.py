@@ -230,7 +230,7 @@ def test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption(
     assert saved, out[-3000:]
     step = int(saved.group(1))
     assert max(_losses(out)) == step - 1
-    hint = re.search(r"to continue once they are back: (.*)", out)
+    hint = re.search(r"no host of the plan survives .*?; to resume the job once .*?: (.*)", out)
     assert hint and "to continue on the survivors" not in out, out[-3000:]
     argv = hint.group(1).split()[1:]
     argv[argv.index("--steps") + 1] = str(step + 2)
