@@ -58,6 +58,7 @@ KEY_FILE = ".autohet-key"
 REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"  # the remote copy, when no cluster file or flag names one
 KEY_BYTES = 32
 MAC_FIELD = "hmac_sha256"
+ABANDONED_PREFIX = ".abandoned-"  # steps of a run a resume went back from (jobdir)
 TMP_PREFIX = ".tmp-"  # a step being written: ``.tmp-step-<N:08d>``
 
 _STEP_DIR = re.compile(r"^step-(?P<step>\d{8,})$")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from autohet_cli.ckpt.files import CheckpointError, list_steps, read_key, write_key
 from autohet_cli.ckpt.format import (
+    ABANDONED_PREFIX,
     COMPLETE,
     KEY_FILE,
     TMP_PREFIX,
@@ -126,20 +127,19 @@ def clear_leftovers(ckpt: Checkpointer) -> None:
         say(f"note: removed the leftovers of interrupted saves in {ckpt.plan_dir}: {names}")
 
 
-ABANDONED_PREFIX = ".abandoned-"  # steps of a run a resume went back from
-
-
 def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
     """After loading ``step``: every owner moves the job's steps after it aside
-    (``.abandoned-step-<N>-<unix time>``; never loaded, pruned or overwritten), and
+    (``.abandoned-step-<N>-<unix time>``: never loaded or overwritten; removed by
+    retention once this run has a complete step of its own, ``Retention``), and
     rank 0 takes their ``COMPLETE`` out of the remote copy.
 
     They belong to the run the user went back from (``--resume STEP``): left in
     place, ``--resume`` would later pick the newest of them, pruning would count
     them among the newest K and remove this run's steps instead, and this run's save
     of a step number they hold would be skipped as already saved (issue 29: a
-    corrupt step 15 kept while the good state was thrown away). They are kept, not
-    deleted: nothing lost, and the note says where. Returns the steps moved here.
+    corrupt step 15 kept while the good state was thrown away). They are kept
+    until the new run has a durable step (the user may still go back to them), not
+    longer, where they would fill the disk. Returns the steps moved here.
     """
     # Only this job's own steps: complete and authentic on some host (rank 0's holds
     # the manifest), never a planted one, which is nobody's to move (as retention).
@@ -172,7 +172,8 @@ def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
                 f"note: steps {', '.join(map(str, sorted(moved)))} of job {ckpt.job} come "
                 f"after the resumed step {step}: they belong to the run this one went back "
                 f"from, and are set aside as {ABANDONED_PREFIX}step-* in {ckpt.plan_dir} "
-                "(never loaded; delete them once sure)"
+                "(never loaded; removed once this run has saved a step of its own, unless "
+                "--keep-checkpoints 0)"
             )
         if ckpt.remote is not None:
             _unmark_remote_newer(ckpt, step)

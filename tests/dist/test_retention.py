@@ -89,11 +89,10 @@ def test_only_the_newest_k_complete_steps_stay_on_every_host_and_remotely(
     before, after = _losses(tmp_path / "run-a" / "metrics.jsonl"), _losses(metrics)
     assert sorted(after) == [4, 5]
     assert after[4] == pytest.approx(before[4], rel=1e-5)
-    # Step 5 of the run it went back from is set aside at the resume (kept, never
-    # loaded), so this run saves its own 5 and 6: two newer saves release step 4.
+    # Step 5 of the run it went back from is set aside at the resume (never loaded)
+    # and goes once this run saved its own step 5; two newer saves release step 4.
     assert "steps 5 of job default come after the resumed step 4" in proc.stderr
-    assert [p.name[:25] for p in (root / NS).iterdir() if p.name.startswith(".abandoned-")] == [
-        ".abandoned-step-00000005-"
-    ]
+    assert "removed 1 step(s) of the run this one went back from (.abandoned-step-" in (proc.stderr)
+    assert not [p for p in (root / NS).iterdir() if p.name.startswith(".abandoned-")]
     assert list_steps(root / NS, key) == {5: None, 6: None}
     assert "checkpoints: removed step 4 of job default" in proc.stderr

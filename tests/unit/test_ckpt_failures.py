@@ -183,6 +183,8 @@ def test_a_resumed_run_sets_the_later_steps_of_the_run_it_left_aside(
     again.fit(1)
     assert ckpt.save() is not None  # its own step 2, not "already saved"
     ckpt.close()
+    # Kept until this run had a complete step of its own, then removed by retention.
+    assert not [p for p in (tmp_path / JOB).iterdir() if p.name.startswith(".abandoned-")]
     assert ckpt.remote.is_complete(2)  # this run's, uploaded again
     want = _params(again)
     dist.destroy_process_group()
