@@ -276,3 +276,13 @@ def test_a_named_pipe_as_config_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match=r"run\.yaml: is a named pipe \(FIFO\), not a regular"):
         load_run_config(fifo)
+
+
+def test_the_workers_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    """A '%' in a help string (the auto schedule's "2%") crashed ``--help``, which the
+    launcher's root cause for a refused flag points users to."""
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "under 2% of the time" in out and "--max-nonfinite-steps N" in out

@@ -1,0 +1,277 @@
+"""The worker's flags: ``python -m autohet_cli.runtime.train --help`` (``runtime.train``).
+
+Parsing and checking them, a ``--config`` file's settings as their defaults, and
+the ``TrainConfig`` they make; split from ``runtime.train``, which runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from autohet_cli.ckpt.checkpointer import CHECKPOINT_DIR_ENV, DEFAULT_JOB
+from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
+from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
+from autohet_cli.errors import AutohetError
+from autohet_cli.limits import MAX_STEPS
+from autohet_cli.runtime.health import DEFAULT_INTERVAL_S
+from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
+from autohet_cli.runtime.train_config import TrainConfig
+
+
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """Data, optimizer and schedule (the keys of a run config file, ``runconfig``)."""
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="run config file (YAML or TOML, autohet_cli/runconfig.py): its settings are "
+        "the defaults, flags override them",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--min-lr", type=float, help="learning rate after decay (default lr/10)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup (default 0)")
+    p.add_argument("--decay-steps", type=int, help="step decay ends at (default --steps)")
+    p.add_argument("--lr-schedule", default="cosine", choices=["cosine", "linear", "constant"])
+    p.add_argument("--weight-decay", type=float, default=0.1, help="on matrices (default 0.1)")
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument(
+        "--grad-clip",
+        type=float,
+        default=1.0,
+        help="clip gradients to this global norm over every stage and shard (default 1.0; 0: off)",
+    )
+    p.add_argument(
+        "--max-nonfinite-steps",
+        type=int,
+        default=3,
+        metavar="N",
+        help="stop with an error once N steps in a row had a non-finite loss or gradient "
+        "norm (default 3); such steps are skipped, so the weights stay finite",
+    )
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="training tokens: a directory from `autohet data prepare`, a flat uint16/uint32 "
+        "token file (nanoGPT's train.bin), an .npy, or a Megatron .bin/.idx prefix; on "
+        "every host (default: synthetic tokens)",
+    )
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="of a headerless file")
+    p.add_argument(
+        "--data-fn",
+        metavar="MODULE:FN",
+        help="package.module:function returning the batches (autohet_cli/runtime/data_api.py)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.005,
+        help="share of the samples held out for validation (default 0.005)",
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="steps between validation losses (0: never)"
+    )
+    p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation loss")
+
+
+def _config_defaults(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
+    """Make a ``--config`` file's settings the parser's defaults (flags then override)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", type=Path)
+    known, _ = pre.parse_known_args(argv)
+    if known.config is None:
+        return
+    from autohet_cli.runconfig import load_run_config
+
+    try:
+        settings = load_run_config(known.config)
+    except AutohetError as exc:
+        p.error(str(exc))
+    p.set_defaults(**settings)
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, *, description: str | None = None
+) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m autohet_cli.runtime.train", description=description)
+    p.add_argument("--plan", required=True, type=Path, help="plan file (autohet.plan/v1)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="train up to this step (a resumed run continues from its checkpoint's step); "
+        "required, here or in --config",
+    )
+    _training_options(p)
+    p.add_argument(
+        "--metrics",
+        type=Path,
+        help="rank 0 appends one JSON line per step here (default RUN_DIR/metrics.jsonl)",
+    )
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="this run's directory on the host (the launcher passes it): metrics go there",
+    )
+    p.add_argument(
+        "--model-fn",
+        default=DEFAULT_MODEL_FN,
+        help=f"package.module:function returning ModelParts (default {DEFAULT_MODEL_FN})",
+    )
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="HuggingFace model directory (config.json + model.safetensors or its sharded "
+        "index): initial weights; each rank reads only its layers' TP shards",
+    )
+    p.add_argument(
+        "--dump-state",
+        type=Path,
+        help="after the last step every rank writes its parameters, TP-gathered and keyed "
+        "by full names, to DIR/rank<R>.pt (for tests and debugging)",
+    )
+    p.add_argument(
+        "--trace",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace of 3 steps (after 2 warm-up steps) to FILE "
+        "(default RUN_DIR/trace.json), in the form `autohet estimate --trace` writes",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        default=AUTO,
+        metavar="K",
+        help="save after every K-th step and at the end; 'auto' (default): "
+        + describe_every(None).replace("%", "%%")  # argparse %-formats help strings
+        + "; 0: never",
+    )
+    p.add_argument(
+        "--no-emergency-save",
+        dest="emergency_save",
+        action="store_false",
+        help="a preemption notice (SIGTERM, the host's check) stops training without "
+        "saving; by default every rank saves the step they agree on, also with "
+        "--checkpoint-every 0",
+    )
+    p.add_argument(
+        "--sync-checkpoints",
+        action="store_true",
+        help="write each checkpoint while training waits, instead of snapshotting the "
+        "state into host memory and writing it in the background (the default; a rank "
+        "short of host memory writes synchronously by itself and says so)",
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        default=DEFAULT_KEEP,
+        metavar="K",
+        help=f"keep the newest K complete steps of the job on every host and in the remote "
+        f"copy, older ones are removed after each save (default {DEFAULT_KEEP}); 0: keep "
+        "every step. The step a run resumed from stays until it saved K newer ones",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"this host's checkpoint directory (default ${CHECKPOINT_DIR_ENV}, else "
+        "RUN_DIR/../../checkpoints)",
+    )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="STEP",
+        help="load the newest complete checkpoint (or the one of STEP) before training",
+    )
+    p.add_argument(
+        "--remote-storage",
+        metavar="URL",
+        help="fsspec URL checkpoints are copied to in the background (default "
+        "$AUTOHET_REMOTE_STORAGE, else none)",
+    )
+    p.add_argument(
+        "--job",
+        default=DEFAULT_JOB,
+        metavar="ID",
+        help="the run namespace under CHECKPOINT_DIR/<plan name>/ (default "
+        f"{DEFAULT_JOB!r}; autohet launch starts a new one per fresh run)",
+    )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        metavar="S",
+        help="seconds before a collective (and a step) counts as stuck (default 60 on CPU, "
+        "300 on GPU)",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between background heartbeats (default {DEFAULT_INTERVAL_S:g})",
+    )
+    _config_defaults(p, argv)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        p.error("--steps is required (or steps: in --config)")
+    if not 0 <= args.steps <= MAX_STEPS:
+        p.error(f"--steps must be 0 to {MAX_STEPS:,}")
+    for name in ("warmup_steps", "eval_every"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.max_nonfinite_steps < 1:
+        p.error("--max-nonfinite-steps must be >= 1")
+    if args.eval_batches < 1:
+        p.error("--eval-batches must be >= 1")
+    if not 0 <= args.val_fraction < 1:
+        p.error("--val-fraction must be in [0, 1)")
+    for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction"):
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            p.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if args.lr <= 0 or (args.min_lr is not None and not 0 <= args.min_lr <= args.lr):
+        p.error("learning rates need --lr > 0 and 0 <= --min-lr <= --lr")
+    if args.grad_clip < 0:
+        p.error("--grad-clip must be >= 0 (0: no clipping)")
+    try:
+        args.checkpoint_every = parse_every(args.checkpoint_every)
+        args.keep_checkpoints = parse_keep(args.keep_checkpoints)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.resume not in (None, "latest"):
+        if not args.resume.isdigit():
+            p.error(f"--resume {args.resume!r}: expected a step number (or no value: the newest)")
+        args.resume = int(args.resume)
+    if args.collective_timeout is not None and args.collective_timeout <= 0:
+        p.error("--collective-timeout must be > 0")
+    if args.heartbeat_interval <= 0:
+        p.error("--heartbeat-interval must be > 0")
+    return args
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        seed=args.seed,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup_steps=args.warmup_steps,
+        decay_steps=args.decay_steps,
+        lr_schedule=args.lr_schedule,
+        weight_decay=args.weight_decay,
+        betas=(args.beta1, args.beta2),
+        grad_clip=args.grad_clip,
+        device=args.device,
+        model_fn=args.model_fn,
+        init_from=args.init_from,
+        data=args.data,
+        data_dtype=args.data_dtype,
+        data_fn=args.data_fn,
+        val_fraction=args.val_fraction,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches,
+        max_nonfinite_steps=args.max_nonfinite_steps,
+    )
