@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 # A file system with less free than this after a failed write was what failed it.
 NEARLY_FULL_BYTES = 64 << 20
-_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def disk_diagnosis(path: Path) -> str:
@@ -79,10 +78,6 @@ def save_failure(step: int, exc: BaseException, where: Path) -> CheckpointError:
     else:
         text = f"{type(exc).__name__}: {exc}"
     return CheckpointError(f"step {step} was not saved: {text}{disk_diagnosis(where)}")
-
-
-def is_disk_error(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
 
 
 def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) -> int:

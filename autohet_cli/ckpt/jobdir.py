@@ -116,15 +116,22 @@ def key_problem(ckpt: Checkpointer) -> str | None:
 def clear_leftovers(ckpt: Checkpointer) -> None:
     """The owner's start: remove what interrupted saves of earlier runs left
     (``.tmp-*``: never COMPLETE, and no save of this job runs before ours)."""
+    names = remove_prefixed(ckpt.plan_dir, TMP_PREFIX)
+    if names and ckpt.rank == 0:
+        listed = ", ".join(names)
+        say(f"note: removed the leftovers of interrupted saves in {ckpt.plan_dir}: {listed}")
+
+
+def remove_prefixed(plan_dir: Path, prefix: str) -> list[str]:
+    """Remove the entries of ``plan_dir`` whose names start with ``prefix`` (best
+    effort); returns their names, sorted."""
     try:
-        entries = [e for e in os.scandir(ckpt.plan_dir) if e.name.startswith(TMP_PREFIX)]
+        entries = [e for e in os.scandir(plan_dir) if e.name.startswith(prefix)]
     except OSError:
-        return
+        return []
     for e in entries:
         shutil.rmtree(e.path, ignore_errors=True)
-    if entries and ckpt.rank == 0:
-        names = ", ".join(sorted(e.name for e in entries))
-        say(f"note: removed the leftovers of interrupted saves in {ckpt.plan_dir}: {names}")
+    return sorted(e.name for e in entries)
 
 
 def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from autohet_cli.ckpt.files import list_steps, write_atomic
 from autohet_cli.ckpt.format import ABANDONED_PREFIX, parse_step_dir, step_dir_name
+from autohet_cli.ckpt.jobdir import remove_prefixed
 from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.ckpt.retention import (
     Pin,
@@ -245,17 +246,11 @@ class Retention:
         has a complete step of its own: kept until then (the user may go back to
         them), but never beside the new run's for good, where they would fill the
         disk (15.9 GB each for a 1.2B model) outside ``--keep-checkpoints``."""
-        try:
-            aside = [e for e in os.scandir(self.plan_dir) if e.name.startswith(ABANDONED_PREFIX)]
-        except OSError:
-            return
-        for e in aside:
-            shutil.rmtree(e.path, ignore_errors=True)
+        aside = remove_prefixed(self.plan_dir, ABANDONED_PREFIX)
         if aside and self.rank == 0:
             say(
                 f"checkpoints: removed {len(aside)} step(s) of the run this one went back "
-                f"from ({', '.join(sorted(e.name for e in aside))}), now that step {step} "
-                "of this run is complete"
+                f"from ({', '.join(aside)}), now that step {step} of this run is complete"
             )
 
     def _view(self) -> dict[str, Any] | None:

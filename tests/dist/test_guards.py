@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +36,18 @@ def _train(plan_name: str, tmp: Path, tp: int, *extra: str) -> subprocess.Comple
     return subprocess.run(
         cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
     )
+
+
+def run_alone(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``cmd``, one worker started as torchrun would start the only rank of a world."""
+    env = _env() | {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    }  # fmt: skip
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        check=False, **kwargs,
+    )  # fmt: skip
 
 
 def _losses(tmp: Path) -> list[float]:
@@ -120,14 +133,7 @@ def test_a_disk_that_refuses_every_save_is_named_and_training_goes_on(tmp_path: 
         *("--data", str(byte_tokens()), "--checkpoint-every", "2"),
         *("--checkpoint-dir", str(tmp_path / "ckpt"), "--remote-storage", "none"),
     ]
-    env = _env() | {
-        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-    }  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
-        check=False, preexec_fn=small_files,
-    )  # fmt: skip
+    proc = run_alone(cmd, preexec_fn=small_files)
     err = proc.stderr
     assert proc.returncode == 1, err[-3000:]
     assert "warning: step 2 was not saved: " in err and "File too large" in err, err[-3000:]

@@ -6,13 +6,13 @@ removes it again, whether a preemption notice could have saved or not."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from realdata import byte_tokens
-from test_runtime_exact import ROOT, _env, _free_port, make_plan
+from test_guards import run_alone
+from test_runtime_exact import make_plan
 
 from autohet_cli.ckpt.format import KEY_FILE, new_key
 from autohet_cli.plan import write_plan
@@ -39,13 +39,7 @@ def test_a_run_that_saves_nothing_leaves_no_job(tmp_path: Path, emergency: bool)
         *("--checkpoint-dir", str(tmp_path / "ckpt"), "--job", "j7"),
         *(("--remote-storage", "none") if emergency else ("--no-emergency-save",)),
     ]
-    env = _env() | {
-        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-    }  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False
-    )
+    proc = run_alone(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not job.exists()
     assert (other / "step-00000003").is_dir()
