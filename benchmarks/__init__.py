@@ -23,9 +23,12 @@
 - ``recovery_time``: the shard-transfer phase of recovery, local-first vs remote-only.
 - ``recovery_e2e``: recovery end to end on 3 sshd hosts, from a SIGKILLed host to the
   first resumed step (detect, replan, transfer, restart, load), against restarting
-  from remote storage only; and (``recovery_disk``) a 200M llama on one CPU device,
-  2.4 GB per save: blocked, persisted, load and kill-to-first-step against a plain
-  write of the same bytes (``AUTOHET_BENCH_SIZES=toy,200m``, default both).
+  from remote storage only (read at ``AUTOHET_BENCH_REMOTE_MBPS``, default 300 MB/s),
+  for gpt-small and a ~200M llama (``AUTOHET_BENCH_SIZES=toy,200m``, the default), with
+  a projection of both ways to a 15 GB checkpoint on real links.
+- ``recovery_disk``: the 200M llama on one CPU device, 2.4 GB per save: blocked,
+  persisted, load and kill-to-first-step against a plain write of the same bytes
+  (also ``AUTOHET_BENCH_SIZES=200m-disk`` of ``recovery_e2e``).
 - ``gpu_predictions``: the same on this machine's CUDA GPUs in bf16 (GPT-1.3B by
   default; skipped without a GPU).
 """
@@ -41,6 +44,7 @@ BENCHMARKS = (
     "llama_runtime",
     "recovery_time",
     "recovery_e2e",
+    "recovery_disk",
     "comm_dtype",
     "predictions",
     "gpu_predictions",

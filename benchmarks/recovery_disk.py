@@ -1,6 +1,7 @@
 """Recovery at the speed of the disk: a ~200M LLaMA on one CPU device, 2.4 GB per save.
 
-The size of ``recovery_e2e`` where the disk shows (``AUTOHET_BENCH_SIZES=200m``).
+``python -m benchmarks recovery_disk``, or ``AUTOHET_BENCH_SIZES=200m-disk`` of
+``recovery_e2e`` (whose ``200m`` is the same model on three hosts).
 One loopback sshd host trains the model below (fp32, Adam: 12 bytes per parameter
 in every save), saving every 2 steps. After step 5, with step 4 durable, the whole
 launch is SIGKILLed (the host's sshd and every process under it); the host comes
@@ -9,13 +10,15 @@ back and ``autohet launch --resume`` continues. Measured:
 blocked    training stood still for a save (``ckpt_blocked_s`` in metrics.jsonl)
 persisted  a save's start to its step durable and COMPLETE (``ckpt_persist_s``)
 detect     the kill to the launcher's verdict "lost"
-transfer   remote-only: the step's files from remote storage, read at 2.5 Gbit/s
+transfer   remote-only: the step's files from remote storage, read at
+           ``AUTOHET_BENCH_REMOTE_MBPS`` (default 300 MB/s)
 build      the relaunched worker's model, optimizer and data (its startup line)
 load       the checkpoint load: listing, verification, DCP read (its startup line)
 total      the kill to the first resumed step (the sshd restart left out)
 
-Two ways, each REPEATS times (median): ``autohet`` resumes from the host's own disk
-(no remote copy configured: the saves' figures are the disk's alone); ``remote-only``
+Two ways, each ``AUTOHET_BENCH_REPEATS`` times (median): ``autohet`` resumes from
+the host's own disk (no remote copy configured: the saves' figures are the disk's
+alone); ``remote-only``
 uploads every save to remote storage and, after the kill, starts from it alone (the
 host's copies deleted). Against the disk's own speed, measured in the same run: a
 plain write of a save's bytes with fsync into the same checkpoint directory. Targets:
@@ -32,6 +35,7 @@ import re
 import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,27 +52,22 @@ from autohet_cli.transport.pool import ConnectOptions
 from autohet_cli.yamlio import sha256_file
 from benchmarks import recovery_time
 from benchmarks._common import table
-from benchmarks.recovery_e2e import REPEATS, Stamped, startup_phases
-from tests.e2e.sshd import FakeSshHost, SshdFarm
+from benchmarks._recovery import (
+    HF_CONFIG_200M,
+    REMOTE_ENV,
+    Stamped,
+    remote_bytes_per_s,
+    repeats,
+    startup_phases,
+)
+from tests.e2e.sshd import FakeSshHost, SshdFarm, make_client_key, sshd_problem
 from tests.e2e.test_launch import free_port
 
 PLAN_NAME = "bench-disk"
-HF_CONFIG = {
-    "model_type": "llama",
-    "_name_or_path": "llama-200m",
-    "hidden_size": 1024,
-    "intermediate_size": 2816,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "vocab_size": 32000,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 2048,
-}
+HF_CONFIG = HF_CONFIG_200M
 SEQ_LEN = 64
 SAVE_EVERY, KILL_AFTER_STEP, DURABLE_STEP = 2, 5, 4
 WAIT_S = 1200.0
-REMOTE_BYTES_PER_S = 2.5e9 / 8  # what one VM reads from object storage (recovery_e2e)
 DROP_CACHES = os.environ.get("AUTOHET_BENCH_DROP_CACHES") == "1"  # root only
 _CHUNK = 16 << 20
 _METRICS = re.compile(r"^metrics: [^:]+:(\S+)/metrics\.jsonl")
@@ -267,14 +266,32 @@ def _once(tmp: Path, h: FakeSshHost, connect: ConnectOptions, mode: str) -> dict
     }
 
 
+def main() -> None:
+    """``python -m benchmarks recovery_disk`` (also ``AUTOHET_BENCH_SIZES=200m-disk`` of
+    ``recovery_e2e``)."""
+    problem = sshd_problem()
+    if problem is not None:
+        print(f"skipped: {problem}")
+        return
+    with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
+        root = Path(tmp)
+        farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
+        farm.root.mkdir()
+        try:
+            run(root, farm)
+        finally:
+            farm.stop_all()
+
+
 def run(root: Path, farm: SshdFarm) -> None:
-    """Both ways REPEATS times on one sshd host of ``farm``; prints the table."""
+    """Both ways ``AUTOHET_BENCH_REPEATS`` times on one sshd host of ``farm``; prints the
+    table."""
     (h,) = farm.start(1)
     h.stop()
     connect = ConnectOptions(known_hosts=farm.known_hosts)
-    recovery_time.RATE["bytes_per_s"] = REMOTE_BYTES_PER_S
+    recovery_time.RATE["bytes_per_s"] = remote_bytes_per_s(os.environ)
     results: dict[str, list[dict[str, Any]]] = {"autohet": [], "remote-only": []}
-    for i in range(REPEATS):
+    for i in range(repeats(os.environ)):
         for mode, runs in results.items():
             runs.append(_once(root / f"{mode}-{i}", h, connect, mode))
             print(f"  200m {mode} run {i + 1}: {runs[-1]['total']:.1f} s", flush=True)
@@ -293,7 +310,8 @@ def report(results: dict[str, list[dict[str, Any]]]) -> None:
     print(
         f"200m: {nbytes / 1e9:.2f} GB per save; plain write + fsync of as many bytes to the "
         f"same disk: {write_s:.2f} s ({nbytes / write_s / 1e9:.2f} GB/s, median of "
-        f"{len(every)}); remote storage read at {REMOTE_BYTES_PER_S / 1e6:.0f} MB/s; page "
+        f"{len(every)}); remote storage read at {recovery_time.RATE['bytes_per_s'] / 1e6:.0f} "
+        f"MB/s ({REMOTE_ENV}); page "
         f"cache {'dropped' if DROP_CACHES else 'kept'} before the relaunch; "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
     )
