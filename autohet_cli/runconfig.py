@@ -96,6 +96,12 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
         maximum=MAX_STEPS,
     ),
+    Setting(
+        "replicas", int, "partner hosts keeping a copy of each host's shards", minimum=0, maximum=8
+    ),
+    Setting(
+        "replica_budget", str, "most bytes of others' shards a host keeps per step (e.g. 20GB)"
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -122,6 +122,7 @@ from autohet_cli.ckpt.state import (
     rename_optimizer,
     tied_aliases,
 )
+from autohet_cli.peer.replicate import Replicator
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
 
@@ -174,6 +175,8 @@ class Checkpointer:
         timeout_s: float = COLLECTIVE_TIMEOUT_S,
         keep: int = DEFAULT_KEEP,
         background: bool = True,
+        replicas: int = 0,
+        replica_budget_bytes: int | None = None,
     ) -> None:
         self.trainer = trainer
         self.job = check_job(job)
@@ -234,6 +237,21 @@ class Checkpointer:
             host=self.host,
             remote=remote,
         )
+        # A second copy of each host's shards on partner hosts (peer.replicate).
+        self.replicator = (
+            Replicator(
+                host=self.host,
+                plan_dir=self.plan_dir,
+                key=self.key,
+                replicas=replicas,
+                budget_bytes=replica_budget_bytes,
+                owner=self.owner,
+            )
+            if replicas > 0 and self.world_size > 1
+            else None
+        )
+        if self.replicator is not None and self.replicator.problem:
+            say(f"warning: {self.host}: no replicas of other hosts here: {self.replicator.problem}")
 
     def _prepare_dir(self, root: Path) -> str | None:
         try:
@@ -433,6 +451,8 @@ class Checkpointer:
         finally:
             if self.uploader is not None:
                 self.uploader.join()
+            if self.replicator is not None:
+                self.replicator.close()
             self.snapshots.release()
         self.forget_if_unused()
 

@@ -22,6 +22,8 @@ from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
 from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
 from autohet_cli.ckpt.remote import UploadJob
 from autohet_cli.ckpt.state import manifest_files, stored_layers, tied_layer_groups
+from autohet_cli.peer.placement import Placement
+from autohet_cli.peer.replicate import Tally, summary
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
@@ -57,11 +59,17 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     if job.inline:
         job.blocked_s = time.monotonic() - job.started
     gathered: list[Any] = [None] * ckpt.world_size
-    dist.all_gather_object(gathered, (entries, job.blocked_s, job.alloc_s), group=group)
-    problems = [e for e, _, _ in gathered if isinstance(e, str)]
+    peer = ckpt.replicator.info() if ckpt.replicator is not None else None
+    dist.all_gather_object(gathered, (entries, job.blocked_s, job.alloc_s, peer), group=group)
+    problems = [e for e, *_ in gathered if isinstance(e, str)]
     if problems:
         raise CheckpointError(f"step {step} was not saved: {problems[0]}")
-    files = [e for rank_entries, _, _ in gathered for e in rank_entries]
+    files = [e for rank_entries, *_ in gathered for e in rank_entries]
+    placement, receivers = (
+        ckpt.replicator.placement([g[3] for g in gathered], files)
+        if ckpt.replicator is not None
+        else (None, {})
+    )
     # Every host's files are durable: the step directories go into place first, and
     # COMPLETE comes last, so no crash leaves a COMPLETE step whose files some host
     # still holds under its temporary name (a directory without COMPLETE is skipped).
@@ -71,7 +79,7 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     manifest = None
     if ckpt.rank == 0:
         try:
-            manifest = _write_manifest(ckpt, job, files)
+            manifest = _write_manifest(ckpt, job, files, placement)
         except OSError as exc:
             problem = f"cannot write the manifest of {job.final}: {exc.strerror or exc}"
         except Exception as exc:  # any other failure: the other ranks must not wait for it
@@ -79,11 +87,11 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     ckpt.agree_no_problem(problem and not_saved + problem, group=group)
     record = SaveRecord(
         step=step,
-        blocked_s=max(b for _, b, _ in gathered),
+        blocked_s=max(g[1] for g in gathered),
         persist_s=time.monotonic() - job.started,
         nbytes=sum(int(e["bytes"]) for e in files),
         synchronous=job.inline,
-        alloc_s=max(a for _, _, a in gathered),
+        alloc_s=max(g[2] for g in gathered),
     )
     ckpt.last_record = record
     if ckpt.owner:
@@ -98,6 +106,33 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     ckpt.retention.after_save(step, reading=reading)
     if ckpt.rank == 0:
         _tell_listeners(ckpt, record)
+    if placement is not None:
+        _replicate(ckpt, job, files, placement, receivers)
+
+
+def _replicate(
+    ckpt: Checkpointer,
+    job: SaveJob,
+    files: list[dict[str, Any]],
+    placement: Placement,
+    receivers: dict[str, dict[str, Any]],
+) -> None:
+    """The step is saved; now its second copies (``peer.replicate``). A failure
+    here is a warning: the step stays saved and COMPLETE."""
+    assert ckpt.replicator is not None
+    try:
+        tally = ckpt.replicator.send(
+            job.step, job.final, files, placement, receivers, rank=ckpt.rank
+        )
+    except Exception as exc:  # any failure: the other ranks wait for this one below
+        tally = Tally(errors=[f"{ckpt.host}: {type(exc).__name__}: {exc}"])
+    tallies: list[Any] = [None] * ckpt.world_size
+    dist.all_gather_object(tallies, tally, group=ckpt.persist_group)
+    ckpt.replicator.forget(before_step=job.step)
+    ckpt.replicator.saves += 1
+    if ckpt.rank == 0:
+        for line in summary(job.step, tallies, placement, first=ckpt.replicator.saves == 1):
+            say(line)
 
 
 def _tell_listeners(ckpt: Checkpointer, record: SaveRecord) -> None:
@@ -135,7 +170,9 @@ def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dic
     return out
 
 
-def _write_manifest(ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]]) -> Manifest:
+def _write_manifest(
+    ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]], placement: Placement | None
+) -> Manifest:
     manifest = Manifest(
         step=job.step,
         plan=ckpt.plan_ref,
@@ -148,6 +185,7 @@ def _write_manifest(ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]
             stored_layers(FileSystemReader(job.final).read_metadata()),
         ),
         tied_layers=tied_layer_groups(ckpt.trainer.parts.tied),
+        replicas=None if placement is None else dict(placement.partners),
     )
     write_atomic(job.final / MANIFEST, signed_manifest_text(manifest, ckpt.key).encode())
     write_atomic(job.final / COMPLETE, b"")

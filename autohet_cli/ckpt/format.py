@@ -42,6 +42,7 @@ import hmac
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ class Manifest:
     # Layer indices of each group of tied parameters (embedding and head: ``(0, L-1)``);
     # None: not recorded.
     tied_layers: tuple[tuple[int, ...], ...] | None = None
+    # Host -> the partner hosts that keep a copy of its shards (``peer.replicate``);
+    # None: not recorded (replication off, or an older writer).
+    replicas: Mapping[str, tuple[str, ...]] | None = None
 
     def layer_info_missing(self) -> str | None:
         """Why the manifest does not say which data files hold which layers (None: it
@@ -149,7 +153,7 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
         d,
         where,
         ["schema", "step", "plan", "plan_sha256", "world_size", "files"],
-        [MAC_FIELD, "tied_layers"],
+        [MAC_FIELD, "tied_layers", "replicas"],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -187,8 +191,28 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
             _layers(g, f"{at}[{i}]", least=2) for i, g in enumerate(as_list(d["tied_layers"], at))
         )
     return Manifest(
-        step=step, plan=plan, plan_sha256=plan_sha, world_size=world, files=files, tied_layers=tied
+        step=step,
+        plan=plan,
+        plan_sha256=plan_sha,
+        world_size=world,
+        files=files,
+        tied_layers=tied,
+        replicas=_replicas(d["replicas"], f"{where}: replicas") if "replicas" in d else None,
     )
+
+
+def _replicas(raw: Any, at: str) -> dict[str, tuple[str, ...]]:
+    """host -> partner hosts (names as in the plan)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for host, partners in as_mapping(raw, at).items():
+        names = tuple(
+            coerce(v, str, f"{at}.{host}[{j}]")
+            for j, v in enumerate(as_list(partners, f"{at}.{host}"))
+        )
+        if host in names:
+            raise ConfigError(f"{at}.{host}: a host cannot be its own partner")
+        out[str(host)] = names
+    return out
 
 
 def _layers(raw: Any, at: str, *, least: int = 0) -> tuple[int, ...]:
@@ -279,6 +303,8 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
     }
     if m.tied_layers is not None:
         d["tied_layers"] = [list(g) for g in m.tied_layers]
+    if m.replicas is not None:
+        d["replicas"] = {h: list(ps) for h, ps in m.replicas.items()}
     return d
 
 

@@ -61,6 +61,8 @@ def launch(
     ] = None,
     no_emergency_save: trainopts.NoEmergencyOpt = False,
     keep_checkpoints: trainopts.KeepOpt = None,
+    replicas: trainopts.ReplicasOpt = None,
+    replica_budget: trainopts.ReplicaBudgetOpt = None,
     train_arg: Annotated[
         list[str] | None,
         typer.Option(help="Extra worker argument (repeatable), for example: --train-arg=--lr=3e-4"),
@@ -134,6 +136,8 @@ def launch(
         steps=steps,
         checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints,
+        replicas=replicas,
+        replica_budget=replica_budget,
         data=data,
         data_fn=data_fn,
         train_arg=[*(train_arg or ()), *(["--no-emergency-save"] if no_emergency_save else [])],

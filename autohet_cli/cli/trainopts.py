@@ -17,6 +17,7 @@ from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_STEPS, at_most
+from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.runconfig import load_run_config, worker_args
 
 DEFAULT_STEPS = 100
@@ -51,6 +52,28 @@ KeepOpt = Annotated[
         "remote storage; older ones are deleted after each successful save (one save of a "
         "1.2B llama is 15 GB). The step a run resumed from and the step recover copies "
         f"stay until no longer read. 0: keep every step. [default: {DEFAULT_KEEP}]",
+    ),
+]
+ReplicasOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--replicas",
+        metavar="N",
+        min=0,
+        max=MAX_REPLICAS,
+        help="After each save, copy every host's shards to N partner hosts (another "
+        "machine; another GPU type or spot pool first), in the background: recover then "
+        "takes a lost host's shards from its partner, not from remote storage. "
+        "0: off. [default: 1]",
+    ),
+]
+ReplicaBudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--replica-budget",
+        metavar="SIZE",
+        help="Most bytes of other hosts' shards one host keeps per checkpoint step, "
+        "e.g. 20GB. [default: auto: what the checkpoint disk has free, less 5%]",
     ),
 ]
 NoEmergencyOpt = Annotated[
@@ -88,6 +111,8 @@ def resolve(
     data_fn: str | None,
     train_arg: list[str] | None,
     keep_checkpoints: int | None = None,
+    replicas: int | None = None,
+    replica_budget: str | None = None,
 ) -> Training:
     settings = load_run_config(config) if config is not None else {}
     file_every = settings.pop("checkpoint_every", None)
@@ -100,7 +125,19 @@ def resolve(
         keep = parse_keep(keep)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if "replica_budget" in settings:
+        try:
+            parse_budget(str(settings["replica_budget"]))
+        except ValueError as exc:
+            raise ConfigError(f"{config}: replica_budget: {exc}") from None
     explicit = [f"--data={data}"] if data else []
+    explicit += [f"--replicas={replicas}"] if replicas is not None else []
+    if replica_budget is not None:
+        try:
+            parse_budget(replica_budget)
+        except ValueError as exc:
+            raise ConfigError(f"--replica-budget: {exc}") from None
+        explicit += [f"--replica-budget={replica_budget}"]
     explicit += [f"--data-fn={data_fn}"] if data_fn else []
     if steps is None:
         steps = DEFAULT_STEPS if file_steps is None else int(file_steps)

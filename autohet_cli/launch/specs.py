@@ -28,6 +28,7 @@ from autohet_cli.ckpt.notice import NOTICE_S
 from autohet_cli.cluster import Cluster, python_for
 from autohet_cli.errors import PlanError
 from autohet_cli.paths import expand_home, shell_word
+from autohet_cli.peer.replicate import ADDR_ENV, DOMAIN_ENV
 from autohet_cli.plan import Plan
 from autohet_cli.preemption import CHECK_ENV
 
@@ -138,6 +139,10 @@ def build_launch_specs(
             "PYTHONUNBUFFERED": "1",
             **dict(options.user_env),
         }
+        # Where this host's replica receiver listens, and its failure domain, for the
+        # placement of checkpoint replicas (peer.replicate).
+        env[ADDR_ENV] = "127.0.0.1" if host.is_local else host.address
+        env[DOMAIN_ENV] = f"{host.gpu_type}/{'spot' if host.spot else 'on-demand'}"
         if host.preemption_check is not None:
             env[CHECK_ENV] = host.preemption_check.to_env()  # polled by the runtime
         if loopback_only:

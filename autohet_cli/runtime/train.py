@@ -226,6 +226,8 @@ def _checkpointer(
         keep=args.keep_checkpoints,
         remote=RemoteCopy(url, plan.name, args.job) if url else None,
         background=not args.sync_checkpoints,
+        replicas=args.replicas,
+        replica_budget_bytes=args.replica_budget,
     )
 
 

@@ -16,6 +16,7 @@ from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import AutohetError
 from autohet_cli.limits import MAX_STEPS
+from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.runtime.health import DEFAULT_INTERVAL_S
 from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
 from autohet_cli.runtime.train_config import TrainConfig
@@ -159,6 +160,23 @@ def parse_args(
         "--checkpoint-every 0",
     )
     p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="after each save, copy every host's shards to N partner hosts (another "
+        "machine, another GPU type or spot pool where there is one), so a lost host's "
+        "shards come from a peer instead of remote storage (default 1; 0: off)",
+    )
+    p.add_argument(
+        "--replica-budget",
+        default="auto",
+        metavar="SIZE",
+        help="the most bytes of other hosts' shards this host keeps per checkpoint step, "
+        "e.g. 20GB (default auto: what the checkpoint disk has free, less 5%% and at "
+        "least 1 GiB); a host's shards go to partners with room",
+    )
+    p.add_argument(
         "--sync-checkpoints",
         action="store_true",
         help="write each checkpoint while training waits, instead of snapshotting the "
@@ -240,6 +258,7 @@ def parse_args(
     try:
         args.checkpoint_every = parse_every(args.checkpoint_every)
         args.keep_checkpoints = parse_keep(args.keep_checkpoints)
+        args.replica_budget = parse_budget(args.replica_budget)
     except ValueError as exc:
         p.error(str(exc))
     if args.resume not in (None, "latest"):
@@ -250,6 +269,8 @@ def parse_args(
         p.error("--collective-timeout must be > 0")
     if args.heartbeat_interval <= 0:
         p.error("--heartbeat-interval must be > 0")
+    if not 0 <= args.replicas <= MAX_REPLICAS:
+        p.error(f"--replicas must be between 0 and {MAX_REPLICAS}, got {args.replicas}")
     return args
 
 

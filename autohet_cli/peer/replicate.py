@@ -1,0 +1,316 @@
+"""The runtime's replicas: after each save, every host's shards also on a partner host.
+
+Why: a host that vanishes takes its shards with it, and without a second copy the
+only other one is remote storage, which a VM reads at a few hundred MB/s. With a
+copy on a partner (``peer.placement``), ``autohet recover`` takes the lost host's
+shards from the partner and reads nothing from remote storage.
+
+How (in the checkpointer's persist thread, after the step is COMPLETE, so
+training goes on meanwhile):
+
+* each host's directory owner runs a receiver (``peer.stream.PeerServer``) on the
+  host's cluster address (``AUTOHET_HOST_ADDR``, set by the launcher), started
+  with the checkpointer; its port travels with the save's gathered entries, along
+  with the host's failure domain and its room, so every rank computes the same
+  placement and rank 0 records it in the manifest (``replicas``);
+* each rank pushes its own files of the step to its host's partners, several
+  streams at a time; rank 0 also pushes ``.metadata`` and ``manifest.json``, and
+  ``COMPLETE`` last, so a partner of rank 0's host holds a usable step when that
+  host is lost;
+* the receiver writes each file into ITS step directory of the job (where recover
+  and the loader look), hashed as it lands and renamed into place only when its
+  sha256 is the one the sender's authenticated header names; a file it has is
+  skipped; a file beyond its budget or its disk's room is refused, named, and not
+  written;
+* the ranks then agree on what moved; rank 0 prints one line, and a failure is a
+  warning (the step is saved; only its second copy is missing), never a stop.
+
+The receiver does not fsync: a replica only matters when its origin is gone, and a
+partner that crashed meanwhile leaves a file whose sha256 recover checks anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
+from autohet_cli.peer import stream
+from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shard_bytes_by_host
+
+ADDR_ENV = "AUTOHET_HOST_ADDR"  # the host's cluster address (set by the launcher)
+DOMAIN_ENV = "AUTOHET_FAILURE_DOMAIN"  # "<gpu type>/<spot|on-demand>" (set by the launcher)
+STREAMS = 4  # files in flight per rank
+_NAME = re.compile(r"^(__\d+_\d+\.distcp|\.metadata|manifest\.json|COMPLETE)$")
+_MAX_BYTES = 1 << 50
+_EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def reserve_bytes(total_bytes: int) -> int:
+    """What replicas leave free on a checkpoint file system: 5%, at least 1 GiB, so
+    the host's own next save always has room before a peer's copy does."""
+    return max(1 << 30, total_bytes // 20)
+
+
+@dataclass(slots=True)
+class Tally:
+    sent_bytes: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class Replicator:
+    """One rank's part in replication (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        plan_dir: Path,
+        key: bytes,
+        replicas: int,
+        budget_bytes: int | None,
+        owner: bool,
+        env: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.host, self.plan_dir, self.key = host, plan_dir, key
+        self.replicas, self.budget_bytes = replicas, budget_bytes
+        self.addr = env.get(ADDR_ENV) or _own_address()
+        self.domain = env.get(DOMAIN_ENV) or "unknown"
+        self._lock = threading.Lock()
+        self._received: dict[int, int] = {}  # step -> bytes received for it
+        self.refused: list[str] = []  # pushes this receiver refused (for tests, logs)
+        self.saves = 0  # steps replicated by this run
+        self.server: stream.PeerServer | None = None
+        self.problem: str | None = None
+        if owner and replicas > 0:
+            try:
+                self.server = stream.PeerServer(self.addr, key, self._receive)
+            except OSError as exc:
+                self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
+
+    # ------------------------------------------------------------- facts
+
+    def info(self) -> dict[str, Any] | None:
+        """This rank's facts for the save's gather (None: not its host's receiver)."""
+        if self.server is None:
+            return None
+        return {
+            "host": self.host,
+            "addr": self.addr,
+            "port": self.server.port,
+            "domain": self.domain,
+            "room": self.room_bytes(),
+        }
+
+    def room_bytes(self) -> int:
+        try:
+            du = shutil.disk_usage(self.plan_dir)
+        except OSError:
+            return 0
+        room = max(0, du.free - reserve_bytes(du.total))
+        return room if self.budget_bytes is None else min(room, self.budget_bytes)
+
+    def placement(
+        self, infos: Sequence[dict[str, Any] | None], files: Sequence[Mapping[str, Any]]
+    ) -> tuple[Placement, dict[str, dict[str, Any]]]:
+        """The same placement on every rank, from the save's gathered facts; and each
+        receiving host's address and port."""
+        receivers = {i["host"]: i for i in infos if i is not None}
+        sizes = shard_bytes_by_host(files)
+        hosts = [
+            PeerHost(
+                name=h,
+                machine=str(i["addr"]),
+                domain=str(i["domain"]),
+                shard_bytes=sizes.get(h, 0),
+                room_bytes=int(i["room"]),
+            )
+            for h, i in sorted(receivers.items())
+        ]
+        return place_replicas(hosts, self.replicas), receivers
+
+    # ------------------------------------------------------------- sending
+
+    def send(
+        self,
+        step: int,
+        step_dir: Path,
+        files: Sequence[Mapping[str, Any]],
+        placement: Placement,
+        receivers: Mapping[str, Mapping[str, Any]],
+        *,
+        rank: int,
+    ) -> Tally:
+        """Push this rank's files of ``step`` to its host's partners (rank 0: also
+        ``.metadata``, the manifest and, once those arrived, COMPLETE)."""
+        tally = Tally()
+        partners = [p for p in placement.partners.get(self.host, ()) if p in receivers]
+        mine = [f for f in files if f["rank"] == rank and f["path"] != METADATA]
+        todo = [(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in mine]
+        if rank == 0:
+            meta = next((f for f in files if f["path"] == METADATA), None)
+            if meta is not None:
+                todo.append((METADATA, int(meta["bytes"]), str(meta["sha256"])))
+            man = step_dir / MANIFEST
+            if man.is_file():
+                todo.append((MANIFEST, man.stat().st_size, _sha256(man)))
+        if not partners or not todo:
+            return tally
+        t0 = time.monotonic()
+        jobs = [(p, t) for p in partners for t in todo]
+        with ThreadPoolExecutor(min(STREAMS, len(jobs))) as pool:
+            done = list(pool.map(lambda j: self._push(step, step_dir, j[0], j[1], receivers), jobs))
+        for (partner, (name, nbytes, _sha)), outcome in zip(jobs, done, strict=True):
+            if outcome is None:
+                tally.sent_bytes += nbytes
+            elif outcome == "have":
+                tally.skipped += 1
+            else:
+                tally.errors.append(f"{name} to {partner}: {outcome}")
+        failed = {
+            p for (p, _t), outcome in zip(jobs, done, strict=True) if outcome not in (None, "have")
+        }
+        if rank == 0 and (step_dir / COMPLETE).is_file():
+            for partner in (p for p in partners if p not in failed):
+                outcome = self._push(step, step_dir, partner, (COMPLETE, 0, _EMPTY_SHA), receivers)
+                if outcome not in (None, "have"):
+                    tally.errors.append(f"{COMPLETE} to {partner}: {outcome}")
+        tally.seconds = time.monotonic() - t0
+        return tally
+
+    def _push(
+        self,
+        step: int,
+        step_dir: Path,
+        partner: str,
+        item: tuple[str, int, str],
+        receivers: Mapping[str, Mapping[str, Any]],
+    ) -> str | None:
+        """None: sent and verified; "have": the partner had it; else why not."""
+        name, nbytes, sha = item
+        to = receivers[partner]
+        header = {"op": "push", "step": step, "name": name, "bytes": nbytes, "sha256": sha}
+        try:
+            sent = stream.push_file(
+                str(to["addr"]), int(to["port"]), self.key, str(step_dir / name), header
+            )
+        except (OSError, stream.PeerError) as exc:
+            return str(exc) or type(exc).__name__
+        return None if sent else "have"
+
+    # ------------------------------------------------------------- receiving
+
+    def _receive(self, conn: socket.socket, header: dict[str, Any]) -> None:
+        why = self._check(header)
+        if why is not None:
+            with self._lock:
+                self.refused.append(why)
+            stream.refuse(conn, why)
+            return
+        step, name, nbytes = int(header["step"]), str(header["name"]), int(header["bytes"])
+        dest = self.plan_dir / step_dir_name(step) / name
+        if dest.is_file() and dest.stat().st_size == nbytes:
+            conn.sendall(stream.HAVE)
+            return
+        with self._lock:
+            self._received[step] = self._received.get(step, 0) + nbytes
+        conn.sendall(stream.OK)
+        try:
+            stream.receive_into(conn, str(dest), nbytes, str(header["sha256"]))
+        except stream.HashMismatch as exc:
+            stream.refuse(conn, str(exc))
+            return
+        conn.sendall(stream.OK)
+
+    def _check(self, h: Mapping[str, Any]) -> str | None:
+        """Why this push is refused (None: accept)."""
+        name, step, nbytes, sha = h.get("name"), h.get("step"), h.get("bytes"), h.get("sha256")
+        if h.get("op") != "push" or not isinstance(name, str) or not _NAME.match(name):
+            return f"not a checkpoint file name: {str(name)[:100]!r}"
+        if not isinstance(step, int) or step < 0 or not isinstance(nbytes, int):
+            return "bad step or size"
+        if not 0 <= nbytes < _MAX_BYTES or not isinstance(sha, str) or len(sha) != 64:
+            return "bad size or sha256"
+        d = self.plan_dir / step_dir_name(step)
+        if d.is_symlink() or not d.is_dir():
+            return f"{self.host} has no step {step} (pruned, or its save failed)"
+        have = d / name
+        if have.is_file() and have.stat().st_size == nbytes:
+            return None  # answered HAVE
+        with self._lock:
+            taken = self._received.get(step, 0)
+        if self.budget_bytes is not None and taken + nbytes > self.budget_bytes:
+            return (
+                f"over {self.host}'s replica budget ({taken + nbytes} > "
+                f"{self.budget_bytes} bytes for step {step})"
+            )
+        room = self.room_bytes()
+        if nbytes > room:
+            return f"{self.host}'s disk has room for {room} bytes of replicas, not {nbytes}"
+        return None
+
+    def forget(self, before_step: int) -> None:
+        with self._lock:
+            for s in [s for s in self._received if s < before_step]:
+                del self._received[s]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def _own_address() -> str:
+    """Without the launcher's address: what this machine's name resolves to."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def summary(step: int, tallies: Sequence[Tally], placement: Placement, *, first: bool) -> list[str]:
+    """Rank 0's lines for a replicated step: one figure line, then warnings (a host
+    without a partner only at the run's ``first`` save: it does not change)."""
+    sent = sum(t.sent_bytes for t in tallies)
+    secs = max((t.seconds for t in tallies), default=0.0)
+    lines: list[str] = []
+    pairs = ", ".join(f"{h}->{'+'.join(ps)}" for h, ps in placement.partners.items() if ps)
+    if sent or pairs:
+        rate = f" ({sent / secs / 1e9:.2f} GB/s)" if secs > 0 and sent else ""
+        lines.append(
+            f"replicas of step {step}: {sent / 1e9:.2f} GB to partners in {secs:.2f} s{rate} "
+            f"[{pairs or 'none'}]"
+        )
+    for host, why in placement.short.items() if first else ():
+        lines.append(f"warning: step {step}: {host}'s shards have no (or too few) partner: {why}")
+    errors = [e for t in tallies for e in t.errors]
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        lines.append(
+            f"warning: step {step} is saved, but some replicas were not: "
+            + "; ".join(errors[:3])
+            + more
+            + ". A lost host's shards then come from the remote copy or an older step."
+        )
+    return lines

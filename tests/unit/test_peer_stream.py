@@ -1,0 +1,154 @@
+"""Issue 30: the authenticated peer streams and the runtime's replica receiver."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from autohet_cli.peer import stream
+from autohet_cli.peer.replicate import Replicator
+
+KEY = b"k" * 32
+STEP = "step-00000002"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Replicator:
+    job = tmp_path / "b" / "plan" / "default"
+    (job / STEP).mkdir(parents=True)
+    r = Replicator(
+        host="b",
+        plan_dir=job,
+        key=KEY,
+        replicas=1,
+        budget_bytes=None,
+        owner=True,
+        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
+    )
+    yield r
+    r.close()
+
+
+def _push(r: Replicator, src: Path, *, key: bytes = KEY, **over: object) -> bool:
+    data = src.read_bytes()
+    header = {"op": "push", "step": 2, "name": src.name, "bytes": len(data), "sha256": _sha(data)}
+    header.update(over)
+    assert r.server is not None
+    return stream.push_file("127.0.0.1", r.server.port, key, str(src), header)
+
+
+def _leftovers(d: Path) -> list[str]:
+    return [p.name for p in d.iterdir() if p.name.endswith(stream.PART)]
+
+
+def test_a_pushed_file_lands_verified_and_a_second_push_is_skipped(
+    receiver: Replicator, tmp_path: Path
+) -> None:
+    src = tmp_path / "__3_0.distcp"
+    data = os.urandom(3 * stream.BUF_BYTES + 12345)  # several buffers, a ragged end
+    src.write_bytes(data)
+    assert _push(receiver, src) is True
+    got = receiver.plan_dir / STEP / src.name
+    assert got.read_bytes() == data
+    assert _push(receiver, src) is False  # HAVE: already there
+    empty = tmp_path / "COMPLETE"
+    empty.write_bytes(b"")
+    assert _push(receiver, empty) is True
+    assert (receiver.plan_dir / STEP / "COMPLETE").is_file()
+
+
+def test_a_stranger_without_the_job_key_is_refused(receiver: Replicator, tmp_path: Path) -> None:
+    src = tmp_path / "__3_0.distcp"
+    src.write_bytes(b"x" * 1000)
+    with pytest.raises(stream.PeerError, match="job key differs"):
+        _push(receiver, src, key=b"z" * 32)
+    assert not (receiver.plan_dir / STEP / src.name).exists()
+
+
+def test_bytes_that_fail_their_sha256_are_never_seen_under_the_name(
+    receiver: Replicator, tmp_path: Path
+) -> None:
+    src = tmp_path / "__3_0.distcp"
+    src.write_bytes(b"y" * 100_000)
+    with pytest.raises(stream.PeerError, match="sha256 mismatch"):
+        _push(receiver, src, sha256=_sha(b"something else"))
+    d = receiver.plan_dir / STEP
+    assert not (d / src.name).exists() and not _leftovers(d)
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"name": "../../evil"}, "not a checkpoint file name"),
+        ({"name": ".autohet-key"}, "not a checkpoint file name"),
+        ({"step": 7}, "has no step 7"),
+        ({"bytes": -1}, "bad size"),
+    ],
+)
+def test_pushes_outside_the_contract_are_refused(
+    receiver: Replicator, tmp_path: Path, over: dict[str, object], why: str
+) -> None:
+    src = tmp_path / "__3_0.distcp"
+    src.write_bytes(b"z" * 10)
+    with pytest.raises(stream.PeerError, match=why):
+        _push(receiver, src, **over)
+    assert sorted(p.name for p in (receiver.plan_dir / STEP).iterdir()) == []
+    assert not (receiver.plan_dir.parent / "evil").exists()
+
+
+def test_the_budget_is_respected_per_step(tmp_path: Path) -> None:
+    job = tmp_path / "plan" / "default"
+    (job / STEP).mkdir(parents=True)
+    r = Replicator(
+        host="b",
+        plan_dir=job,
+        key=KEY,
+        replicas=1,
+        budget_bytes=150_000,
+        owner=True,
+        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
+    )
+    try:
+        first, second = tmp_path / "__1_0.distcp", tmp_path / "__2_0.distcp"
+        first.write_bytes(b"a" * 100_000)
+        second.write_bytes(b"b" * 100_000)
+        assert _push(r, first)
+        with pytest.raises(stream.PeerError, match="replica budget"):
+            _push(r, second)  # 200 KB would exceed 150 KB
+        assert not (job / STEP / second.name).exists()
+        assert r.room_bytes() <= 150_000
+    finally:
+        r.close()
+
+
+def test_get_serves_only_the_files_it_was_started_with(tmp_path: Path) -> None:
+    offered, secret = tmp_path / "shard", tmp_path / "secret"
+    data = os.urandom(1 << 20)
+    offered.write_bytes(data)
+    secret.write_bytes(b"no")
+    server = stream.PeerServer("127.0.0.1", KEY, stream.serve_files({str(offered)}))
+    try:
+        dest = tmp_path / "out" / "shard"
+        stream.get_file(
+            "127.0.0.1", server.port, KEY, str(offered), str(dest), len(data), _sha(data)
+        )
+        assert dest.read_bytes() == data
+        with pytest.raises(stream.PeerError, match="not served here"):
+            stream.get_file(
+                "127.0.0.1", server.port, KEY, str(secret), str(tmp_path / "s"), 2, _sha(b"no")
+            )
+        bad = tmp_path / "out" / "bad"
+        with pytest.raises(stream.HashMismatch):
+            stream.get_file(
+                "127.0.0.1", server.port, KEY, str(offered), str(bad), len(data), _sha(b"")
+            )
+        assert not bad.exists() and not _leftovers(tmp_path / "out")
+    finally:
+        server.close()
