@@ -15,14 +15,16 @@ what is present and copies only what is still missing or wrong.
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from secrets import token_hex
+from typing import Any
 
 from autohet_cli.ckpt.format import COMPLETE, KEY_FILE, MANIFEST
 from autohet_cli.cluster import Host
 from autohet_cli.errors import AutohetError
-from autohet_cli.recovery.direct import direct_copy
+from autohet_cli.recovery.direct import Fetch, Fetched, Servers, fetch_all
 from autohet_cli.recovery.errors import RecoveryError, StepLost
 from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
 from autohet_cli.transport.base import Runner
@@ -32,20 +34,32 @@ from autohet_cli.transport.pool import HostPool
 Say = Callable[[str], None]
 
 
-def execute_transfers(tp: TransferPlan, pool: HostPool, say: Say) -> tuple[int, int]:
+def execute_transfers(
+    tp: TransferPlan, pool: HostPool, say: Say, records: list[dict[str, Any]] | None = None
+) -> tuple[int, int]:
     """Copy every item (sources in order, sha256 verified); bytes from peers, from remote.
+
+    Peer copies between two remote hosts go first, all at once over direct streams
+    (``recovery.direct``); what did not arrive that way (no route, a refused key,
+    bytes that fail their hash) and everything else goes per file through its
+    sources in order. ``records`` gets one entry per file that arrived: which way,
+    from where, how many bytes in how many seconds.
 
     Raises StepLost when some file has no intact copy at all (every source delivered
     other bytes), so the caller can fall back to an older step; any other failure
     (a host that stopped answering) is a RecoveryError to fix and rerun."""
+    log: list[dict[str, Any]] = [] if records is None else records
+    direct, mismatched = _direct_phase(tp, pool, say, log)
     by_dest: dict[str, list[TransferItem]] = {}
     for item in tp.items:
-        by_dest.setdefault(item.dest_host, []).append(item)
+        if (item.dest_host, item.file) not in direct:
+            by_dest.setdefault(item.dest_host, []).append(item)
 
     def copy_all(host: Host) -> tuple[int, int]:
         peers = remote = 0
         for item in by_dest[host.name]:
-            kind = _copy_one(item, pool, say, tp.plan_name)
+            first_bad = (item.dest_host, item.file) in mismatched
+            kind = _copy_one(item, pool, say, log, first_mismatched=first_bad)
             if kind == "remote":
                 remote += item.num_bytes
             else:
@@ -65,7 +79,122 @@ def execute_transfers(tp: TransferPlan, pool: HostPool, say: Say) -> tuple[int, 
     if failed:
         raise RecoveryError(f"transfer failed: {detail}")
     totals = [r for r in results.values() if not isinstance(r, Exception)]
-    return sum(p for p, _ in totals), sum(r for _, r in totals)
+    direct_bytes = sum(i.num_bytes for i in tp.items if (i.dest_host, i.file) in direct)
+    return direct_bytes + sum(p for p, _ in totals), sum(r for _, r in totals)
+
+
+def _can_stream(item: TransferItem, pool: HostPool) -> bool:
+    """A peer copy between two distinct remote hosts (the controller's own host is
+    reached over SFTP, which is direct from here already)."""
+    src = item.source
+    if src.kind == "remote" or src.host is None or src.host == item.dest_host:
+        return False
+    return not pool.host(src.host).is_local and not pool.host(item.dest_host).is_local
+
+
+def _direct_phase(
+    tp: TransferPlan, pool: HostPool, say: Say, log: list[dict[str, Any]]
+) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """Every streamable item at once; (dest, file) that arrived, and those whose
+    bytes from their first source failed the hash."""
+    items = [i for i in tp.items if _can_stream(i, pool)]
+    done: set[tuple[str, str]] = set()
+    mismatched: set[tuple[str, str]] = set()
+    if not items:
+        return done, mismatched
+    servers = Servers(say)
+    try:
+        by_src: dict[str, list[str]] = {}
+        for i in items:
+            assert i.source.host is not None
+            by_src.setdefault(i.source.host, []).append(i.source.path)
+        fan_out(
+            [pool.host(h) for h in by_src],
+            lambda h: servers.start(
+                pool.runner(h.name),
+                h,
+                sorted(set(by_src[h.name])),
+                key_path(pool, h.name, tp.plan_name),
+            ),
+        )
+        for host, why in servers.failed.items():
+            say(f"{host}: cannot serve its files directly ({why}); they go through the controller")
+        by_dest: dict[str, list[TransferItem]] = {}
+        for i in items:
+            if i.source.host in servers.ports:
+                by_dest.setdefault(i.dest_host, []).append(i)
+
+        def fetch(host: Host) -> list[Fetched]:
+            todo = by_dest[host.name]
+            wanted = [
+                Fetch(
+                    path=i.source.path,
+                    dest=i.dest_path,
+                    num_bytes=i.num_bytes,
+                    sha256=i.sha256,
+                    source=str(i.source.host),
+                )
+                for i in todo
+            ]
+            return fetch_all(
+                pool.runner(host.name),
+                host,
+                wanted,
+                servers,
+                key_path(pool, host.name, tp.plan_name),
+            )
+
+        results = fan_out([pool.host(h) for h in by_dest], fetch)
+    finally:
+        servers.close()
+    for dest, got in results.items():
+        if isinstance(got, Exception):
+            say(f"{dest}: direct copies failed ({got}); trying the other ways")
+            continue
+        for item, verdict in zip(by_dest[dest], got, strict=True):
+            if verdict.ok:
+                done.add((dest, item.file))
+                _record(log, item, item.source, "direct", verdict.seconds, say)
+                continue
+            if verdict.why == "sha256":
+                mismatched.add((dest, item.file))
+                why = f"sha256 mismatch ({verdict.got[:16]}...)"
+            else:
+                why = verdict.why
+            say(
+                f"{dest}: {item.file} from peer {item.source.host} (direct) failed: {why}; "
+                "trying the next way"
+            )
+    return done, mismatched
+
+
+def _record(
+    log: list[dict[str, Any]], item: TransferItem, source: Source, how: str, secs: float, say: Say
+) -> None:
+    rate = item.num_bytes / secs if secs > 0 else 0.0
+    log.append(
+        {
+            "file": item.file,
+            "dest": item.dest_host,
+            "source_kind": source.kind,
+            "source": source.name,
+            "path": how,
+            "bytes": item.num_bytes,
+            "seconds": round(secs, 6),
+            "bytes_per_s": round(rate, 1),
+        }
+    )
+    say(
+        f"{item.dest_host}: {item.file} from {_label(source)} ({how}, "
+        f"{_size(item.num_bytes)} in {secs:.2f} s, {_size(rate)}/s) ok"
+    )
+
+
+def _size(n: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= f:
+            return f"{n / f:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 class _NoIntactCopy(RecoveryError):
@@ -85,22 +214,34 @@ _PLACE = (
 )
 
 
-def _copy_one(item: TransferItem, pool: HostPool, say: Say, ns: str) -> str:
+def _copy_one(
+    item: TransferItem,
+    pool: HostPool,
+    say: Say,
+    log: list[dict[str, Any]],
+    *,
+    first_mismatched: bool = False,
+) -> str:
     """Each source in turn to a temp name beside the file, verified there, renamed into
-    place: a file that fails its sha256 is never seen under its name, even briefly."""
+    place: a file that fails its sha256 is never seen under its name, even briefly.
+    ``first_mismatched``: the first source's bytes already failed the hash (streamed)."""
     dest = pool.runner(item.dest_host)
     errors: list[str] = []
     mismatches = 0
-    sources = (item.source, *item.fallbacks)
-    for source in sources:
+    sources: tuple[Source, ...] = (item.source, *item.fallbacks)
+    if first_mismatched:
+        mismatches = 1
+        errors.append(f"{_label(item.source)}: sha256 mismatch after a direct copy")
+    for source in sources[1:] if first_mismatched else sources:
         staged = f"{item.dest_path}.{token_hex(4)}.autohet-part"
         try:
-            how = _deliver(source, item, staged, pool, say, ns)
+            t0 = time.monotonic()
+            how = _deliver(source, item, staged, pool)
             res = dest.run(
                 ["sh", "-c", _PLACE, "sh", staged, item.dest_path, item.sha256], timeout_s=600
             )
             if res.exit_code == 0:
-                say(f"{item.dest_host}: {item.file} from {_label(source)} ({how}) ok")
+                _record(log, item, source, how, time.monotonic() - t0, say)
                 return source.kind
             if res.exit_code == 3:
                 mismatches += 1
@@ -134,41 +275,28 @@ def key_path(pool: HostPool, host: str, ns: str) -> str:
     return f"{pool.checkpoint_dir(host).rstrip('/')}/{ns}/{KEY_FILE}"
 
 
-def _deliver(
-    source: Source, item: TransferItem, dest_path: str, pool: HostPool, say: Say, ns: str
-) -> str:
-    """Copy ``source`` to ``dest_path`` on the item's host. Peers copy host to host
-    directly; if that fails (no route), or for remote storage, the bytes go through
-    the controller."""
-    src_host = pool.host(source.host) if source.host is not None else None
-    dest_host = pool.host(item.dest_host)
+def _deliver(source: Source, item: TransferItem, dest_path: str, pool: HostPool) -> str:
+    """Copy ``source`` to ``dest_path`` on the item's host through the controller
+    (remote storage through fsspec, a peer over SFTP): the way that needs no route
+    between the hosts (direct streams went first, ``_direct_phase``)."""
     if (
-        source.kind != "remote"
-        and src_host is not None
-        and src_host.name != dest_host.name
-        and not src_host.is_local
-        and not dest_host.is_local
+        source.kind == "local"
+        and source.host is not None
+        and _same_machine(pool, source.host, item.dest_host)
     ):
-        try:
-            direct_copy(
-                pool.runner(src_host.name),
-                src_host,
-                source.path,
-                pool.runner(dest_host.name),
-                dest_host,
-                dest_path,
-                src_key=key_path(pool, src_host.name, ns),
-                dest_key=key_path(pool, dest_host.name, ns),
-                warn=say,
-            )
-            return "direct"
-        except AutohetError as exc:
-            say(f"{item.dest_host}: direct copy of {item.file} from {source.host} failed ({exc})")
+        res = pool.runner(item.dest_host).run(["cp", "--", source.path, dest_path], timeout_s=None)
+        if res.exit_code == 0:
+            return "copied on the machine"
     with tempfile.TemporaryDirectory(prefix="autohet-xfer-") as tmp:
         local = Path(tmp) / "blob"
         _fetch(source, local, pool)
         pool.runner(item.dest_host).put(local, dest_path)
     return "relayed"
+
+
+def _same_machine(pool: HostPool, a: str, b: str) -> bool:
+    ha, hb = pool.host(a), pool.host(b)
+    return ha.address == hb.address or (ha.is_local and hb.is_local)
 
 
 def _fetch(source: Source, local: Path, pool: HostPool) -> None:

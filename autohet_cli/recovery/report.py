@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,20 @@ class RecoveryReport:
     iteration_time_s: float | None = None  # predicted, of the new plan
     predicted_transfer_s: float | None = None
     notes: tuple[str, ...] = ()
+    # Each file that arrived: file, dest, source_kind, source, path (direct, relayed,
+    # ...), bytes, seconds, bytes_per_s (copies.execute_transfers).
+    transfers: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def peer_rate_bytes_per_s(self) -> float | None:
+        """Bytes from peers over the longest of their copies: the direct copies run
+        all at once, so that is about the wall time they took together."""
+        peer = [t for t in self.transfers if t["source_kind"] != "remote"]
+        if not peer:
+            return None
+        secs = max(float(t["seconds"]) for t in peer)
+        total = sum(int(t["bytes"]) for t in peer)
+        return total / secs if secs > 0 else None
 
     @property
     def total_s(self) -> float:
@@ -71,6 +85,8 @@ class RecoveryReport:
             "iteration_time_s": _round(self.iteration_time_s),
             "predicted_transfer_s": _round(self.predicted_transfer_s),
             "notes": list(self.notes),
+            "transfers": [dict(t) for t in self.transfers],
+            "peer_rate_bytes_per_s": _round(self.peer_rate_bytes_per_s),
         }
 
     def to_json(self) -> str:
@@ -113,6 +129,7 @@ def build_report(
     phases: Mapping[str, float],
     resumed_step: int | None = None,
     moved: tuple[int, int] | None = None,
+    transfers: Sequence[Mapping[str, Any]] = (),
 ) -> RecoveryReport:
     """The report from the replan and the transfer plan that were carried out.
 
@@ -144,4 +161,5 @@ def build_report(
         iteration_time_s=None if prediction is None else prediction.iteration_time_s,
         predicted_transfer_s=transfer.predicted_time_s,
         notes=replan.plan.notes,
+        transfers=tuple(transfers),
     )

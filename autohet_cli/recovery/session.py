@@ -91,6 +91,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
         cl = dataclasses.replace(cl, backend=backend_from(req.backend, "--backend"))
     rx.check_lost_names(old, cl, req.lost)
     clock = PhaseClock()
+    moves: list[dict[str, Any]] = []  # each file that arrived: which way, how fast
     root = rx.remote_root_for(cl)
     with (
         recover_lock(req.plan_file.parent, old.name),
@@ -135,7 +136,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                             return RecoverResult(exit_code=0, report=planned)
                         lock.take(r.plan.hosts())  # new hosts too, before a byte moves
                         jobs.distribute_key(pool, r.plan.hosts(), old.name, job, key)
-                        peers, from_remote = _move(where, tp, text, say)
+                        peers, from_remote = _move(where, tp, text, say, moves)
                 except StepLost as exc:
                     if req.step is not None:
                         raise RecoveryError(f"--step {req.step}: {exc}") from None
@@ -157,6 +158,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             phases=clock.phases,
             resumed_step=choice.step,
             moved=(peers, from_remote),
+            transfers=moves,
         )
         code = 0
         if req.resume:
@@ -219,12 +221,15 @@ def _transfer_plan(
     )
 
 
-def _move(w: _Where, tp: TransferPlan, manifest_text: str, say: Say) -> tuple[int, int]:
+def _move(
+    w: _Where, tp: TransferPlan, manifest_text: str, say: Say, moves: list[dict[str, Any]]
+) -> tuple[int, int]:
     """Copy and verify every file, then mark the step complete where it was not:
     bytes from peers, bytes from remote storage."""
     hosts = list(tp.needs)
     copies.remove_partials(w.pool, hosts, w.ns, tp.step_dir)
-    moved = copies.execute_transfers(tp, w.pool, say)
+    moves.clear()  # a fall back to an older step starts over
+    moved = copies.execute_transfers(tp, w.pool, say, moves)
     copies.finalize(tp, manifest_text, w.pool)
     copies.remove_partials(w.pool, hosts, w.ns, tp.step_dir)
     return moved

@@ -1,29 +1,33 @@
-"""Direct peer copies: an authenticated one-shot TCP stream between two hosts.
+"""Direct peer copies: authenticated streams between two hosts (recovery.direct over
+peer.stream), with the controller's relay as the fallback.
 
-The hosts here are two local runners with a loopback address (not ``localhost``,
-which the copy refuses: the controller's own files go over SFTP)."""
+The hosts here are local runners under the hosts' names with loopback addresses
+(a host that is this machine itself goes over SFTP, which is direct already)."""
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from autohet_cli.cluster import Host
+from autohet_cli.cluster import Cluster, Host
 from autohet_cli.errors import AutohetError
-from autohet_cli.recovery import direct
-from autohet_cli.recovery.direct import SERVE, direct_copy
+from autohet_cli.peer import stream
+from autohet_cli.recovery import copies
+from autohet_cli.recovery.direct import Fetch, Servers, fetch_all
+from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
 from autohet_cli.transport.local import LocalRunner
+from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 
-def host(name: str, address: str = "127.0.0.1") -> Host:
+def host(name: str, address: str = "127.0.0.1", ckpt: str = "~/ck") -> Host:
     return Host(
         name=name,
         address=address,
@@ -31,6 +35,7 @@ def host(name: str, address: str = "127.0.0.1") -> Host:
         num_gpus=1,
         gpu_mem_bytes=1 << 30,
         intra_node_gbps=80.0,
+        checkpoint_dir=ckpt,
     )
 
 
@@ -51,40 +56,55 @@ def _source(tmp: Path, size: int = 3 << 20) -> tuple[Path, bytes]:
     return src, blob
 
 
-def test_file_arrives_intact_and_atomically_to_a_peer_holding_the_key(tmp_path: Path) -> None:
+def _fetch(src: Path, blob: bytes, dest: Path) -> Fetch:
+    return Fetch(
+        path=str(src),
+        dest=str(dest),
+        num_bytes=len(blob),
+        sha256=hashlib.sha256(blob).hexdigest(),
+        source="a",
+    )
+
+
+def test_files_arrive_intact_and_atomically_to_a_peer_holding_the_key(tmp_path: Path) -> None:
     src, blob = _source(tmp_path)
     dest = tmp_path / "b" / "step" / "__0_0.distcp"
     key = _key(tmp_path / "key")
+    said: list[str] = []
+    servers = Servers(said.append)
     with LocalRunner("a") as ra, LocalRunner("b") as rb:
-        direct_copy(ra, A, str(src), rb, B, str(dest), src_key=key, dest_key=key)
+        try:
+            servers.start(ra, A, [str(src)], key)
+            [got] = fetch_all(rb, B, [_fetch(src, blob, dest)], servers, key)
+        finally:
+            servers.close()
+    assert got.ok and got.seconds > 0
     assert dest.read_bytes() == blob
     assert not list(dest.parent.glob("*.autohet-part"))
 
 
-def test_a_peer_without_the_key_gets_nothing_and_the_copy_fails(tmp_path: Path) -> None:
-    src, _ = _source(tmp_path)
+def test_a_peer_without_the_key_gets_nothing(tmp_path: Path) -> None:
+    src, blob = _source(tmp_path)
     dest = tmp_path / "b" / "x"
-    with (
-        LocalRunner("a") as ra,
-        LocalRunner("b") as rb,
-        pytest.raises(AutohetError, match="refused us: this host's job key differs"),
-    ):
-        direct_copy(
-            ra,
-            A,
-            str(src),
-            rb,
-            B,
-            str(dest),
-            src_key=_key(tmp_path / "k1"),
-            dest_key=_key(tmp_path / "k2", b"x" * 32),
-        )
+    said: list[str] = []
+    servers = Servers(said.append)
+    with LocalRunner("a") as ra, LocalRunner("b") as rb:
+        try:
+            servers.start(ra, A, [str(src)], _key(tmp_path / "k1"))
+            [got] = fetch_all(
+                rb, B, [_fetch(src, blob, dest)], servers, _key(tmp_path / "k2", b"x" * 32)
+            )
+            time.sleep(0.2)  # the server's REFUSED line
+        finally:
+            servers.close()
+    assert not got.ok and "job key differs" in got.why
     assert not dest.exists()
+    assert any("could not prove the job key" in s for s in said)
 
 
-def _serve(src: Path, key: str, io_timeout: float) -> tuple[subprocess.Popen[str], int]:
+def _serve_script(src: Path, key: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE, str(src), "127.0.0.1", "30", str(io_timeout), key],
+        [sys.executable, "-c", copies_source(), "serve", "127.0.0.1", key, "30", str(src)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -95,11 +115,10 @@ def _serve(src: Path, key: str, io_timeout: float) -> tuple[subprocess.Popen[str
     return proc, int(line.split()[1])
 
 
-def _handshake(s: socket.socket, key: bytes, path: str) -> None:
-    nonce = b""
-    while len(nonce) < 32:
-        nonce += s.recv(32 - len(nonce))
-    s.sendall(hmac.new(key, b"autohet-direct\0" + nonce + path.encode(), hashlib.sha256).digest())
+def copies_source() -> str:
+    import inspect
+
+    return inspect.getsource(stream)
 
 
 def test_a_thief_that_connects_first_is_refused_and_the_real_peer_still_gets_the_file(
@@ -108,116 +127,169 @@ def test_a_thief_that_connects_first_is_refused_and_the_real_peer_still_gets_the
     """Issue 11, item 2: whoever connected first used to get the shard."""
     src, blob = _source(tmp_path)
     key = _key(tmp_path / "key")
-    server, port = _serve(src, key, io_timeout=10)
+    server, port = _serve_script(src, key)
     try:
-        thief = socket.create_connection(("127.0.0.1", port), timeout=5)
-        thief.recv(32)  # the nonce
-        thief.sendall(b"\0" * 32)  # a guess
-        assert thief.recv(1 << 20) == b""  # closed on us: not one byte of the file
-        thief.close()
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:
-            _handshake(peer, b"k" * 32, str(src))
-            assert peer.recv(1) == b"\x01"
-            got = bytearray()
-            while chunk := peer.recv(1 << 20):
-                got += chunk
-        assert bytes(got) == blob
+        with pytest.raises(stream.PeerError, match="job key differs"):
+            stream.get_file(
+                "127.0.0.1", port, b"z" * 32, str(src), str(tmp_path / "t"), len(blob), "0" * 64
+            )
+        assert not (tmp_path / "t").exists()
+        dest = tmp_path / "peer"
+        stream.get_file(
+            "127.0.0.1",
+            port,
+            b"k" * 32,
+            str(src),
+            str(dest),
+            len(blob),
+            hashlib.sha256(blob).hexdigest(),
+        )
+        assert dest.read_bytes() == blob
+        server.terminate()
         out, _ = server.communicate(timeout=30)
-        assert server.returncode == 0 and "REFUSED 127.0.0.1" in out
+        assert "REFUSED 127.0.0.1" in out
     finally:
         server.kill()
 
 
-def test_a_peer_that_stops_reading_fails_the_copy_in_seconds(tmp_path: Path) -> None:
+def test_a_peer_that_stops_reading_is_cut_off_in_seconds(tmp_path: Path) -> None:
     """Issue 11, item 2: a peer that connected and never read stalled a copy for 120 s."""
-    src, _ = _source(tmp_path, size=64 << 20)
-    key = _key(tmp_path / "key")
-    server, port = _serve(src, key, io_timeout=1)
+    src, _ = _source(tmp_path, size=96 << 20)  # more than the sockets' buffers hold
+    ended = threading.Event()
+    serve = stream.serve_files({str(src)})
+
+    def handler(conn: socket.socket, header: dict[str, object]) -> None:
+        try:
+            serve(conn, header)
+        finally:
+            ended.set()
+
+    server = stream.PeerServer("127.0.0.1", b"k" * 32, handler, io_timeout_s=1.0)
     try:
         started = time.monotonic()
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as lazy:
-            lazy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            _handshake(lazy, b"k" * 32, str(src))
-            server.wait(timeout=20)  # never reads a byte
-        assert server.returncode != 0
+        with stream.open_request(
+            "127.0.0.1", server.port, b"k" * 32, {"op": "get", "path": str(src)}
+        ):
+            assert ended.wait(10)  # never read a byte: the server gave up on us
         assert time.monotonic() - started < 10
     finally:
-        server.kill()
+        server.close()
+
+
+def _pool(tmp_path: Path, names: str = "ab", *, local: bool = False) -> HostPool:
+    cluster = Cluster(
+        name="c",
+        hosts=tuple(
+            host(n, "localhost" if local else f"127.0.0.{i + 2}", str(tmp_path / "ck"))
+            for i, n in enumerate(names)
+        ),
+        inter_node_gbps=10.0,
+    )
+    pool = HostPool(cluster, ConnectOptions())
+    for n in names:  # stand-ins for SSH: local runners under the hosts' names
+        pool._runners[n] = LocalRunner(n)
+        pool.set_home(n, str(tmp_path))
+    return pool
+
+
+def _item(src: Path, blob: bytes, dest: Path) -> TransferItem:
+    return TransferItem(
+        file=src.name,
+        dest_host="b",
+        dest_path=str(dest),
+        num_bytes=len(blob),
+        sha256=hashlib.sha256(blob).hexdigest(),
+        predicted_s=0.0,
+        source=Source(kind="peer", host="a", path=str(src), gbps=10.0),
+    )
+
+
+def _tp(item: TransferItem) -> TransferPlan:
+    return TransferPlan(
+        plan_name="p/j",
+        step=2,
+        rule="all",
+        needs={"b": (item.file,)},
+        items=(item,),
+        in_place=(),
+        finalize_hosts=(),
+    )
 
 
 def test_a_local_source_or_destination_is_left_to_sftp(tmp_path: Path) -> None:
     """Issue 11, item 14: a remote peer told to fetch from 127.0.0.1 reached itself."""
-    src, _ = _source(tmp_path)
-    key = _key(tmp_path / "key")
-    local = host("localhost", "localhost")
-    with LocalRunner("a") as ra, LocalRunner("b") as rb:
-        for s, d in ((local, B), (A, local)):
-            with pytest.raises(AutohetError, match="SFTP is direct"):
-                direct_copy(ra, s, str(src), rb, d, str(tmp_path / "y"), src_key=key, dest_key=key)
+    src, blob = _source(tmp_path)
+    item = _item(src, blob, tmp_path / "b" / src.name)
+    pool = _pool(tmp_path, local=True)
+    try:
+        assert not copies._can_stream(item, pool)
+    finally:
+        pool.close()
+    pool = _pool(tmp_path)
+    try:
+        assert copies._can_stream(item, pool)
+    finally:
+        pool.close()
 
 
-def test_a_missing_source_fails_so_the_caller_can_relay(tmp_path: Path) -> None:
+def test_a_missing_source_is_named_so_the_caller_can_relay(tmp_path: Path) -> None:
     key = _key(tmp_path / "key")
-    with LocalRunner("a") as ra, LocalRunner("b") as rb, pytest.raises(AutohetError):
-        direct_copy(
-            ra, A, str(tmp_path / "nope"), rb, B, str(tmp_path / "x"), src_key=key, dest_key=key
+    servers = Servers(lambda _m: None)
+    with LocalRunner("a") as ra:
+        try:
+            servers.start(ra, A, [str(tmp_path / "nope")], key)
+        finally:
+            servers.close()
+    assert "a" not in servers.ports and "not here" in servers.failed["a"]
+
+
+def test_the_streams_carry_a_recover_and_their_rate_is_recorded(tmp_path: Path) -> None:
+    src, blob = _source(tmp_path)
+    job = tmp_path / "ck" / "p" / "j"  # both hosts' checkpoint dir (one machine)
+    job.mkdir(parents=True, exist_ok=True)
+    _key(job / ".autohet-key")
+    dest = tmp_path / "b" / src.name
+    pool = _pool(tmp_path)
+    said: list[str] = []
+    log: list[dict[str, object]] = []
+    try:
+        assert copies.execute_transfers(_tp(_item(src, blob, dest)), pool, said.append, log) == (
+            len(blob),
+            0,
         )
-    assert not (tmp_path / "x").exists()
+    finally:
+        pool.close()
+    assert dest.read_bytes() == blob
+    [rec] = log
+    assert rec["path"] == "direct" and rec["bytes"] == len(blob) and rec["source"] == "a"
+    assert any("(direct, 3.15 MB in" in s and "/s) ok" in s for s in said), said
 
 
 def test_failed_direct_copies_are_reported_before_the_relay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 11, item 2: recover used to print only '(relayed) ok'."""
-    from autohet_cli.cluster import Cluster
-    from autohet_cli.recovery import copies as rx
-    from autohet_cli.recovery.transfer import Source, TransferItem
-    from autohet_cli.transport.pool import ConnectOptions, HostPool
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AutohetError("connection refused")
 
-    monkeypatch.setattr(rx, "direct_copy", refuse)
+    monkeypatch.setattr(copies, "fetch_all", refuse)
     src, blob = _source(tmp_path)
-    ckpt = tmp_path / "ck"
-    cluster = Cluster(
-        name="c",
-        hosts=tuple(
-            Host(
-                name=n,
-                address=f"127.0.0.{i + 2}",
-                gpu_type="cpu",
-                num_gpus=1,
-                gpu_mem_bytes=1 << 30,
-                intra_node_gbps=80.0,
-                checkpoint_dir=str(ckpt),
-            )
-            for i, n in enumerate("ab")
-        ),
-        inter_node_gbps=10.0,
-    )
-    pool = HostPool(cluster, ConnectOptions())
-    for n in "ab":  # stand-ins for SSH: local runners under the hosts' names
-        pool._runners[n] = LocalRunner(n)
-        pool.set_home(n, str(tmp_path))
-    item = TransferItem(
-        file=src.name,
-        dest_host="b",
-        dest_path=str(tmp_path / "b" / src.name),
-        num_bytes=len(blob),
-        sha256=hashlib.sha256(blob).hexdigest(),
-        predicted_s=0.0,
-        source=Source(kind="peer", host="a", path=str(src), gbps=10.0),
-    )
+    job = tmp_path / "ck" / "p" / "j"  # both hosts' checkpoint dir (one machine)
+    job.mkdir(parents=True, exist_ok=True)
+    _key(job / ".autohet-key")
+    dest = tmp_path / "b" / src.name
+    pool = _pool(tmp_path)
     said: list[str] = []
     try:
-        assert rx._copy_one(item, pool, said.append, "p/j") == "peer"
+        copies.execute_transfers(_tp(_item(src, blob, dest)), pool, said.append)
     finally:
         pool.close()
-    assert any("direct copy of __0_0.distcp from a failed (connection refused)" in s for s in said)
-    assert any("(relayed) ok" in s for s in said)
-    assert (tmp_path / "b" / src.name).read_bytes() == blob
+    first = next(i for i, s in enumerate(said) if "direct copies failed (connection refused)" in s)
+    relayed = next(i for i, s in enumerate(said) if "(relayed, " in s and s.endswith(" ok"))
+    assert first < relayed
+    assert dest.read_bytes() == blob
 
 
-def test_direct_module_timeouts_are_seconds_not_minutes() -> None:
-    assert direct.IO_TIMEOUT_S <= 15
+def test_stream_timeouts_are_seconds_not_minutes() -> None:
+    assert stream.IO_TIMEOUT_S <= 15 and stream.HANDSHAKE_S <= 15
