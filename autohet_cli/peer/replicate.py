@@ -93,6 +93,7 @@ class Replicator:
         self.saves = 0  # steps replicated by this run
         self.server: stream.PeerServer | None = None
         self.problem: str | None = None
+        self.owner = owner
         if owner and replicas > 0:
             try:
                 self.server = stream.PeerServer(self.addr, key, self._receive)
@@ -102,15 +103,16 @@ class Replicator:
     # ------------------------------------------------------------- facts
 
     def info(self) -> dict[str, Any] | None:
-        """This rank's facts for the save's gather (None: not its host's receiver)."""
-        if self.server is None:
+        """This rank's facts for the save's gather: its host's, from the directory's
+        owner (port None: no receiver here, so it keeps no copies); None elsewhere."""
+        if not self.owner:
             return None
         return {
             "host": self.host,
             "addr": self.addr,
-            "port": self.server.port,
+            "port": None if self.server is None else self.server.port,
             "domain": self.domain,
-            "room": self.room_bytes(),
+            "room": self.room_bytes() if self.server is not None else 0,
         }
 
     def room_bytes(self) -> int:
@@ -126,7 +128,8 @@ class Replicator:
     ) -> tuple[Placement, dict[str, dict[str, Any]]]:
         """The same placement on every rank, from the save's gathered facts; and each
         receiving host's address and port."""
-        receivers = {i["host"]: i for i in infos if i is not None}
+        hosts_seen = {i["host"]: i for i in infos if i is not None}
+        receivers = {h: i for h, i in hosts_seen.items() if i["port"] is not None}
         sizes = shard_bytes_by_host(files)
         hosts = [
             PeerHost(
@@ -136,7 +139,7 @@ class Replicator:
                 shard_bytes=sizes.get(h, 0),
                 room_bytes=int(i["room"]),
             )
-            for h, i in sorted(receivers.items())
+            for h, i in sorted(hosts_seen.items())
         ]
         return place_replicas(hosts, self.replicas), receivers
 
