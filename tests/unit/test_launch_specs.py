@@ -96,6 +96,9 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
     assert a100.gpus == (3, 1)
     assert a100.env == {
         "AUTOHET_HOST": "a100-0",
+        # where its replica receiver listens, and its failure domain (peer.replicate)
+        "AUTOHET_HOST_ADDR": "127.0.0.2",
+        "AUTOHET_FAILURE_DOMAIN": "A100-40/on-demand",
         "AUTOHET_PLAN": f"{run}/lab.v3.yaml",
         "AUTOHET_RUN_DIR": run,
         "PYTHONUNBUFFERED": "1",
@@ -107,8 +110,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
     assert a100.pid_file == f"{run}/torchrun-a100-0.pid"
     assert (v100.ranks, a100.ranks) == ((0,), (1, 2))  # torchrun numbers hosts in order
     assert v100.command_line() == (
-        "cd /srv/autohet && env AUTOHET_HOST=v100-0 "
-        f"AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
+        "cd /srv/autohet && env AUTOHET_FAILURE_DOMAIN=V100-16/on-demand AUTOHET_HOST=v100-0 "
+        f"AUTOHET_HOST_ADDR=127.0.0.3 AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
         "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /opt/venv/bin/python -m "
         "autohet_cli.runtime.agent --nnodes 2 --node-rank 0 --nproc-per-node 1 "

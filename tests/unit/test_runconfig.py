@@ -85,12 +85,15 @@ def test_every_setting_is_a_worker_flag() -> None:
         "init_from": "/hf",
         "checkpoint_every": "4",
         "keep_checkpoints": 2,
+        "replicas": 2,
+        "replica_budget": "20GB",
     }
     assert set(values) == {s.key for s in SETTINGS}
     args = parse_args(["--plan", "p.yaml", *worker_args(values)])
     for key, value in values.items():
         got = getattr(args, key)
-        assert got == (4 if key == "checkpoint_every" else value), key
+        want = {"checkpoint_every": 4, "replica_budget": 20 * 10**9}.get(key, value)
+        assert got == want, key
 
 
 def test_the_worker_reads_the_file_and_its_flags_override(tmp_path: Path) -> None:

@@ -165,8 +165,8 @@ chmod 700 -- "$HOME"/autohet/checkpoints/lab/J1 && \
 {{ [ -e "$HOME"/autohet/checkpoints/lab/J1/.autohet-key ] || \
 cp -- "$run/.job-key" "$HOME"/autohet/checkpoints/lab/J1/.autohet-key; }}) || exit 1
       cd "$HOME"/autohet || exit 1
-      env AUTOHET_HOST={host} AUTOHET_PLAN={run}/lab.v1.yaml \
-AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      env AUTOHET_FAILURE_DOMAIN={domain} AUTOHET_HOST={host} AUTOHET_HOST_ADDR={addr} \
+AUTOHET_PLAN={run}/lab.v1.yaml AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
 python3 -m autohet_cli.runtime.agent --nnodes 3 --node-rank {rank} --nproc-per-node 4 \
 --master-addr 10.0.0.1 --master-port 29411 --max-restarts 0 -m autohet_cli.runtime.train \
 --plan {run}/lab.v1.yaml --run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints \
@@ -188,7 +188,10 @@ def test_dry_run_prints_the_exact_batch_script_of_a_three_host_mixed_plan(
     )
     run = str((tmp_path / "runs" / "lab.v1" / "r1").resolve())
     cases = "\n".join(
-        CASE.format(host=h, rank=i, run=run) for i, h in enumerate(("a100-0", "a100-1", "v100-0"))
+        CASE.format(host=h, rank=i, run=run, addr=f"10.0.0.{i + 1}", domain=f"{t}/on-demand")
+        for i, (h, t) in enumerate(
+            (("a100-0", "A100-40"), ("a100-1", "A100-40"), ("v100-0", "V100-16"))
+        )
     )
     assert dry_run(req) == EXPECTED.replace("\\\n", "").format(run=run, cases=cases)
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
