@@ -4,7 +4,9 @@ Commands are argv lists, never shell strings. ``run`` waits for the command and
 returns a :class:`RunResult`; ``start`` returns a :class:`ProcessHandle` for a
 long-running process (launch uses it). Both stream output line by line to
 ``on_line(stream, line)`` as it arrives. A timeout kills the command's whole
-process group and raises :class:`~autohet_cli.errors.CommandTimeout`.
+process group and raises :class:`~autohet_cli.errors.CommandTimeout`. ``start_pings``
+and ``liveness`` tell whether a host still answers at all (a host powered off
+closes no connection: only an unanswered question shows it).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ class RunResult:
         return self
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Liveness:
+    """A host's answers to keep-alives, on this process's monotonic clock (seconds)."""
+
+    waiting_since_s: float | None = None  # the oldest unanswered keep-alive went out then
+    answered_sent_s: float | None = None  # the newest answered one went out then
+
+
 def _show(argv: Sequence[str], limit: int = 120) -> str:
     text = " ".join(argv)
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
@@ -85,7 +95,8 @@ class ProcessHandle(ABC):
 
     @abstractmethod
     def _kill_group(self, grace_s: float) -> None:
-        """SIGTERM the process group, SIGKILL whatever is left after ``grace_s``."""
+        """SIGTERM the process group, SIGKILL whatever is left after ``grace_s``
+        (0: SIGKILL at once, no SIGTERM)."""
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Wait for exit; raise CommandTimeout (process left running) if ``timeout_s`` passes."""
@@ -104,7 +115,8 @@ class ProcessHandle(ABC):
         return code
 
     def kill(self, grace_s: float = DEFAULT_KILL_GRACE_S) -> None:
-        """Stop the process and every process in its group (no-op if already gone)."""
+        """Stop the process and every process in its group (no-op if already gone).
+        ``grace_s`` 0: no time to save anything, so no SIGTERM: SIGKILL at once."""
         self._kill_group(grace_s)
         self._drain()
 
@@ -149,8 +161,10 @@ class Runner(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_line: LineCallback | None = None,
+        pid_file: str | None = None,
     ) -> ProcessHandle:
-        """Start ``argv`` (in its own process group) and return at once."""
+        """Start ``argv`` (in its own process group) and return at once; ``pid_file``
+        (on the host): its pid is written there before it runs."""
 
     @abstractmethod
     def put(self, local: str | Path, remote: str) -> None:
@@ -163,6 +177,15 @@ class Runner(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections; the runner may not be used afterwards."""
+
+    def start_pings(self, every_s: float) -> None:
+        """From now on ask the host for a sign of life every ``every_s`` (see
+        ``liveness``). Nothing to ask where no connection can go quiet (this machine)."""
+        return None
+
+    def liveness(self) -> Liveness | None:
+        """How the host answers the pings; None where nobody asks (never pinged, local)."""
+        return None
 
     def run(
         self,

@@ -73,11 +73,12 @@ class LocalProcess(ProcessHandle):
     def _kill_group(self, grace_s: float) -> None:
         # The group id is our child's pid; it stays reserved while any member lives.
         pgid = self._proc.pid
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            self._proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+        if grace_s > 0:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self._proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         _signal_group(pgid, signal.SIGKILL)  # stragglers that ignored SIGTERM
         self._proc.wait()
 
@@ -102,9 +103,21 @@ class LocalRunner(Runner):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_line: LineCallback | None = None,
+        pid_file: str | None = None,
     ) -> LocalProcess:
         check_argv(argv, env=env, cwd=cwd)
-        return LocalProcess(self.host_name, argv, env=env, cwd=cwd, on_line=on_line)
+        proc = LocalProcess(self.host_name, argv, env=env, cwd=cwd, on_line=on_line)
+        if pid_file is not None:
+            try:
+                Path(pid_file).expanduser().write_text(f"{proc.pid}\n")
+            except OSError as exc:
+                proc.kill(0.0)
+                raise TransportError(
+                    f"host {self.host_name}: cannot write the pid file {pid_file}: "
+                    f"{exc.strerror or exc}",
+                    host=self.host_name,
+                ) from exc
+        return proc
 
     def put(self, local: str | Path, remote: str) -> None:
         self._copy(Path(local).expanduser(), Path(remote).expanduser())

@@ -8,7 +8,8 @@ home directory (``Host.workdir`` defaults to ``~/autohet``); the rest is quoted.
 
 Shape (POSIX sh, bash, dash, zsh)::
 
-    [echo __autohet_pid__ $$ &&] [cd -- DIR &&] exec env -- [K=V ...] ARGV...
+    [echo __autohet_pid__ $$ &&] [printf '%s\n' $$ > PIDFILE &&] [cd -- DIR &&]
+        exec env -- [K=V ...] ARGV...
 
 ``exec`` keeps the shell's pid for the command; sshd made that shell a session
 leader, so the pid is also the process group to signal on kill.
@@ -40,12 +41,17 @@ def remote_command(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     announce_pid: bool = False,
+    pid_file: str | None = None,
 ) -> str:
-    """The shell command that runs exactly ``argv`` with ``env`` added, in ``cwd``."""
+    """The shell command that runs exactly ``argv`` with ``env`` added, in ``cwd``
+    (``pid_file``: its pid written there first; nothing runs if that fails)."""
     check_argv(argv, env=env, cwd=cwd)
     parts = []
     if announce_pid:
         parts.append(f"echo {PID_MARKER} $$")
+    if pid_file is not None:
+        _no_nul(pid_file, "pid file")
+        parts.append(f"printf '%s\\n' $$ > {quote_path(pid_file)}")
     if cwd is not None:
         parts.append(f"cd -- {quote_path(cwd)}")
     words = ["exec", "env", "--"]

@@ -18,10 +18,11 @@ import paramiko
 
 from autohet_cli.cluster import Host
 from autohet_cli.errors import HostUnreachable, SessionsExhausted, TransportError
-from autohet_cli.transport.base import ProcessHandle, Runner
+from autohet_cli.transport.base import Liveness, ProcessHandle, Runner
 from autohet_cli.transport.connect import Connection, open_connection, reason
 from autohet_cli.transport.lines import LineCallback, ReadsLines, strip_newline
 from autohet_cli.transport.local import atomic_target, not_a_file
+from autohet_cli.transport.pings import Pinger
 from autohet_cli.transport.quoting import parse_pid_line, remote_command, sftp_path
 from autohet_cli.transport.target import SshOptions, load_ssh_config, resolve
 
@@ -108,7 +109,7 @@ class SshProcess(ProcessHandle):
         if running:
             self._pid_known.wait(self._runner.options.connect_timeout_s)
         if self._pid is not None:
-            if running:
+            if running and grace_s > 0:
                 self._signal("TERM")
                 self._chan.status_event.wait(grace_s)
             self._signal("KILL")  # stragglers: ignored SIGTERM, or outlived their leader
@@ -144,6 +145,7 @@ class SshRunner(Runner):
         self._conn: Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._closed = False
+        self._pinger: Pinger | None = None
 
     @property
     def num_jumps(self) -> int:
@@ -152,6 +154,24 @@ class SshRunner(Runner):
     def connect(self) -> None:
         """Open the connection now (otherwise the first command does)."""
         self._transport()
+
+    def start_pings(self, every_s: float) -> None:
+        """Keep-alives that want a reply on this connection (opened now if need be);
+        a connection reopened later is not pinged until asked again."""
+        transport = self._transport()
+        with self._lock:
+            if self._pinger is not None and self._pinger.transport is transport:
+                return
+            if self._pinger is not None:
+                self._pinger.stop()
+            self._pinger = Pinger(transport, every_s, name=f"{self.host_name}-pings")
+
+    def liveness(self) -> Liveness | None:
+        """None once the pinged connection closed (its channels tell that)."""
+        pinger = self._pinger
+        if pinger is None or not pinger.transport.is_active():
+            return None
+        return pinger.liveness()
 
     def is_connected(self) -> bool:
         conn = self._conn
@@ -193,8 +213,9 @@ class SshRunner(Runner):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_line: LineCallback | None = None,
+        pid_file: str | None = None,
     ) -> SshProcess:
-        command = remote_command(argv, env=env, cwd=cwd, announce_pid=True)
+        command = remote_command(argv, env=env, cwd=cwd, announce_pid=True, pid_file=pid_file)
         chan = self._session(f"to run {_brief(argv)}")
         try:
             return SshProcess(self, chan, argv, command=command, on_line=on_line)
@@ -271,6 +292,8 @@ class SshRunner(Runner):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            if self._pinger is not None:
+                self._pinger.stop()
             if self._conn is not None:
                 self._conn.close()
             self._conn = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import signal
 import socket
 import sys
 import threading
@@ -29,7 +31,7 @@ from autohet_cli.errors import (
 )
 from autohet_cli.transport import RunResult, SshRunner, fan_out, runner_for
 from autohet_cli.transport.target import resolve
-from tests.e2e.sshd import FakeSshHost, SshdFarm
+from tests.e2e.sshd import FakeSshHost, SshdFarm, _descendants
 
 pytestmark = pytest.mark.e2e
 
@@ -399,3 +401,35 @@ def test_a_kill_gets_through_when_all_sessions_are_in_use(sshd_farm: SshdFarm) -
             assert pid is not None
             proc.kill(grace_s=0.5)
             assert _gone(pid)
+
+
+def test_keepalives_show_a_host_that_stops_answering(sshd_farm: SshdFarm, tmp_path: Path) -> None:
+    """A stopped sshd closes nothing (as a host powered off): only an unanswered
+    keep-alive shows it; once it runs again, the answers resume. A pid file is written
+    by the start command itself, before the command runs."""
+    (fake,) = sshd_farm.start(1)
+    with _ssh(sshd_farm, fake) as runner:
+        assert runner.liveness() is None  # nobody asks yet
+        pid_file = tmp_path / "cmd.pid"
+        proc = runner.start(["sleep", "30"], pid_file=str(pid_file))
+        runner.start_pings(0.1)
+        time.sleep(0.5)
+        first = runner.liveness()
+        assert first is not None and first.answered_sent_s is not None
+        assert proc.pid is not None and pid_file.read_text() == f"{proc.pid}\n"
+        assert fake.proc is not None
+        stopped = [fake.proc.pid, *_descendants(fake.proc.pid)]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)
+            quiet = runner.liveness()
+            assert quiet is not None and quiet.waiting_since_s is not None
+            assert time.monotonic() - quiet.waiting_since_s > 0.7
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.5)
+        back = runner.liveness()  # the keep-alive that waited was answered
+        assert back is not None and (back.answered_sent_s or 0) >= quiet.waiting_since_s
+        proc.kill(grace_s=0)

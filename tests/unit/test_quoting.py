@@ -74,6 +74,10 @@ def test_exact_text_for_a_plain_command() -> None:
     assert remote_command(["sleep", "1"], announce_pid=True) == (
         f"echo {PID_MARKER} $$ && exec env -- sleep 1"
     )
+    # The pid file is written before anything runs (and nothing runs if it cannot be).
+    assert remote_command(["sleep", "1"], announce_pid=True, pid_file="~/r d/t.pid") == (
+        f"echo {PID_MARKER} $$ && printf '%s\\n' $$ > ~/'r d/t.pid' && exec env -- sleep 1"
+    )
 
 
 @pytest.mark.parametrize("shell", SHELLS)

@@ -175,6 +175,16 @@ def test_kill_reaches_children_that_ignore_sigterm(tmp_path: Path) -> None:
     assert _wait_until(lambda: not _group_members(proc.pid)), "processes left in the group"
 
 
+def test_start_writes_the_pid_file_first(tmp_path: Path) -> None:
+    pid_file = tmp_path / "run" / "p.pid"
+    pid_file.parent.mkdir()
+    proc = LocalRunner().start(["sleep", "30"], pid_file=str(pid_file))
+    assert pid_file.read_text() == f"{proc.pid}\n"
+    proc.kill(grace_s=0)
+    with pytest.raises(TransportError, match="cannot write the pid file"):
+        LocalRunner().start(["sleep", "30"], pid_file=str(tmp_path / "no" / "p.pid"))
+
+
 def test_start_handle_wait_poll_and_lines() -> None:
     proc = LocalRunner("n0").start(["sh", "-c", "echo a; sleep 0.2; echo b >&2; exit 3"])
     assert proc.pid > 0 and proc.host == "n0"
