@@ -1,14 +1,16 @@
 """Run launch specs through the transport: start, watch, judge, stop (effects).
 
 Every host's torchrun runs in its own process group; its pid goes to a pid file
-on the host, and stopping is always by that pid (TERM, wait, KILL), never by
-process name. The monitor polls every host's process and, every couple of
-seconds, its run directory (heartbeat ages, boot marks). When something happens
-(a connection drops, workers exit, heartbeats go stale, the start-up deadline
-passes) it looks at every host once more (does it answer, what did its ranks
-record, what did it print last) and ``triage`` decides: a lost host, failed
-workers with a root cause, or workers that never started. The others are then
-stopped and ``events.json`` in the local run directory says what happened.
+on the host, and stopping is always by that pid, never by process name. The
+monitor polls every host's process and its SSH keep-alives (``liveness``: a host
+that died with its kernel closes no connection) four times a second and, every
+couple of seconds, its run directory (heartbeat ages, boot marks). When something
+happens (a connection drops or falls silent, workers exit, heartbeats go stale,
+the start-up deadline passes) it looks at every host once more (does it answer,
+what did its ranks record, what did it print last) and ``triage`` decides: a lost
+host, failed workers with a root cause, or workers that never started. The others
+are then killed (a broken job has nothing to save) and ``events.json`` in the
+local run directory says what happened.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
-from autohet_cli.launch import triage
+from autohet_cli.launch import hostcmds, liveness, triage
 from autohet_cli.launch.specs import LaunchSpec
 from autohet_cli.runtime.records import (
     LAUNCH_TIME_ENV,
@@ -40,6 +42,7 @@ from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 __all__ = ["ConnectOptions", "Job", "JobOutcome", "LaunchError"]
+T = TypeVar("T")
 
 
 def _parse_report(text: str) -> dict[str, object] | None:
@@ -101,54 +104,6 @@ class JobOutcome:
         return asdict(self)
 
 
-# One command per host and check, over that host's ranks only ($2: "0 1 2"; hosts that
-# share a home on NFS share the run directory): heartbeat ages (on the host's clock),
-# boot marks, and the ranks' error records (none while all is well: a test per rank).
-_PROBE = (
-    'd="$1"; now=$(date +%s); n=0; for r in $2; do f="$d/heartbeat/rank$r"; '
-    # A rank that said done or failed beats no more: only running ranks can go stale.
-    # Its age comes from the time it wrote (the host's clock), not the file's mtime,
-    # which a network file system sets from the server's clock.
-    'if [ -f "$f" ] && grep -q \'"state": "running"\' "$f"; then '
-    't=$(sed -n \'s/.*"time": \\([0-9]*\\).*/\\1/p\' "$f"); '
-    '[ -n "$t" ] && echo "hb $((now - t))"; fi; '
-    '{ [ -f "$d/boot/rank$r" ] || [ -f "$f" ]; } && n=$((n+1)); '
-    'if [ -f "$d/errors/rank$r.json" ]; then '
-    'printf "err "; head -c 8192 "$d/errors/rank$r.json"; echo; fi; done; echo "boot $n"'
-)
-# Make the run directory; one that exists is refused unless this very launch made it
-# (another host sharing the directory): a run directory is never reused.
-_MKRUN = (
-    'umask 077; mkdir -p -- "$1" "$2" || exit 1; if mkdir -- "$3" 2>/dev/null; then '
-    'printf "%s" "$4" > "$3/.launch"; else [ "$(cat "$3/.launch" 2>/dev/null)" = "$4" ]; fi'
-)
-
-
-# Which of the process tree under $1 holds the TCP port $2 (listening: the
-# rendezvous store on the master) or a connection to it (an agent that joined).
-_RENDEZVOUS = r"""
-pids="$1 $(ps -eo pid=,ppid= | awk -v r="$1" '{k[$2]=k[$2]" "$1}
-  END {n=1; q[1]=r; while (n>0) {p=q[n]; n--; m=split(k[p],c," ");
-  for (i=1;i<=m;i++) {print c[i]; q[++n]=c[i]}}}')"
-inodes=$(for p in $pids; do ls -l /proc/$p/fd 2>/dev/null; done |
-  sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p')
-port=$(printf "%04X" "$2")
-awk -v port="$port" -v inodes="$inodes" '
-  BEGIN {n=split(inodes,a," "); for (i=1;i<=n;i++) want[a[i]]=1}
-  FNR>1 && ($10 in want) {split($2,l,":"); split($3,r,":");
-    if ($4=="0A" && l[2]==port) print "listening";
-    else if ($4=="01" && r[2]==port) print "connected"}' /proc/net/tcp /proc/net/tcp6 2>/dev/null
-echo done
-"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Probe:
-    heartbeat_ages_s: tuple[int, ...] = ()
-    booted: int = 0
-    errors: str = ""
-
-
 class Job:
     """One launched plan: start it, watch it, stop it."""
 
@@ -188,8 +143,16 @@ class Job:
         # the 30 s in which a lost host must be noticed.
         self.heartbeat_timeout_s = 20.0
         self.heartbeat_check_s = 2.0
+        self.poll_s = 0.25  # processes and keep-alives
+        self.ping_every_s = liveness.PING_EVERY_S
+        self.silent_after_s = liveness.SILENT_AFTER_S
         self.settle_s = 3.0  # after a first failure, let the other hosts finish failing
-        self.broken_grace_s = 2.0  # TERM to KILL when stopping after a verdict
+        # TERM to KILL when stopping after a verdict. 0: KILL at once; a broken job has
+        # nothing to save (the workers' SIGTERM handling would only wait for a step
+        # that cannot end).
+        self.broken_grace_s = 0.0
+        self._gone: set[str] = set()  # lost hosts: nothing more is sent there
+        self._stopped: set[str] = set()  # hosts stopped already (after a verdict)
         self._started_at = 0.0
         # The workers' preemption notice (runtime.preempt), once rank 0 announced one.
         self.preemption: triage.Preemption | None = None
@@ -201,47 +164,62 @@ class Job:
     # ------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Make each host's run directory (never reusing one), copy the plan, start."""
+        """Make each host's run directory (never reusing one) and copy the plan there,
+        then start every host's torchrun: each step on every host at once, so a start
+        takes one host's round trips, not their sum."""
         self.local_run_dir.mkdir(parents=True, exist_ok=True)
         token = uuid.uuid4().hex
-        for spec in self.specs:
-            res = self.runner(spec.host).run(
-                ["sh", "-c", _MKRUN, "sh"]
-                + [spec.workdir, str(Path(spec.run_dir).parent), spec.run_dir, token],
-                timeout_s=60,
-            )
-            if res.exit_code != 0:
-                raise LaunchError(
-                    f"{spec.host}: cannot create the run directory {spec.run_dir}: "
-                    f"{res.stderr.strip() or 'exists'}; a run directory is never reused "
-                    "(its old heartbeats would be judged): pick another --run-id"
-                )
-            self.runner(spec.host).put(self.plan_file, spec.plan_path)
+        hosts = [self.pool.host(s.host) for s in self.specs]
+        specs = {s.host: s for s in self.specs}
+        _raise_first(fan_out(hosts, lambda h: self._prepare_host(specs[h.name], token)))
         for spec in self.specs:
             self._logs[spec.host] = (self.local_run_dir / f"{spec.host}.log").open(
                 "a", encoding="utf-8"
             )
             self._tails[spec.host] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-            # The workers measure their start-up from this moment (runtime.startup).
-            env = {**spec.env, LAUNCH_TIME_ENV: f"{time.time():.3f}"}
-            handle = self.runner(spec.host).start(
-                spec.argv, env=env, cwd=spec.workdir, on_line=self._on_line(spec.host)
-            )
-            self._handles[spec.host] = handle
-            deadline = time.monotonic() + 15  # the SSH pid line arrives asynchronously
-            while handle.pid is None and handle.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if handle.pid is not None:
-                self.runner(spec.host).run(
-                    ["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "sh", str(handle.pid)]
-                    + [spec.pid_file],
-                    timeout_s=30,
-                )
+        started = fan_out(hosts, lambda h: self._start_host(specs[h.name]))
+        for spec in self.specs:  # in plan order; the started ones are stopped on failure
+            if isinstance(handle := started[spec.host], ProcessHandle):
+                self._handles[spec.host] = handle
+        _raise_first(started)
+        for spec in self.specs:
             self.printer(
                 f"{spec.host}: started {spec.nproc_per_node} worker(s), "
-                f"pid {handle.pid}, log {self.local_run_dir / (spec.host + '.log')}"
+                f"pid {self._handles[spec.host].pid}, "
+                f"log {self.local_run_dir / (spec.host + '.log')}"
             )
         self._started_at = time.monotonic()
+
+    def _prepare_host(self, spec: LaunchSpec, token: str) -> None:
+        runner = self.runner(spec.host)
+        res = runner.run(
+            ["sh", "-c", hostcmds.MKRUN, "sh"]
+            + [spec.workdir, str(Path(spec.run_dir).parent), spec.run_dir, token],
+            timeout_s=60,
+        )
+        if res.exit_code != 0:
+            raise LaunchError(
+                f"{spec.host}: cannot create the run directory {spec.run_dir}: "
+                f"{res.stderr.strip() or 'exists'}; a run directory is never reused "
+                "(its old heartbeats would be judged): pick another --run-id"
+            )
+        runner.put(self.plan_file, spec.plan_path)
+        runner.start_pings(self.ping_every_s)  # answered from now on: see liveness
+
+    def _start_host(self, spec: LaunchSpec) -> ProcessHandle:
+        # The workers measure their start-up from this moment (runtime.startup).
+        env = {**spec.env, LAUNCH_TIME_ENV: f"{time.time():.3f}"}
+        handle = self.runner(spec.host).start(
+            spec.argv,
+            env=env,
+            cwd=spec.workdir,
+            on_line=self._on_line(spec.host),
+            pid_file=spec.pid_file,  # before torchrun runs: recover sees it at once
+        )
+        deadline = time.monotonic() + 15  # the SSH pid line arrives asynchronously
+        while handle.pid is None and handle.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return handle
 
     def _on_line(self, host: str) -> Callable[[str, str], None]:
         def on_line(stream: str, line: str) -> None:
@@ -295,8 +273,9 @@ class Job:
 
     # ------------------------------------------------------------ watch
 
-    def watch(self, poll_s: float = 0.5) -> JobOutcome:
+    def watch(self, poll_s: float | None = None) -> JobOutcome:
         """Block until every host finished, something went wrong, or stop was asked."""
+        poll_s = self.poll_s if poll_s is None else poll_s
         codes: dict[str, int | None] = dict.fromkeys(self._handles)
         dropped: dict[str, str] = {}
         last_status = last_check = time.monotonic()
@@ -352,7 +331,7 @@ class Job:
         """One SIGTERM to each host's torchrun agent (its process group): the workers'
         preemption notice (``runtime.agent`` forwards it, ``runtime.preempt`` saves)."""
         for host, handle in self._handles.items():
-            if handle.pid is None or handle.poll() is not None:
+            if host in self._gone or handle.pid is None or handle.poll() is not None:
                 continue
             try:
                 self.runner(host).run(
@@ -364,6 +343,8 @@ class Job:
                 pass  # unreachable: the watch judges it
 
     def _poll(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
+        """Each running host's exit code; a host whose connection closed or fell
+        silent is dropped, with the reason."""
         for host, handle in self._handles.items():
             if codes[host] is not None or host in dropped:
                 continue
@@ -371,6 +352,18 @@ class Job:
                 codes[host] = handle.poll()
             except TransportError as exc:
                 dropped[host] = f"connection lost: {exc}"
+        self._listen(codes, dropped)
+
+    def _listen(self, codes: dict[str, int | None], dropped: dict[str, str]) -> set[str]:
+        """Drop the running hosts that left keep-alives unanswered too long
+        (``liveness.silent_hosts``); every silent host, ended ones too."""
+        pings = {h: self.runner(h).liveness() for h in self._handles if h not in dropped}
+        now = time.monotonic()
+        silent = liveness.silent_hosts(pings, now_s=now, after_s=self.silent_after_s)
+        for host, quiet_s in silent.items():
+            if codes.get(host) is None:
+                dropped[host] = liveness.silence_reason(quiet_s)
+        return set(silent)
 
     def _settle(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
         deadline = time.monotonic() + self.settle_s
@@ -385,7 +378,8 @@ class Job:
     ) -> JobOutcome | None:
         """Look at every host, decide; stop everything and finish if there is a verdict.
         ``force``: some host ended (or every one did), so a verdict is due now."""
-        probes = self._probe_all(dropped)
+        probes = self._probe_all(codes, dropped)
+        force = force or bool(dropped)  # a host fell silent while the others were probed
         deadline_passed = (
             self.start_timeout_s is not None
             and time.monotonic() - self._started_at > self.start_timeout_s
@@ -424,33 +418,28 @@ class Job:
             verdict = triage.preempted(verdict, notice, [s.host for s in self.specs])
         if verdict.status == triage.HOST_LOST:
             self.printer(f"lost: {verdict.detail}; stopping the other hosts")
-        unreachable = {s.name for s in states if s.unreachable}
-        # A broken job has nothing to save: the workers' SIGTERM handling (an
-        # emergency save at the next step boundary) would only wait for a step that
-        # cannot end, so what TERM leaves is killed soon.
-        self.stop_all(skip=unreachable, grace_s=self.broken_grace_s)
+        # Nothing more goes to a host that does not answer: it could only time out.
+        self._gone |= {s.name for s in states if s.unreachable}
+        self.stop_all(grace_s=self.broken_grace_s)
         return self._finish(verdict, codes, states)
 
-    def _probe_all(self, dropped: dict[str, str]) -> dict[str, object]:
-        def probe(name: str) -> _Probe:
+    def _probe_all(
+        self, codes: dict[str, int | None], dropped: dict[str, str]
+    ) -> dict[str, object]:
+        """Every host's probe (or its error), all at once. A host that falls silent
+        meanwhile is not waited for (its probe could only time out, tens of seconds
+        later), and is dropped if it was running."""
+
+        def probe(name: str) -> hostcmds.Probe:
             spec = next(s for s in self.specs if s.host == name)
             ranks = " ".join(str(r) for r in spec.ranks)
             res = self.runner(name).run(
-                ["sh", "-c", _PROBE, "sh", spec.run_dir, ranks],
+                ["sh", "-c", hostcmds.PROBE, "sh", spec.run_dir, ranks],
                 timeout_s=self.pool.connect.connect_timeout_s + 10,
             )
-            ages, booted, errors = [], 0, []
-            for line in res.stdout.splitlines():
-                kind, _, value = line.partition(" ")
-                if kind == "hb" and value.lstrip("-").isdigit():
-                    ages.append(int(value))
-                elif kind == "boot" and value.isdigit():
-                    booted = int(value)
-                elif kind == "err":
-                    errors.append(value)
-            return _Probe(heartbeat_ages_s=tuple(ages), booted=booted, errors="\n".join(errors))
+            return hostcmds.parse_probe(res.stdout)
 
-        def confirmed(name: str) -> _Probe:
+        def confirmed(name: str) -> hostcmds.Probe:
             """One slow or failed probe is not a lost host: ask once more, simply."""
             try:
                 return probe(name)
@@ -458,10 +447,20 @@ class Job:
                 self.runner(name).run(
                     ["true"], timeout_s=self.pool.connect.connect_timeout_s + 10
                 ).check()
-                return _Probe()
+                return hostcmds.Probe()
 
-        todo = [self.pool.host(s.host) for s in self.specs if s.host not in dropped]
-        return dict(fan_out(todo, lambda h: confirmed(h.name)))
+        names = [s.host for s in self.specs if s.host not in dropped]
+        results = _Results()
+        for name in names:
+            threading.Thread(
+                target=results.run, args=(name, confirmed), name=f"{name}-probe", daemon=True
+            ).start()
+        while True:
+            silent = self._listen(codes, dropped)
+            waiting = [n for n in names if n not in dropped and n not in silent]
+            if not results.wait(waiting, self.poll_s):
+                break
+        return {n: v for n, v in results.items() if n not in dropped}
 
     def _with_rendezvous(self, states: list[triage.HostState]) -> list[triage.HostState]:
         """Nobody started: which hosts' torchrun reached the rendezvous at all?"""
@@ -473,7 +472,7 @@ class Job:
                 return "none"
             port = spec.argv[list(spec.argv).index("--master-port") + 1]
             res = self.runner(name).run(
-                ["sh", "-c", _RENDEZVOUS, "sh", str(pid), port], timeout_s=30
+                ["sh", "-c", hostcmds.RENDEZVOUS, "sh", str(pid), port], timeout_s=30
             )
             words = res.stdout.split()
             if "done" not in words:
@@ -501,8 +500,8 @@ class Job:
         unreachable = dropped.get(name, "")
         if isinstance(got, Exception) and not isinstance(got, CommandFailed):
             unreachable = unreachable or f"does not answer: {got}"
-        if not isinstance(got, _Probe):
-            got = _Probe()
+        if not isinstance(got, hostcmds.Probe):
+            got = hostcmds.Probe()
         with self._lock:
             tail = tuple(self._tails.get(name, ()))
         return triage.HostState(
@@ -518,23 +517,25 @@ class Job:
     # ------------------------------------------------------------ stop
 
     def stop_all(self, skip: set[str] | None = None, grace_s: float = 10.0) -> None:
-        """TERM every host's process group by pid, KILL what is left after grace_s.
-
-        torchrun starts each worker in a session of its own, so the workers are
-        not in the launcher's process group: their pids are collected from the
-        process tree under our pid first, and whatever of them outlives the
-        group's stop is killed by pid (a stopped or hung worker ignores TERM)."""
+        """Stop every host's torchrun and the workers under it (``hostcmds.stop_tree``):
+        TERM, ``grace_s`` to save, then KILL; ``grace_s`` 0: KILL at once. Lost hosts
+        and hosts stopped before are left alone."""
         threads = []
         for host, handle in self._handles.items():
-            if skip and host in skip:
+            if host in self._gone or host in self._stopped or (skip and host in skip):
                 continue
             t = threading.Thread(
-                target=_stop_tree, args=(self.runner(host), handle, grace_s), daemon=True
+                target=hostcmds.stop_tree,
+                args=(self.runner(host), handle, grace_s),
+                name=f"{host}-stop",
+                daemon=True,
             )
             t.start()
-            threads.append(t)
-        for t in threads:
+            threads.append((host, t))
+        for host, t in threads:
             t.join(grace_s + 20)
+            if not t.is_alive():
+                self._stopped.add(host)
 
     def close(self) -> None:
         for log in self._logs.values():
@@ -572,21 +573,35 @@ class Job:
         return outcome
 
 
-_TREE = (
-    'ps -eo pid=,ppid= | awk -v root="$1" \'{kids[$2]=kids[$2]" "$1} END {n=split(root,q," "); '
-    'while (n>0) {p=q[n]; n--; m=split(kids[p],c," "); for (i=1;i<=m;i++) {print c[i]; '
-    "q[++n]=c[i]}}}'"
-)
+def _raise_first(results: dict[str, T | Exception]) -> None:
+    """The first host's error (in plan order), if any host failed."""
+    for value in results.values():
+        if isinstance(value, Exception):
+            raise value
 
 
-def _stop_tree(runner: Runner, handle: ProcessHandle, grace_s: float) -> None:
-    try:
-        tree: list[str] = []
-        if handle.pid is not None and handle.poll() is None:
-            res = runner.run(["sh", "-c", _TREE, "sh", str(handle.pid)], timeout_s=20)
-            tree = [p for p in res.stdout.split() if p.isdigit() and int(p) > 1]
-        handle.kill(grace_s)
-        if tree:
-            runner.run(["kill", "-KILL", *tree], timeout_s=20)  # by pid; gone ones are fine
-    except AutohetError:
-        pass  # the host is gone: nothing left to stop there that we could reach
+class _Results:
+    """Results that threads deliver by host name, and a wait for some of them."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, object] = {}
+        self._new = threading.Condition()
+
+    def run(self, name: str, fn: Callable[[str], object]) -> None:
+        try:
+            value: object = fn(name)
+        except Exception as exc:  # kept as the host's result, as fan_out does
+            value = exc
+        with self._new:
+            self._values[name] = value
+            self._new.notify_all()
+
+    def wait(self, names: Sequence[str], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for all of ``names``; True while some are missing."""
+        with self._new:
+            self._new.wait_for(lambda: all(n in self._values for n in names), timeout_s)
+            return not all(n in self._values for n in names)
+
+    def items(self) -> list[tuple[str, object]]:
+        with self._new:
+            return list(self._values.items())

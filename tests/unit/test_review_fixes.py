@@ -15,7 +15,7 @@ from autohet_cli.ckpt.files import ensure_private_dir, read_key, write_key
 from autohet_cli.ckpt.format import Manifest, ManifestFile
 from autohet_cli.ckpt.remote import RemoteCopy, Uploader, UploadJob
 from autohet_cli.cluster import Cluster, Host
-from autohet_cli.launch.executor import _PROBE
+from autohet_cli.launch.hostcmds import PROBE as _PROBE
 from autohet_cli.launch.jobs import list_jobs
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
