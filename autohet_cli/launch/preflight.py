@@ -12,15 +12,27 @@ crashed job blamed on the wrong host:
 - the home directory, so ``~`` in the cluster file expands on that host;
 - on the master host only, a TCP port free on every interface now, for the
   rendezvous: 29500 is often taken on an ML workstation by another torchrun.
+
+Each host is asked once per :class:`HostPool`: a later preflight on the same pool
+(recover's relaunch) reuses what an earlier one found, and ``preflight_ahead``
+starts the checks in the background (recover, while it copies the checkpoint), so
+the relaunch finds them done. Only the rendezvous port is always looked up fresh,
+by a short program (``python -S``: no site, no package lookups). A check that
+failed is never kept: the host is asked again, and its error named then.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
-from autohet_cli.cluster import python_for
+from autohet_cli.cluster import Host, python_for
 from autohet_cli.errors import AutohetError, CommandTimeout, TransportError
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
@@ -54,6 +66,13 @@ if sys.argv[3] == "1":
     s.close()
 print("__autohet_preflight__ " + json.dumps(out))
 """
+_PORT_PROGRAM = r"""
+import json, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("", 0))
+print("__autohet_preflight__ " + json.dumps({"free_port": s.getsockname()[1]}))
+s.close()
+"""
 _MARK = "__autohet_preflight__ "
 
 
@@ -70,6 +89,19 @@ class HostReport:
     free_port: int | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Check:
+    """One host's check, done or under way, and whether it looked for autohet."""
+
+    needs_autohet: bool
+    report: Future[HostReport]
+
+
+# Per pool (its hosts' facts hold while its connections do), per host.
+_CHECKS: weakref.WeakKeyDictionary[HostPool, dict[str, _Check]] = weakref.WeakKeyDictionary()
+_CHECKS_LOCK = threading.Lock()
+
+
 def preflight(
     pool: HostPool,
     hosts: Sequence[str],
@@ -78,50 +110,21 @@ def preflight(
     port_host: str | None,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
 ) -> dict[str, HostReport]:
-    """Check every host in parallel; raise one error naming every host that fails."""
+    """Check every host in parallel (or reuse this pool's earlier check of it); raise
+    one error naming every host that fails."""
 
     def check(name: str) -> HostReport:
-        host = pool.host(name)
-        argv = [
-            python_for(host),
-            "-c",
-            _PROGRAM,
-            host.workdir,
-            "1" if needs_autohet else "0",
-            "1" if name == port_host else "0",
-        ]
-        try:
-            res = pool.runner(name).run(argv, timeout_s=timeout_s)
-        except CommandTimeout:
-            raise PreflightError(
-                f"{name}: `{host.python}` did not answer within "
-                f"{timeout_s:.0f} s (a hung interpreter? a slow network home?)"
-            ) from None
-        line = next((x for x in res.stdout.splitlines() if x.startswith(_MARK)), None)
-        if line is None:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-            raise PreflightError(
-                f"{name}: `{host.python}` did not run (exit {res.exit_code}): "
-                + (" | ".join(tail) or "no output")
-                + "; set `python:` for this host in the cluster file"
+        known = _known(pool, name, needs_autohet, timeout_s)
+        if known is None:
+            return _remember(
+                pool,
+                name,
+                needs_autohet,
+                _ask(pool, name, needs_autohet, name == port_host, timeout_s),
             )
-        info = json.loads(line[len(_MARK) :])
-        if "error" in info:
-            hint = (
-                "install autohet there (pip install autohet-cli), or sync your code with "
-                "autohet launch --sync-dir"
-                if "autohet_cli" in info["error"]
-                else "install torch in that interpreter or point `python:` at one that has it"
-            )
-            raise PreflightError(f"{name} ({host.python}): {info['error']}; {hint}")
-        port = info.get("free_port")
-        return HostReport(
-            host=name,
-            home=str(info["home"]),
-            python=str(info["python"]),
-            torch=str(info["torch"]),
-            free_port=int(port) if port is not None else None,
-        )
+        if name == port_host:
+            return dataclasses.replace(known, free_port=_ask_port(pool, name, timeout_s))
+        return dataclasses.replace(known, free_port=None)
 
     results = fan_out([pool.host(h) for h in hosts], lambda h: check(h.name))
     problems = [str(r) for r in results.values() if isinstance(r, Exception)]
@@ -134,6 +137,125 @@ def preflight(
     for name, report in reports.items():
         pool.set_home(name, report.home)
     return reports
+
+
+def preflight_ahead(
+    pool: HostPool,
+    hosts: Sequence[str],
+    *,
+    needs_autohet: bool,
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+) -> None:
+    """Start checking ``hosts`` in the background (daemon threads); a ``preflight`` on
+    the same pool waits for these instead of asking again. Errors surface there.
+    Slurm nodes are not reached from here (nor checked by a Slurm launch)."""
+    if pool.cluster.backend == "slurm":
+        return
+    for name in hosts:
+        with _CHECKS_LOCK:
+            checks = _CHECKS.setdefault(pool, {})
+            have = checks.get(name)
+            if have is not None and (have.needs_autohet or not needs_autohet):
+                continue
+            future: Future[HostReport] = Future()
+            checks[name] = _Check(needs_autohet=needs_autohet, report=future)
+
+        def run(name: str = name, future: Future[HostReport] = future) -> None:
+            try:
+                future.set_result(_ask(pool, name, needs_autohet, False, timeout_s))
+            except BaseException as exc:  # kept for the preflight that waits for it
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"{name}-preflight", daemon=True).start()
+
+
+def _known(pool: HostPool, name: str, needs_autohet: bool, timeout_s: float) -> HostReport | None:
+    """This pool's earlier check of ``name`` (waiting for one under way), if it covers
+    ``needs_autohet`` and succeeded; a failed one is forgotten (asked again)."""
+    with _CHECKS_LOCK:
+        have = _CHECKS.get(pool, {}).get(name)
+    if have is None or (needs_autohet and not have.needs_autohet):
+        return None
+    try:
+        return have.report.result(timeout=timeout_s + 5)
+    except Exception:
+        with _CHECKS_LOCK:
+            checks = _CHECKS.get(pool, {})
+            if checks.get(name) is have:
+                del checks[name]
+        return None
+
+
+def _remember(pool: HostPool, name: str, needs_autohet: bool, report: HostReport) -> HostReport:
+    done: Future[HostReport] = Future()
+    done.set_result(report)
+    with _CHECKS_LOCK:
+        _CHECKS.setdefault(pool, {})[name] = _Check(needs_autohet=needs_autohet, report=done)
+    return report
+
+
+def _ask(
+    pool: HostPool, name: str, needs_autohet: bool, port: bool, timeout_s: float
+) -> HostReport:
+    """Run the check program on ``name`` (one round trip)."""
+    host = pool.host(name)
+    info = _answer(
+        pool,
+        host,
+        [
+            python_for(host),
+            "-c",
+            _PROGRAM,
+            host.workdir,
+            "1" if needs_autohet else "0",
+            "1" if port else "0",
+        ],
+        timeout_s,
+    )
+    if "error" in info:
+        hint = (
+            "install autohet there (pip install autohet-cli), or sync your code with "
+            "autohet launch --sync-dir"
+            if "autohet_cli" in info["error"]
+            else "install torch in that interpreter or point `python:` at one that has it"
+        )
+        raise PreflightError(f"{name} ({host.python}): {info['error']}; {hint}")
+    free = info.get("free_port")
+    return HostReport(
+        host=name,
+        home=str(info["home"]),
+        python=str(info["python"]),
+        torch=str(info["torch"]),
+        free_port=int(free) if free is not None else None,
+    )
+
+
+def _ask_port(pool: HostPool, name: str, timeout_s: float) -> int:
+    """A TCP port free on ``name`` now (a host whose other facts are known)."""
+    host = pool.host(name)
+    info = _answer(pool, host, [python_for(host), "-S", "-c", _PORT_PROGRAM], timeout_s)
+    return int(info["free_port"])
+
+
+def _answer(pool: HostPool, host: Host, argv: list[str], timeout_s: float) -> dict[str, Any]:
+    """The JSON a check program printed on ``host``, or the error naming why not."""
+    try:
+        res = pool.runner(host.name).run(argv, timeout_s=timeout_s)
+    except CommandTimeout:
+        raise PreflightError(
+            f"{host.name}: `{host.python}` did not answer within "
+            f"{timeout_s:.0f} s (a hung interpreter? a slow network home?)"
+        ) from None
+    line = next((x for x in res.stdout.splitlines() if x.startswith(_MARK)), None)
+    if line is None:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise PreflightError(
+            f"{host.name}: `{host.python}` did not run (exit {res.exit_code}): "
+            + (" | ".join(tail) or "no output")
+            + "; set `python:` for this host in the cluster file"
+        )
+    info: dict[str, Any] = json.loads(line[len(_MARK) :])
+    return info
 
 
 def version_warnings(reports: dict[str, HostReport]) -> list[str]:

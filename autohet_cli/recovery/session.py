@@ -32,6 +32,7 @@ from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.launch import jobs
+from autohet_cli.launch.preflight import preflight_ahead
 from autohet_cli.launch.session import JobChoice, Prepared, resolve_cluster, run_job
 from autohet_cli.plan import Plan, load_plan, write_plan
 from autohet_cli.recovery import copies
@@ -126,6 +127,8 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         r = _replan(old, cl, cluster_path, gone, req)
                     for note in r.plan.notes:
                         say(f"plan: {note}")
+                    if req.resume and not req.dry_run:  # done while the checkpoint moves
+                        preflight_ahead(pool, r.plan.hosts(), needs_autohet=True)
                 try:
                     with clock.phase("transfer"):
                         where = _Where(pool=pool, ns=ns, root=root, survivors=survivors, lost=gone)

@@ -1,0 +1,89 @@
+"""The preflight asks each host once per pool: a relaunch (recover's) reuses what an
+earlier check of the same hosts found, and only the rendezvous port is looked up fresh."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from autohet_cli.cluster import Cluster, Host
+from autohet_cli.launch.preflight import preflight, preflight_ahead
+from autohet_cli.transport.pool import ConnectOptions, HostPool
+
+
+def _counting_python(tmp: Path, name: str) -> str:
+    """An interpreter that notes each start in ``<name>.runs`` (a real process, not a mock)."""
+    path = tmp / f"python-{name}"
+    runs = tmp / f"{name}.runs"
+    path.write_text(f'#!/bin/sh\necho run >> "{runs}"\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def _runs(tmp: Path, name: str) -> int:
+    f = tmp / f"{name}.runs"
+    return len(f.read_text().splitlines()) if f.exists() else 0
+
+
+def _cluster(tmp: Path) -> Cluster:
+    hosts = tuple(
+        Host(
+            name=n,
+            address="localhost",
+            gpu_type="cpu",
+            num_gpus=1,
+            gpu_mem_bytes=1 << 30,
+            intra_node_gbps=80.0,
+            python=_counting_python(tmp, n),
+            workdir=str(tmp / f"work-{n}"),
+        )
+        for n in ("a", "b")
+    )
+    return Cluster(name="c", hosts=hosts, inter_node_gbps=10.0)
+
+
+def test_a_second_preflight_on_the_same_pool_asks_only_for_the_port(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    with HostPool(cluster, ConnectOptions()) as pool:
+        first = preflight(pool, ["a", "b"], needs_autohet=True, port_host="a")
+        assert (_runs(tmp_path, "a"), _runs(tmp_path, "b")) == (1, 1)
+        again = preflight(pool, ["a", "b"], needs_autohet=True, port_host="a")
+        # b is not asked again; a only for a port free now (never a stale one).
+        assert (_runs(tmp_path, "a"), _runs(tmp_path, "b")) == (2, 1)
+        assert again["b"] == first["b"] and again["a"].home == first["a"].home
+        assert again["a"].free_port is not None and again["a"].free_port > 0
+        preflight(pool, ["a", "b"], needs_autohet=False, port_host=None)  # covered: asked more
+        assert (_runs(tmp_path, "a"), _runs(tmp_path, "b")) == (2, 1)
+    with HostPool(cluster, ConnectOptions()) as pool:  # another pool asks again
+        preflight(pool, ["b"], needs_autohet=True, port_host=None)
+        assert _runs(tmp_path, "b") == 2
+
+
+def test_a_check_started_ahead_is_awaited_not_repeated(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    with HostPool(cluster, ConnectOptions()) as pool:
+        preflight_ahead(pool, ["a", "b"], needs_autohet=True)
+        reports = preflight(pool, ["a", "b"], needs_autohet=True, port_host=None)
+        assert set(reports) == {"a", "b"} and reports["a"].free_port is None
+        assert (_runs(tmp_path, "a"), _runs(tmp_path, "b")) == (1, 1)
+    with HostPool(cluster, ConnectOptions()) as pool:
+        # Facts found without looking for autohet do not stand for a check that needs it.
+        preflight_ahead(pool, ["b"], needs_autohet=False)
+        preflight(pool, ["b"], needs_autohet=True, port_host=None)
+        assert _runs(tmp_path, "b") == 3
+
+
+def test_a_failed_check_ahead_is_asked_again_and_named_then(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    broken = tmp_path / "python-a"
+    good = broken.read_text()
+    marker = tmp_path / "broken-ran"
+    broken.write_text(f"#!/bin/sh\ntouch {marker}\nexit 7\n")
+    with HostPool(cluster, ConnectOptions()) as pool:
+        preflight_ahead(pool, ["a"], needs_autohet=True)
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        broken.write_text(good)  # fixed in between: the failure is not kept
+        assert preflight(pool, ["a"], needs_autohet=True, port_host=None)["a"].python
