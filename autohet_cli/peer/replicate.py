@@ -50,6 +50,10 @@ from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shar
 ADDR_ENV = "AUTOHET_HOST_ADDR"  # the host's cluster address (set by the launcher)
 DOMAIN_ENV = "AUTOHET_FAILURE_DOMAIN"  # "<gpu type>/<spot|on-demand>" (set by the launcher)
 STREAMS = 4  # files in flight per rank
+# Files received at once per host; each holds stream.BUFFERS x BUF_BYTES (48 MiB) of
+# buffers while it lands, so a receiver's memory stays under 8 x 48 MiB whatever the
+# size of the shards.
+RECEIVE_STREAMS = 8
 _NAME = re.compile(r"^(__\d+_\d+\.distcp|\.metadata|manifest\.json|COMPLETE)$")
 _MAX_BYTES = 1 << 50
 _EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -96,7 +100,9 @@ class Replicator:
         self.owner = owner
         if owner and replicas > 0:
             try:
-                self.server = stream.PeerServer(self.addr, key, self._receive)
+                self.server = stream.PeerServer(
+                    self.addr, key, self._receive, max_streams=RECEIVE_STREAMS
+                )
             except OSError as exc:
                 self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
 

@@ -48,7 +48,8 @@ from typing import Any
 DOMAIN = b"autohet-peer\0"
 OK, HAVE, REFUSED = b"\x01", b"\x02", b"\x00"
 MAX_HEADER = 64 << 10
-BUF_BYTES = 8 << 20  # per receive buffer; four in flight per stream
+BUF_BYTES = 8 << 20  # per receive buffer
+BUFFERS = 6  # in flight per stream: receiving, hashing, writing, and slack
 SOCK_BUF = 8 << 20
 IO_TIMEOUT_S = 10.0  # no byte moved for this long: the copy fails (and falls back)
 HANDSHAKE_S = 5.0  # a client that will not prove itself holds a server this long
@@ -126,41 +127,50 @@ def receive_into(sock: socket.socket, dest: str, nbytes: int, sha256: str) -> No
     """``nbytes`` from ``sock`` into ``dest``: under a temporary name, hashed as they
     land, renamed into place only when the sha256 is ``sha256`` (HashMismatch else).
 
-    The receiving thread fills buffers; a second thread hashes and writes them
-    (hashlib and file writes release the GIL), so receiving, hashing and writing
-    overlap instead of adding up."""
+    Three threads pass a few large buffers along: this one receives, one hashes, one
+    writes (socket reads, hashlib and file writes all release the GIL), so the three
+    overlap on the cores there are instead of adding up."""
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.{secrets.token_hex(4)}{PART}"
     free: queue.Queue[bytearray] = queue.Queue()
-    for _ in range(4):
+    for _ in range(BUFFERS):
         free.put(bytearray(min(BUF_BYTES, max(nbytes, 1))))
-    full: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
+    Item = tuple[bytearray, int] | None
+    to_hash: queue.Queue[Item] = queue.Queue()
+    to_write: queue.Queue[Item] = queue.Queue()
     digest = hashlib.sha256()
     failed: list[BaseException] = []
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 
-    def drain() -> None:
-        try:
-            while (item := full.get()) is not None:
-                buf, n = item
-                view = memoryview(buf)[:n]
-                digest.update(view)
-                while view:
-                    view = view[os.write(fd, view) :]
-                free.put(buf)
-        except BaseException as exc:
-            failed.append(exc)
-            free.put(bytearray(1))  # unblock the receiver; it sees `failed`
+    def hasher() -> None:
+        while (item := to_hash.get()) is not None:
+            if not failed:
+                digest.update(memoryview(item[0])[: item[1]])
+            to_write.put(item)
+        to_write.put(None)
 
-    worker = threading.Thread(target=drain, name="autohet-peer-write", daemon=True)
-    worker.start()
+    def writer() -> None:
+        while (item := to_write.get()) is not None:
+            buf, n = item
+            try:
+                view = memoryview(buf)[:n]
+                while view and not failed:
+                    view = view[os.write(fd, view) :]
+            except BaseException as exc:  # a full disk: the receiver stops at once
+                failed.append(exc)
+            free.put(buf)
+
+    threads = [
+        threading.Thread(target=hasher, name="autohet-peer-hash", daemon=True),
+        threading.Thread(target=writer, name="autohet-peer-write", daemon=True),
+    ]
+    for t in threads:
+        t.start()
     ok = False
     try:
         left = nbytes
         while left and not failed:
             buf = free.get()
-            if failed:
-                break
             view, fill = memoryview(buf), 0
             want = min(len(buf), left)
             while fill < want:
@@ -168,10 +178,11 @@ def receive_into(sock: socket.socket, dest: str, nbytes: int, sha256: str) -> No
                 if not n:
                     raise PeerError(f"the peer closed the stream {left - fill} bytes short")
                 fill += n
-            full.put((buf, fill))
+            to_hash.put((buf, fill))
             left -= fill
-        full.put(None)
-        worker.join()
+        to_hash.put(None)
+        for t in threads:
+            t.join()
         if failed:
             raise failed[0]
         got = digest.hexdigest()
@@ -180,9 +191,11 @@ def receive_into(sock: socket.socket, dest: str, nbytes: int, sha256: str) -> No
         os.replace(tmp, dest)
         ok = True
     finally:
-        if worker.is_alive():
-            full.put(None)
-            worker.join(5)
+        if any(t.is_alive() for t in threads):
+            failed.append(PeerError("stopped"))
+            to_hash.put(None)
+            for t in threads:
+                t.join(5)
         os.close(fd)
         if not ok:
             try:
