@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import TextIO
 
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
 from autohet_cli.launch import hostcmds, liveness, triage
@@ -38,11 +38,10 @@ from autohet_cli.runtime.records import (
     STARTUP_PREFIX,
 )
 from autohet_cli.transport.base import ProcessHandle, Runner
-from autohet_cli.transport.fanout import fan_out
+from autohet_cli.transport.fanout import fan_out, fan_out_background, raise_first
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 __all__ = ["ConnectOptions", "Job", "JobOutcome", "LaunchError"]
-T = TypeVar("T")
 
 
 def _parse_report(text: str) -> dict[str, object] | None:
@@ -171,7 +170,7 @@ class Job:
         token = uuid.uuid4().hex
         hosts = [self.pool.host(s.host) for s in self.specs]
         specs = {s.host: s for s in self.specs}
-        _raise_first(fan_out(hosts, lambda h: self._prepare_host(specs[h.name], token)))
+        raise_first(fan_out(hosts, lambda h: self._prepare_host(specs[h.name], token)))
         for spec in self.specs:
             self._logs[spec.host] = (self.local_run_dir / f"{spec.host}.log").open(
                 "a", encoding="utf-8"
@@ -181,7 +180,7 @@ class Job:
         for spec in self.specs:  # in plan order; the started ones are stopped on failure
             if isinstance(handle := started[spec.host], ProcessHandle):
                 self._handles[spec.host] = handle
-        _raise_first(started)
+        raise_first(started)
         for spec in self.specs:
             self.printer(
                 f"{spec.host}: started {spec.nproc_per_node} worker(s), "
@@ -450,11 +449,7 @@ class Job:
                 return hostcmds.Probe()
 
         names = [s.host for s in self.specs if s.host not in dropped]
-        results = _Results()
-        for name in names:
-            threading.Thread(
-                target=results.run, args=(name, confirmed), name=f"{name}-probe", daemon=True
-            ).start()
+        results = fan_out_background(names, confirmed, what="probe")
         while True:
             silent = self._listen(codes, dropped)
             waiting = [n for n in names if n not in dropped and n not in silent]
@@ -571,37 +566,3 @@ class Job:
             json.dumps(events, indent=2, default=str) + "\n"
         )
         return outcome
-
-
-def _raise_first(results: dict[str, T | Exception]) -> None:
-    """The first host's error (in plan order), if any host failed."""
-    for value in results.values():
-        if isinstance(value, Exception):
-            raise value
-
-
-class _Results:
-    """Results that threads deliver by host name, and a wait for some of them."""
-
-    def __init__(self) -> None:
-        self._values: dict[str, object] = {}
-        self._new = threading.Condition()
-
-    def run(self, name: str, fn: Callable[[str], object]) -> None:
-        try:
-            value: object = fn(name)
-        except Exception as exc:  # kept as the host's result, as fan_out does
-            value = exc
-        with self._new:
-            self._values[name] = value
-            self._new.notify_all()
-
-    def wait(self, names: Sequence[str], timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for all of ``names``; True while some are missing."""
-        with self._new:
-            self._new.wait_for(lambda: all(n in self._values for n in names), timeout_s)
-            return not all(n in self._values for n in names)
-
-    def items(self) -> list[tuple[str, object]]:
-        with self._new:
-            return list(self._values.items())

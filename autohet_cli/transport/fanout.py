@@ -1,8 +1,11 @@
-"""Pick a runner for a host, and run one function per host in parallel."""
+"""Pick a runner for a host, and run one function per host in parallel: ``fan_out``
+waits for every host; ``fan_out_background`` lets the caller stop waiting for some
+(a host that stopped answering would only make it wait for a timeout)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -71,3 +74,48 @@ def fan_out(
         else:
             raise exc
     return out
+
+
+def raise_first(results: Mapping[str, object]) -> None:
+    """The first host's error (in the results' order), if any host failed."""
+    for value in results.values():
+        if isinstance(value, Exception):
+            raise value
+
+
+class Gathered:
+    """Results that threads deliver by host name, and a wait for some of them."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, object] = {}
+        self._new = threading.Condition()
+
+    def run(self, name: str, fn: Callable[[str], object]) -> None:
+        try:
+            value: object = fn(name)
+        except Exception as exc:  # the host's result, as in fan_out
+            value = exc
+        with self._new:
+            self._values[name] = value
+            self._new.notify_all()
+
+    def wait(self, names: Sequence[str], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for all of ``names``; True while some are missing."""
+        with self._new:
+            self._new.wait_for(lambda: all(n in self._values for n in names), timeout_s)
+            return not all(n in self._values for n in names)
+
+    def items(self) -> list[tuple[str, object]]:
+        with self._new:
+            return list(self._values.items())
+
+
+def fan_out_background(names: Sequence[str], fn: Callable[[str], object], *, what: str) -> Gathered:
+    """``fn(name)`` for every name, each in a daemon thread of its own (one that never
+    returns holds up nobody, not even the interpreter's exit); results in ``Gathered``."""
+    gathered = Gathered()
+    for name in names:
+        threading.Thread(
+            target=gathered.run, args=(name, fn), name=f"{name}-{what}", daemon=True
+        ).start()
+    return gathered
