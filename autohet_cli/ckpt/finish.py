@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from autohet_cli.ckpt import sums
 from autohet_cli.ckpt.files import CheckpointError, sha256_file, write_atomic
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, Manifest, signed_manifest_text
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
@@ -75,6 +76,8 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
     # still holds under its temporary name (a directory without COMPLETE is skipped).
     not_saved = f"step {step} was not saved: "
     problem = _rename(ckpt, tmp, job.final) if ckpt.owner else None
+    if ckpt.owner and problem is None:  # what recover would otherwise read back
+        sums.record(str(job.final), {str(e["path"]): str(e["sha256"]) for e in files})
     ckpt.agree_no_problem(problem and not_saved + problem, group=group)
     manifest = None
     if ckpt.rank == 0:

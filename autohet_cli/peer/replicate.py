@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.ckpt import sums
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
 from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shard_bytes_by_host
@@ -240,6 +241,7 @@ class Replicator:
         except stream.HashMismatch as exc:
             stream.refuse(conn, str(exc))
             return
+        sums.record(str(dest.parent), {name: str(header["sha256"])})
         conn.sendall(stream.OK)
 
     def _check(self, h: Mapping[str, Any]) -> str | None:

@@ -13,16 +13,18 @@ healthy host's GPUs and shards because of a fixable mistake.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from autohet_cli.ckpt import sums
 from autohet_cli.ckpt.format import (
     MANIFEST,
     Manifest,
     belongs_to,
     verified_manifest,
 )
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster, Host, python_for
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import AutohetError, CommandTimeout, HostUnreachable
 from autohet_cli.inputs import load_inputs, tables_for
@@ -34,6 +36,7 @@ from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
 
 Say = Callable[[str], None]
+_SUMS_SOURCE = inspect.getsource(sums)
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -260,11 +263,9 @@ def hashes_present(
 
     def hashes(host: Host) -> dict[str, str]:
         d = f"{pool.checkpoint_dir(host.name).rstrip('/')}/{ns}/{step_dir}"
-        res = pool.runner(host.name).run(
-            ["sh", "-c", 'cd "$1" 2>/dev/null && sha256sum -- * .metadata 2>/dev/null; true']
-            + ["sh", d],
-            timeout_s=600,
-        )
+        # The files' recorded sha256 where they are unchanged since written or
+        # received (ckpt.sums), the rest read on the host, several at a time.
+        res = pool.runner(host.name).run([python_for(host), "-c", _SUMS_SOURCE, d], timeout_s=600)
         out: dict[str, str] = {}
         for line in res.stdout.splitlines():
             digest, _, name = line.partition("  ")

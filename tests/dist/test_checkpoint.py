@@ -217,12 +217,14 @@ def test_each_host_holds_its_ranks_files_and_the_manifest_lists_them(saved: Save
         }
         assert {n.split("_")[2] for n in data["a"]} == {"0", "1"}
         assert {n.split("_")[2] for n in data["b"]} == {"2", "3"}
+        # and the files' recorded sha256 (ckpt.sums), which recover reads instead
         assert sorted(set(os.listdir(a)) - set(data["a"])) == [
+            ".autohet-sums",
             ".metadata",
             "COMPLETE",
             "manifest.json",
         ]
-        assert set(os.listdir(b)) == set(data["b"])
+        assert set(os.listdir(b)) == {*data["b"], ".autohet-sums"}
         manifest = load_manifest(a / "manifest.json")
         assert (manifest.step, manifest.plan, manifest.world_size) == (
             int(step_dir[5:]),

@@ -60,7 +60,7 @@ def test_only_the_newest_k_complete_steps_stay_on_every_host_and_remotely(
     assert _names(dirs["a"] / NS) == kept and _names(dirs["b"] / NS) == kept
     assert list_steps(dirs["a"] / NS, key) == {4: None, 5: None}
     for step in kept:
-        ranks = {p.name.split("_")[2] for p in (dirs["b"] / NS / step).iterdir()}
+        ranks = {p.name.split("_")[2] for p in (dirs["b"] / NS / step).glob("*.distcp")}
         assert ranks == {"2", "3"}  # __2_<n>.distcp, __3_<n>.distcp: one per writer thread
     # The remote copy: pruned by rank 0's uploader after each step completed there.
     assert list_steps(remote / NS, key) == {4: None, 5: None}
