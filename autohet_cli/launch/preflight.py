@@ -29,6 +29,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,14 +171,17 @@ def preflight_ahead(
 
 
 def _known(pool: HostPool, name: str, needs_autohet: bool, timeout_s: float) -> HostReport | None:
-    """This pool's earlier check of ``name`` (waiting for one under way), if it covers
-    ``needs_autohet`` and succeeded; a failed one is forgotten (asked again)."""
+    """This pool's earlier check of ``name`` (waiting up to ``timeout_s`` for one under
+    way), if it covers ``needs_autohet`` and succeeded; a failed one is forgotten
+    (asked again)."""
     with _CHECKS_LOCK:
         have = _CHECKS.get(pool, {}).get(name)
     if have is None or (needs_autohet and not have.needs_autohet):
         return None
     try:
-        return have.report.result(timeout=timeout_s + 5)
+        return have.report.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise _no_answer(pool.host(name), timeout_s) from None
     except Exception:
         with _CHECKS_LOCK:
             checks = _CHECKS.get(pool, {})
@@ -242,10 +246,7 @@ def _answer(pool: HostPool, host: Host, argv: list[str], timeout_s: float) -> di
     try:
         res = pool.runner(host.name).run(argv, timeout_s=timeout_s)
     except CommandTimeout:
-        raise PreflightError(
-            f"{host.name}: `{host.python}` did not answer within "
-            f"{timeout_s:.0f} s (a hung interpreter? a slow network home?)"
-        ) from None
+        raise _no_answer(host, timeout_s) from None
     line = next((x for x in res.stdout.splitlines() if x.startswith(_MARK)), None)
     if line is None:
         tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
@@ -267,3 +268,10 @@ def version_warnings(reports: dict[str, HostReport]) -> list[str]:
             detail = ", ".join(f"{h} {getattr(r, what)}" for h, r in sorted(reports.items()))
             out.append(f"warning: hosts run different {what} versions ({detail})")
     return out
+
+
+def _no_answer(host: Host, timeout_s: float) -> PreflightError:
+    return PreflightError(
+        f"{host.name}: `{host.python}` did not answer within "
+        f"{timeout_s:.0f} s (a hung interpreter? a slow network home?)"
+    )

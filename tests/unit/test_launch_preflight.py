@@ -7,8 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autohet_cli.cluster import Cluster, Host
-from autohet_cli.launch.preflight import preflight, preflight_ahead
+from autohet_cli.launch.preflight import PreflightError, preflight, preflight_ahead
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 
@@ -87,3 +89,14 @@ def test_a_failed_check_ahead_is_asked_again_and_named_then(tmp_path: Path) -> N
             time.sleep(0.02)
         broken.write_text(good)  # fixed in between: the failure is not kept
         assert preflight(pool, ["a"], needs_autohet=True, port_host=None)["a"].python
+
+
+def test_a_hung_check_ahead_is_named_within_the_preflight_s_own_timeout(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    (tmp_path / "python-a").write_text("#!/bin/sh\nexec sleep 5\n")
+    with HostPool(cluster, ConnectOptions()) as pool:
+        preflight_ahead(pool, ["a"], needs_autohet=True)  # its own timeout: 90 s
+        started = time.monotonic()
+        with pytest.raises(PreflightError, match="a: .* did not answer within 1 s"):
+            preflight(pool, ["a"], needs_autohet=True, port_host=None, timeout_s=1.0)
+        assert time.monotonic() - started < 3.0
