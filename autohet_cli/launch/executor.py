@@ -145,6 +145,7 @@ class Job:
         self.poll_s = 0.25  # processes and keep-alives
         self.ping_every_s = liveness.PING_EVERY_S
         self.silent_after_s = liveness.SILENT_AFTER_S
+        self._watcher = liveness.Watcher()
         self.settle_s = 3.0  # after a first failure, let the other hosts finish failing
         # TERM to KILL when stopping after a verdict. 0: KILL at once; a broken job has
         # nothing to save (the workers' SIGTERM handling would only wait for a step
@@ -358,7 +359,9 @@ class Job:
         (``liveness.silent_hosts``); every silent host, ended ones too."""
         pings = {h: self.runner(h).liveness() for h in self._handles if h not in dropped}
         now = time.monotonic()
-        silent = liveness.silent_hosts(pings, now_s=now, after_s=self.silent_after_s)
+        silent = self._watcher.silent(
+            pings, now_s=now, after_s=self.silent_after_s, alone_after_s=self.heartbeat_timeout_s
+        )
         for host, quiet_s in silent.items():
             if codes.get(host) is None:
                 dropped[host] = liveness.silence_reason(quiet_s)

@@ -7,8 +7,12 @@ whose oldest unanswered keep-alive is older than ``SILENT_AFTER_S`` is silent,
 but only while some other host proves that this side still sends and hears:
 it answered a keep-alive sent at least half that limit after the silence began.
 A stalled launcher, or its own network gone, silences every host at once, and
-that is never taken for a lost host (a job on one remote host is therefore never
-declared lost by silence; its heartbeats still are, after ``heartbeat_timeout_s``).
+that is not taken for a lost host until it lasts ``alone_after_s`` (the launcher
+passes its heartbeat timeout, 20 s): only then are hosts with no witness (a job on
+one remote host, or every host at once) silent too. And silence is only judged
+by a watcher that kept looking (``Watcher``): after a pause of its own (the
+launcher stopped with Ctrl-Z, or starved of CPU) the answers that waited meanwhile
+get a moment to land before anyone is called silent.
 
 What it takes, from a death to the ``lost:`` line: up to ``PING_EVERY_S`` until
 the first keep-alive goes unanswered, ``SILENT_AFTER_S``, up to one watch poll,
@@ -29,13 +33,20 @@ SILENT_AFTER_S = 1.0
 
 
 def silent_hosts(
-    pings: Mapping[str, Liveness | None], *, now_s: float, after_s: float = SILENT_AFTER_S
+    pings: Mapping[str, Liveness | None],
+    *,
+    now_s: float,
+    after_s: float = SILENT_AFTER_S,
+    alone_after_s: float | None = None,
 ) -> dict[str, float]:
     """``{host: seconds silent}`` of the hosts that count as gone (see the module)."""
     out: dict[str, float] = {}
     for name, state in pings.items():
         since = state.waiting_since_s if state is not None else None
         if since is None or now_s - since <= after_s:
+            continue
+        if alone_after_s is not None and now_s - since > alone_after_s:
+            out[name] = now_s - since
             continue
         heard = [
             other.answered_sent_s
@@ -53,3 +64,26 @@ def silence_reason(seconds: float) -> str:
         f"no answer to SSH keep-alives for {seconds:.1f} s (host down, frozen, or its "
         "network gone?)"
     )
+
+
+class Watcher:
+    """``silent_hosts`` over time: no verdict right after a pause of the watcher's own
+    (longer than half the limit since it last looked), when answers that arrived
+    meanwhile may not have been read yet; the next look, a poll later, judges."""
+
+    def __init__(self) -> None:
+        self._looked_at_s: float | None = None
+
+    def silent(
+        self,
+        pings: Mapping[str, Liveness | None],
+        *,
+        now_s: float,
+        after_s: float = SILENT_AFTER_S,
+        alone_after_s: float | None = None,
+    ) -> dict[str, float]:
+        paused = self._looked_at_s is not None and now_s - self._looked_at_s > after_s / 2
+        self._looked_at_s = now_s
+        if paused:
+            return {}
+        return silent_hosts(pings, now_s=now_s, after_s=after_s, alone_after_s=alone_after_s)

@@ -1,10 +1,13 @@
 """Which hosts went silent: keep-alives unanswered too long, while another host proves
-that this side still sends and hears (so a stalled launcher or its own network is never
-taken for a dead host)."""
+that this side still sends and hears (a stalled launcher or its own network is taken for
+a dead host only after the heartbeat timeout, and never right after the launcher's own
+pause)."""
 
 from __future__ import annotations
 
-from autohet_cli.launch.liveness import silent_hosts
+import pytest
+
+from autohet_cli.launch.liveness import Watcher, silent_hosts
 from autohet_cli.transport.base import Liveness
 
 AFTER = 1.0
@@ -42,3 +45,23 @@ def test_a_lone_host_or_unwatched_hosts_are_never_silent() -> None:
     # A local host (nothing to ask: None) is no proof that the network works.
     assert silent_hosts({"a": waiting(10.0), "me": None}, now_s=20.0, after_s=AFTER) == {}
     assert silent_hosts({"me": None, "b": answered(19.9)}, now_s=20.0, after_s=AFTER) == {}
+
+
+def test_a_silence_long_enough_needs_no_witness() -> None:
+    # One remote host, or all at once: after the heartbeat timeout it is a real outage.
+    alone = {"a": waiting(10.0), "me": None}
+    assert silent_hosts(alone, now_s=25.0, after_s=AFTER, alone_after_s=20.0) == {}
+    assert silent_hosts(alone, now_s=30.5, after_s=AFTER, alone_after_s=20.0) == {"a": 20.5}
+    both = {"a": waiting(10.0), "b": waiting(10.1)}
+    assert set(silent_hosts(both, now_s=31.0, after_s=AFTER, alone_after_s=20.0)) == {"a", "b"}
+
+
+def test_after_a_pause_of_its_own_the_watcher_looks_again_before_judging() -> None:
+    # The launcher was stopped (Ctrl-Z) from 10 s to 40 s: every keep-alive seems to have
+    # waited 30 s, though the answers are there, only not read yet.
+    watcher = Watcher()
+    pings = {"a": waiting(9.9), "b": waiting(9.9)}
+    assert watcher.silent(pings, now_s=10.0, alone_after_s=20.0) == {}
+    assert watcher.silent(pings, now_s=40.0, alone_after_s=20.0) == {}
+    later = {"a": answered(40.1), "b": waiting(9.9)}  # a poll later: only b is silent
+    assert watcher.silent(later, now_s=40.25, alone_after_s=20.0) == {"b": pytest.approx(30.35)}
