@@ -388,7 +388,10 @@ def test_a_vanished_node_is_a_lost_host_and_recover_resumes_on_slurm(
     assert rec.returncode == 0, text
     report = json.loads(text.strip().splitlines()[-1])
     # The newest complete step (saves are asynchronous: step 6 may not be durable by step 8).
-    assert report["resumed_step"] in (3, 6, 9) and report["bytes_from_remote"] > 0, report
+    # sn2's shards are on sn1 already when sn1 is its partner (replicas) and the copy was
+    # made; otherwise they come from remote storage. Either way the run goes on (below).
+    assert report["resumed_step"] in (3, 6, 9), report
+    assert report["bytes_from_peers"] == 0, report  # sn1 is the only survivor
     run_dir = next((tmp_path / "runs").glob("e2e.v2/*"))
     assert "--nodelist=sn1" in (run_dir / "job.sbatch").read_text()  # a Slurm job again
     assert "hetjob" not in (run_dir / "job.sbatch").read_text()  # one node: one component
