@@ -133,8 +133,9 @@ def receive_into(sock: socket.socket, dest: str, nbytes: int, sha256: str) -> No
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.{secrets.token_hex(4)}{PART}"
     free: queue.Queue[bytearray] = queue.Queue()
-    for _ in range(BUFFERS):
-        free.put(bytearray(min(BUF_BYTES, max(nbytes, 1))))
+    size = min(BUF_BYTES, max(nbytes, 1))
+    for _ in range(max(1, min(BUFFERS, -(-nbytes // size)))):  # no more than the file fills
+        free.put(bytearray(size))
     Item = tuple[bytearray, int] | None
     to_hash: queue.Queue[Item] = queue.Queue()
     to_write: queue.Queue[Item] = queue.Queue()
