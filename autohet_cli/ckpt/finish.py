@@ -134,6 +134,10 @@ def _replicate(
     ckpt.replicator.forget(before_step=job.step)
     ckpt.replicator.saves += 1
     if ckpt.rank == 0:
+        try:  # no collective follows: rank 0 alone may take its time or fail here
+            tallies[0].errors += ckpt.replicator.complete(job.step, job.final, tallies, receivers)
+        except Exception as exc:
+            tallies[0].errors.append(f"{type(exc).__name__}: {exc}")
         for line in summary(job.step, tallies, placement, first=ckpt.replicator.saves == 1):
             say(line)
 

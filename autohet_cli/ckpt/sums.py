@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 SUMS = ".autohet-sums"
-_SKIP = (SUMS, "manifest.json", "COMPLETE")
+_SKIP = (SUMS,)
 
 
 def _read(step_dir: str) -> dict[str, tuple[str, int, int]]:

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autohet_cli.ckpt import sums
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
 from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shard_bytes_by_host
@@ -72,6 +71,8 @@ class Tally:
     skipped: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    reached: list[str] = field(default_factory=list)  # partners every push reached
+    host: str = ""
 
 
 class Replicator:
@@ -99,13 +100,19 @@ class Replicator:
         self.server: stream.PeerServer | None = None
         self.problem: str | None = None
         self.owner = owner
+        self.own_bytes = 0  # this host's shards in the latest save: its next one needs as much
+        self._in_flight = 0  # bytes being received now (not on the disk's books yet)
         if owner and replicas > 0:
-            try:
-                self.server = stream.PeerServer(
-                    self.addr, key, self._receive, max_streams=RECEIVE_STREAMS
-                )
-            except OSError as exc:
-                self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
+            for bind in (self.addr, "0.0.0.0"):  # a NAT'd address (a cloud VM's public
+                try:  # IP) is not on any interface: listen on all, advertise it still
+                    self.server = stream.PeerServer(
+                        bind, key, self._receive, max_streams=RECEIVE_STREAMS
+                    )
+                    break
+                except OSError as exc:
+                    self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
+            if self.server is not None:
+                self.problem = None
 
     # ------------------------------------------------------------- facts
 
@@ -123,12 +130,11 @@ class Replicator:
         }
 
     def room_bytes(self) -> int:
-        try:
-            du = shutil.disk_usage(self.plan_dir)
-        except OSError:
-            return 0
-        room = max(0, du.free - reserve_bytes(du.total))
-        return room if self.budget_bytes is None else min(room, self.budget_bytes)
+        """What this host may still take for others: the disk's free space less the
+        reserve, less the host's own next save (written before pruning frees an old
+        step), less what is landing now; within the budget."""
+        with self._lock:
+            return self._room_locked()
 
     def placement(
         self, infos: Sequence[dict[str, Any] | None], files: Sequence[Mapping[str, Any]]
@@ -138,13 +144,16 @@ class Replicator:
         hosts_seen = {i["host"]: i for i in infos if i is not None}
         receivers = {h: i for h, i in hosts_seen.items() if i["port"] is not None}
         sizes = shard_bytes_by_host(files)
+        with self._lock:
+            self.own_bytes = sizes.get(self.host, 0)
         hosts = [
             PeerHost(
                 name=h,
                 machine=str(i["addr"]),
                 domain=str(i["domain"]),
                 shard_bytes=sizes.get(h, 0),
-                room_bytes=int(i["room"]),
+                # its own next save comes first (reported before this save's size)
+                room_bytes=max(0, int(i["room"]) - sizes.get(h, 0)),
             )
             for h, i in sorted(hosts_seen.items())
         ]
@@ -163,8 +172,8 @@ class Replicator:
         rank: int,
     ) -> Tally:
         """Push this rank's files of ``step`` to its host's partners (rank 0: also
-        ``.metadata``, the manifest and, once those arrived, COMPLETE)."""
-        tally = Tally()
+        ``.metadata`` and the manifest; COMPLETE follows, see :meth:`complete`)."""
+        tally = Tally(host=self.host)
         partners = [p for p in placement.partners.get(self.host, ()) if p in receivers]
         mine = [f for f in files if f["rank"] == rank and f["path"] != METADATA]
         todo = [(str(f["path"]), int(f["bytes"]), str(f["sha256"])) for f in mine]
@@ -188,16 +197,29 @@ class Replicator:
                 tally.skipped += 1
             else:
                 tally.errors.append(f"{name} to {partner}: {outcome}")
-        failed = {
-            p for (p, _t), outcome in zip(jobs, done, strict=True) if outcome not in (None, "have")
-        }
-        if rank == 0 and (step_dir / COMPLETE).is_file():
-            for partner in (p for p in partners if p not in failed):
-                outcome = self._push(step, step_dir, partner, (COMPLETE, 0, _EMPTY_SHA), receivers)
-                if outcome not in (None, "have"):
-                    tally.errors.append(f"{COMPLETE} to {partner}: {outcome}")
+        tally.reached = [p for p in partners if p not in _failed(jobs, done)]
         tally.seconds = time.monotonic() - t0
         return tally
+
+    def complete(
+        self,
+        step: int,
+        step_dir: Path,
+        tallies: Sequence[Tally],
+        receivers: Mapping[str, Mapping[str, Any]],
+    ) -> list[str]:
+        """Rank 0, once every rank's pushes are done: COMPLETE to each partner of its
+        host that EVERY rank of the host reached, so a partner holds a whole step."""
+        if not (step_dir / COMPLETE).is_file():
+            return []
+        mine = [t for t in tallies if t.host == self.host]
+        whole = set.intersection(*(set(t.reached) for t in mine)) if mine else set()
+        errors = []
+        for partner in sorted(whole):
+            outcome = self._push(step, step_dir, partner, (COMPLETE, 0, _EMPTY_SHA), receivers)
+            if outcome not in (None, "have"):
+                errors.append(f"{COMPLETE} to {partner}: {outcome}")
+        return errors
 
     def _push(
         self,
@@ -222,32 +244,44 @@ class Replicator:
     # ------------------------------------------------------------- receiving
 
     def _receive(self, conn: socket.socket, header: dict[str, Any]) -> None:
-        why = self._check(header)
-        if why is not None:
-            with self._lock:
+        with self._lock:  # checked and reserved at once: concurrent pushes cannot overshoot
+            why = self._check(header)
+            if why is None:
+                step, nbytes = int(header["step"]), int(header["bytes"])
+                self._received[step] = self._received.get(step, 0) + nbytes
+                self._in_flight += nbytes
+            else:
                 self.refused.append(why)
-            stream.refuse(conn, why)
-            return
-        step, name, nbytes = int(header["step"]), str(header["name"]), int(header["bytes"])
-        dest = self.plan_dir / step_dir_name(step) / name
-        if dest.is_file() and dest.stat().st_size == nbytes:
+        if why == "have":
             conn.sendall(stream.HAVE)
             return
-        with self._lock:
-            self._received[step] = self._received.get(step, 0) + nbytes
-        conn.sendall(stream.OK)
+        if why is not None:
+            stream.refuse(conn, why)
+            return
+        dest = self.plan_dir / step_dir_name(step) / str(header["name"])
+        ok = False
         try:
-            stream.receive_into(conn, str(dest), nbytes, str(header["sha256"]))
+            conn.sendall(stream.OK)
+            # No record in ckpt.sums: this copy is not fsynced (a replica matters only
+            # once its origin is gone), so recover hashes it rather than trust a record
+            # a crash of this host could leave wrong.
+            stream.receive_into(conn, str(dest), nbytes, str(header["sha256"]), make_dirs=False)
+            ok = True
         except stream.HashMismatch as exc:
             stream.refuse(conn, str(exc))
             return
-        sums.record(str(dest.parent), {name: str(header["sha256"])})
+        finally:
+            with self._lock:
+                self._in_flight -= nbytes
+                if not ok:  # what never landed does not count against the budget
+                    self._received[step] -= nbytes
         conn.sendall(stream.OK)
 
     def _check(self, h: Mapping[str, Any]) -> str | None:
-        """Why this push is refused (None: accept)."""
+        """Why this push is refused ("have": the file is here; None: accept). Called
+        under the lock."""
         name, step, nbytes, sha = h.get("name"), h.get("step"), h.get("bytes"), h.get("sha256")
-        if h.get("op") != "push" or not isinstance(name, str) or not _NAME.match(name):
+        if h.get("op") != "push" or not isinstance(name, str) or not _NAME.fullmatch(name):
             return f"not a checkpoint file name: {str(name)[:100]!r}"
         if not isinstance(step, int) or step < 0 or not isinstance(nbytes, int):
             return "bad step or size"
@@ -258,18 +292,25 @@ class Replicator:
             return f"{self.host} has no step {step} (pruned, or its save failed)"
         have = d / name
         if have.is_file() and have.stat().st_size == nbytes:
-            return None  # answered HAVE
-        with self._lock:
-            taken = self._received.get(step, 0)
+            return "have"
+        taken = self._received.get(step, 0)
         if self.budget_bytes is not None and taken + nbytes > self.budget_bytes:
             return (
                 f"over {self.host}'s replica budget ({taken + nbytes} > "
                 f"{self.budget_bytes} bytes for step {step})"
             )
-        room = self.room_bytes()
+        room = self._room_locked()
         if nbytes > room:
             return f"{self.host}'s disk has room for {room} bytes of replicas, not {nbytes}"
         return None
+
+    def _room_locked(self) -> int:
+        try:
+            du = shutil.disk_usage(self.plan_dir)
+        except OSError:
+            return 0
+        room = max(0, du.free - reserve_bytes(du.total) - self.own_bytes - self._in_flight)
+        return room if self.budget_bytes is None else min(room, self.budget_bytes)
 
     def forget(self, before_step: int) -> None:
         with self._lock:
@@ -280,6 +321,10 @@ class Replicator:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+def _failed(jobs: Sequence[tuple[str, Any]], done: Sequence[str | None]) -> set[str]:
+    return {p for (p, _t), outcome in zip(jobs, done, strict=True) if outcome not in (None, "have")}
 
 
 def _own_address() -> str:

@@ -52,7 +52,9 @@ BUF_BYTES = 8 << 20  # per receive buffer
 BUFFERS = 6  # in flight per stream: receiving, hashing, writing, and slack
 SOCK_BUF = 8 << 20
 IO_TIMEOUT_S = 10.0  # no byte moved for this long: the copy fails (and falls back)
-HANDSHAKE_S = 5.0  # a client that will not prove itself holds a server this long
+HANDSHAKE_S = 5.0  # a client that will not prove itself holds a server this long, all told
+QUEUE_WAIT_S = 900.0  # a client waits this long for a free stream on a busy server
+MAX_WAITING = 256  # connections waiting for a stream beyond this are closed at once
 PART = ".autohet-part"
 
 
@@ -74,9 +76,16 @@ def _tune(sock: socket.socket) -> None:
             pass  # capped by the kernel: the default serves
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (monotonic), all of them by then (a client
+    sending one byte every few seconds cannot hold a server)."""
     out = bytearray()
     while len(out) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerError("too slow")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(out))
         if not chunk:
             raise PeerError("the peer closed the connection")
@@ -114,7 +123,11 @@ def open_request(
     sock = socket.create_connection((addr, port), timeout=io_timeout_s)
     try:
         _tune(sock)
+        # The server sends its nonce when a stream is free: a push queued behind other
+        # big files waits its turn, not an I/O timeout.
+        sock.settimeout(QUEUE_WAIT_S)
         nonce = _recv_exact(sock, 32)
+        sock.settimeout(io_timeout_s)
         raw = json.dumps(header, sort_keys=True).encode()
         sock.sendall(struct.pack("!I", len(raw)) + raw + _proof(key, nonce, raw))
     except BaseException:
@@ -123,14 +136,17 @@ def open_request(
     return sock
 
 
-def receive_into(sock: socket.socket, dest: str, nbytes: int, sha256: str) -> None:
+def receive_into(
+    sock: socket.socket, dest: str, nbytes: int, sha256: str, *, make_dirs: bool = True
+) -> None:
     """``nbytes`` from ``sock`` into ``dest``: under a temporary name, hashed as they
     land, renamed into place only when the sha256 is ``sha256`` (HashMismatch else).
 
     Three threads pass a few large buffers along: this one receives, one hashes, one
     writes (socket reads, hashlib and file writes all release the GIL), so the three
     overlap on the cores there are instead of adding up."""
-    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    if make_dirs:  # a replica receiver never recreates a step directory being removed
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.{secrets.token_hex(4)}{PART}"
     free: queue.Queue[bytearray] = queue.Queue()
     size = min(BUF_BYTES, max(nbytes, 1))
@@ -276,6 +292,8 @@ class PeerServer:
         self.port = int(self.sock.getsockname()[1])
         self._pool = ThreadPoolExecutor(max_streams, thread_name_prefix="autohet-peer")
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting = 0
         self._thread = threading.Thread(
             target=self._accept, name="autohet-peer-accept", daemon=True
         )
@@ -286,21 +304,34 @@ class PeerServer:
             try:
                 conn, peer = self.sock.accept()
             except OSError:
-                return  # closed
+                if self._closed.is_set():
+                    return
+                time.sleep(0.05)  # EMFILE, ECONNABORTED: keep serving
+                continue
+            with self._lock:
+                crowded = self._waiting >= MAX_WAITING
+                if not crowded:
+                    self._waiting += 1
+            if crowded:  # a flood of connections cannot pile up file descriptors
+                conn.close()
+                continue
             self._pool.submit(self._serve, conn, f"{peer[0]}:{peer[1]}")
 
     def _serve(self, conn: socket.socket, peer: str) -> None:
+        with self._lock:
+            self._waiting -= 1
         with conn:
             try:
+                deadline = time.monotonic() + HANDSHAKE_S
                 conn.settimeout(HANDSHAKE_S)
                 _tune(conn)
                 nonce = os.urandom(32)
                 conn.sendall(nonce)
-                (n,) = struct.unpack("!I", _recv_exact(conn, 4))
+                (n,) = struct.unpack("!I", _recv_exact(conn, 4, deadline))
                 if n > MAX_HEADER:
                     raise PeerError("header too long")
-                raw = _recv_exact(conn, n)
-                proof = _recv_exact(conn, 32)
+                raw = _recv_exact(conn, n, deadline)
+                proof = _recv_exact(conn, 32, deadline)
                 if not hmac.compare_digest(proof, _proof(self.key, nonce, raw)):
                     self.on_refused(peer)
                     refuse(conn, "the job key differs (wrong job, or not one of its hosts)")
@@ -359,7 +390,10 @@ def _serve_main(addr: str, keyfile: str, timeout_s: str, *paths: str) -> None:
     def refused(peer: str) -> None:
         print(f"REFUSED {peer}", flush=True)
 
-    server = PeerServer(addr, key, serve_files(set(paths)), on_refused=refused)
+    try:
+        server = PeerServer(addr, key, serve_files(set(paths)), on_refused=refused)
+    except OSError:  # a NAT'd address on no interface: listen on all (the key still gates)
+        server = PeerServer("0.0.0.0", key, serve_files(set(paths)), on_refused=refused)
     print(f"PORT {server.port}", flush=True)
     time.sleep(float(timeout_s))
     server.close()

@@ -29,6 +29,8 @@ from autohet_cli.transport.base import ProcessHandle, Runner
 
 SERVE_S = 3600  # a server offers its files this long at most (the copy stops it)
 STREAMS = 4  # files in flight per destination
+BATCH = 64  # files per fetcher command (Linux caps one argument at 128 KiB)
+SERVE_PATHS = 256  # files per server command, likewise
 _SOURCE = inspect.getsource(stream)
 
 
@@ -56,12 +58,27 @@ class Servers:
 
     def __init__(self, warn: Callable[[str], None]) -> None:
         self.warn = warn
-        self.ports: dict[str, int] = {}
-        self.addrs: dict[str, str] = {}
+        self.where: dict[tuple[str, str], tuple[str, int]] = {}  # (host, path) -> addr, port
         self.failed: dict[str, str] = {}
         self._handles: list[ProcessHandle] = []
 
     def start(self, runner: Runner, host: Host, paths: Sequence[str], key_file: str) -> None:
+        """Servers on ``host`` for ``paths``: one per SERVE_PATHS of them (one command
+        line stays far below Linux's 128 KiB for a single argument)."""
+        for i in range(0, len(paths), SERVE_PATHS):
+            chunk = paths[i : i + SERVE_PATHS]
+            port = self._start_one(runner, host, chunk, key_file)
+            if port is None:
+                return
+            for path in chunk:
+                self.where[(host.name, path)] = (host.address, port)
+
+    def serves(self, host: str, path: str) -> bool:
+        return (host, path) in self.where
+
+    def _start_one(
+        self, runner: Runner, host: Host, paths: Sequence[str], key_file: str
+    ) -> int | None:
         port: list[int] = []
 
         def on_line(_stream: str, line: str) -> None:
@@ -80,10 +97,10 @@ class Servers:
         while not port and handle.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         if port:
-            self.ports[host.name], self.addrs[host.name] = port[0], host.address
-        else:
-            tail = (handle.stderr.strip().splitlines() or ["no port offered"])[-1]
-            self.failed[host.name] = tail
+            return port[0]
+        tail = (handle.stderr.strip().splitlines() or ["no port offered"])[-1]
+        self.failed[host.name] = tail
+        return None
 
     def close(self) -> None:
         for handle in self._handles:
@@ -103,10 +120,24 @@ def fetch_all(
     """Run ``host``'s fetcher for ``items`` (their sources served by ``servers``);
     one verdict per item, in order. Raises AutohetError when the fetcher itself
     could not run (the caller falls back for every item)."""
+    out: list[Fetched] = []
+    for i in range(0, len(items), BATCH):  # one command line stays far below 128 KiB
+        out += _fetch_batch(runner, host, items[i : i + BATCH], servers, key_file, streams)
+    return out
+
+
+def _fetch_batch(
+    runner: Runner,
+    host: Host,
+    items: Sequence[Fetch],
+    servers: Servers,
+    key_file: str,
+    streams: int,
+) -> list[Fetched]:
     spec = [
         {
-            "addr": servers.addrs[it.source],
-            "port": servers.ports[it.source],
+            "addr": servers.where[(it.source, it.path)][0],
+            "port": servers.where[(it.source, it.path)][1],
             "path": it.path,
             "dest": it.dest,
             "bytes": it.num_bytes,

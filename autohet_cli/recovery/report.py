@@ -51,12 +51,18 @@ class RecoveryReport:
 
     @property
     def peer_rate_bytes_per_s(self) -> float | None:
-        """Bytes from peers over the longest of their copies: the direct copies run
-        all at once, so that is about the wall time they took together."""
-        peer = [t for t in self.transfers if t["source_kind"] != "remote"]
+        """The direct copies' bytes over the wall time their fetchers took (they run
+        at once, one per destination, several files each); without direct copies,
+        the peer copies' bytes over their summed times (they ran one after another)."""
+        direct = [t for t in self.transfers if t.get("batch_s")]
+        peer = direct or [t for t in self.transfers if t["source_kind"] != "remote"]
         if not peer:
             return None
-        secs = max(float(t["seconds"]) for t in peer)
+        secs = (
+            max(float(t["batch_s"]) for t in direct)
+            if direct
+            else sum(float(t["seconds"]) for t in peer)
+        )
         total = sum(int(t["bytes"]) for t in peer)
         return total / secs if secs > 0 else None
 

@@ -41,9 +41,10 @@ def test_unrecorded_files_are_read_and_then_remembered(tmp_path: Path) -> None:
     assert got == {
         **{f"__{i}_0.distcp": _sha(bytes([i]) * 5000) for i in range(3)},
         ".metadata": _sha(b"meta"),
+        "COMPLETE": _sha(b""),
     }
     recorded = (tmp_path / sums.SUMS).read_text().splitlines()
-    assert len(recorded) == 4 and all(len(line.split(" ", 3)[0]) == 64 for line in recorded)
+    assert len(recorded) == 5 and all(len(line.split(" ", 3)[0]) == 64 for line in recorded)
 
 
 def test_the_script_prints_what_sha256sum_would(tmp_path: Path) -> None:
@@ -66,3 +67,10 @@ def test_the_script_prints_what_sha256sum_would(tmp_path: Path) -> None:
         check=True,
     )
     assert missing.stdout == ""
+
+
+def test_the_manifest_and_complete_are_listed_too(tmp_path: Path) -> None:
+    """Recover finalizes only hosts lacking them; unlisted, every host was rewritten."""
+    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "COMPLETE").write_bytes(b"")
+    assert set(sums.present(str(tmp_path))) == {"manifest.json", "COMPLETE"}

@@ -111,7 +111,8 @@ def test_one_torchrun_per_host_with_static_rendezvous_at_the_first_host() -> Non
     assert (v100.ranks, a100.ranks) == ((0,), (1, 2))  # torchrun numbers hosts in order
     assert v100.command_line() == (
         "cd /srv/autohet && env AUTOHET_FAILURE_DOMAIN=V100-16/on-demand AUTOHET_HOST=v100-0 "
-        f"AUTOHET_HOST_ADDR=127.0.0.3 AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} CUDA_VISIBLE_DEVICES=2 "
+        f"AUTOHET_HOST_ADDR=127.0.0.3 AUTOHET_PLAN={run}/lab.v3.yaml AUTOHET_RUN_DIR={run} "
+        "CUDA_VISIBLE_DEVICES=2 "
         "GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True /opt/venv/bin/python -m "
         "autohet_cli.runtime.agent --nnodes 2 --node-rank 0 --nproc-per-node 1 "

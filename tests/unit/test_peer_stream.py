@@ -152,3 +152,95 @@ def test_get_serves_only_the_files_it_was_started_with(tmp_path: Path) -> None:
         assert not bad.exists() and not _leftovers(tmp_path / "out")
     finally:
         server.close()
+
+
+def test_a_hosts_own_next_save_comes_before_room_for_others(receiver: Replicator) -> None:
+    """Review of issue 30: replicas filled the room the host's own next save needed."""
+    before = receiver.room_bytes()
+    own = 1 << 30
+    files = [{"path": "__0_0.distcp", "bytes": own, "host": "b", "rank": 0, "sha256": "0" * 64}]
+    receiver.placement([receiver.info()], files)
+    assert before - receiver.room_bytes() >= own - (64 << 20)  # the disk moves a little
+
+
+def test_concurrent_pushes_cannot_overshoot_the_budget(tmp_path: Path) -> None:
+    import threading
+
+    job = tmp_path / "plan" / "default"
+    (job / STEP).mkdir(parents=True)
+    r = Replicator(
+        host="b",
+        plan_dir=job,
+        key=KEY,
+        replicas=1,
+        budget_bytes=250_000,
+        owner=True,
+        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
+    )
+    results: list[str] = []
+    try:
+        srcs = []
+        for i in range(6):
+            src = tmp_path / f"__{i}_0.distcp"
+            src.write_bytes(bytes([i]) * 100_000)
+            srcs.append(src)
+
+        def push(src: Path) -> None:
+            try:
+                _push(r, src)
+                results.append("ok")
+            except stream.PeerError as exc:
+                results.append(str(exc))
+
+        threads = [threading.Thread(target=push, args=(s,)) for s in srcs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results.count("ok") == 2, results
+        landed = sum(p.stat().st_size for p in (job / STEP).glob("*.distcp"))
+        assert landed <= 250_000
+    finally:
+        r.close()
+
+
+def test_a_client_dribbling_its_handshake_is_cut_off(
+    receiver: Replicator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+
+    monkeypatch.setattr(stream, "HANDSHAKE_S", 1.0)
+    assert receiver.server is not None
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", receiver.server.port), timeout=10) as s:
+        s.recv(32)  # the nonce
+        try:
+            for _ in range(10):  # one byte of the header length a while
+                s.sendall(b"\0")
+                time.sleep(0.4)
+            assert s.recv(1) == b""
+        except OSError:
+            pass  # cut: reset
+    assert time.monotonic() - started < 4.5
+
+
+def test_complete_goes_only_to_partners_every_rank_of_the_host_reached(
+    tmp_path: Path, receiver: Replicator
+) -> None:
+    from autohet_cli.peer.replicate import Tally
+
+    src_job = tmp_path / "a" / "plan" / "default"
+    (src_job / STEP).mkdir(parents=True)
+    (src_job / STEP / "COMPLETE").write_bytes(b"")
+    sender = Replicator(
+        host="a", plan_dir=src_job, key=KEY, replicas=1, budget_bytes=None, owner=False
+    )
+    assert receiver.server is not None
+    where = {"b": {"addr": "127.0.0.1", "port": receiver.server.port}}
+    partial = [Tally(host="a", reached=["b"]), Tally(host="a", reached=[])]
+    assert sender.complete(2, src_job / STEP, partial, where) == []
+    assert not (receiver.plan_dir / STEP / "COMPLETE").exists()
+    whole = [Tally(host="a", reached=["b"]), Tally(host="a", reached=["b"])]
+    assert sender.complete(2, src_job / STEP, whole, where) == []
+    assert (receiver.plan_dir / STEP / "COMPLETE").is_file()

@@ -240,7 +240,7 @@ def test_a_missing_source_is_named_so_the_caller_can_relay(tmp_path: Path) -> No
             servers.start(ra, A, [str(tmp_path / "nope")], key)
         finally:
             servers.close()
-    assert "a" not in servers.ports and "not here" in servers.failed["a"]
+    assert not servers.serves("a", str(tmp_path / "nope")) and "not here" in servers.failed["a"]
 
 
 def test_the_streams_carry_a_recover_and_their_rate_is_recorded(tmp_path: Path) -> None:

@@ -166,7 +166,8 @@ chmod 700 -- "$HOME"/autohet/checkpoints/lab/J1 && \
 cp -- "$run/.job-key" "$HOME"/autohet/checkpoints/lab/J1/.autohet-key; }}) || exit 1
       cd "$HOME"/autohet || exit 1
       env AUTOHET_FAILURE_DOMAIN={domain} AUTOHET_HOST={host} AUTOHET_HOST_ADDR={addr} \
-AUTOHET_PLAN={run}/lab.v1.yaml AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+AUTOHET_PLAN={run}/lab.v1.yaml AUTOHET_RUN_DIR={run} PYTHONUNBUFFERED=1 \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
 python3 -m autohet_cli.runtime.agent --nnodes 3 --node-rank {rank} --nproc-per-node 4 \
 --master-addr 10.0.0.1 --master-port 29411 --max-restarts 0 -m autohet_cli.runtime.train \
 --plan {run}/lab.v1.yaml --run-dir {run} --checkpoint-dir "$HOME"/autohet/checkpoints \
