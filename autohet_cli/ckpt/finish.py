@@ -125,7 +125,14 @@ def _replicate(
     assert ckpt.replicator is not None
     try:
         tally = ckpt.replicator.send(
-            job.step, job.final, files, placement, receivers, rank=ckpt.rank
+            job.step,
+            job.final,
+            files,
+            placement,
+            receivers,
+            rank=ckpt.rank,
+            # at least a minute, else twice what the save itself took to be durable
+            deadline_s=max(60.0, 2 * (time.monotonic() - job.started)),
         )
     except Exception as exc:  # any failure: the other ranks wait for this one below
         tally = Tally(errors=[f"{ckpt.host}: {type(exc).__name__}: {exc}"])

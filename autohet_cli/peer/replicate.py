@@ -56,6 +56,7 @@ STREAMS = 4  # files in flight per rank
 RECEIVE_STREAMS = 8
 _NAME = re.compile(r"^(__\d+_\d+\.distcp|\.metadata|manifest\.json|COMPLETE)$")
 _MAX_BYTES = 1 << 50
+_UNREACHABLE = "unreachable: "
 _EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
@@ -170,6 +171,7 @@ class Replicator:
         receivers: Mapping[str, Mapping[str, Any]],
         *,
         rank: int,
+        deadline_s: float = 120.0,
     ) -> Tally:
         """Push this rank's files of ``step`` to its host's partners (rank 0: also
         ``.metadata`` and the manifest; COMPLETE follows, see :meth:`complete`)."""
@@ -188,8 +190,25 @@ class Replicator:
             return tally
         t0 = time.monotonic()
         jobs = [(p, t) for p in partners for t in todo]
+        # A partner that cannot be reached is given up on at its first failure, and
+        # nothing starts after the deadline: a dead or slow partner must not hold the
+        # next save (or a preemption's) for long, since that save waits for this one.
+        dead: set[str] = set()
+        stop_at = t0 + deadline_s
+
+        def push(job: tuple[str, tuple[str, int, str]]) -> str | None:
+            partner, item = job
+            if partner in dead:
+                return f"skipped: {partner} could not be reached"
+            if time.monotonic() > stop_at:
+                return f"skipped: replication ran past {deadline_s:.0f} s"
+            outcome = self._push(step, step_dir, partner, item, receivers)
+            if outcome is not None and outcome.startswith(_UNREACHABLE):
+                dead.add(partner)
+            return outcome
+
         with ThreadPoolExecutor(min(STREAMS, len(jobs))) as pool:
-            done = list(pool.map(lambda j: self._push(step, step_dir, j[0], j[1], receivers), jobs))
+            done = list(pool.map(push, jobs))
         for (partner, (name, nbytes, _sha)), outcome in zip(jobs, done, strict=True):
             if outcome is None:
                 tally.sent_bytes += nbytes
@@ -237,8 +256,10 @@ class Replicator:
             sent = stream.push_file(
                 str(to["addr"]), int(to["port"]), self.key, str(step_dir / name), header
             )
-        except (OSError, stream.PeerError) as exc:
-            return str(exc) or type(exc).__name__
+        except stream.PeerError as exc:
+            return str(exc)
+        except OSError as exc:  # refused, timed out, reset: the partner is not there
+            return f"{_UNREACHABLE}{exc.strerror or exc or type(exc).__name__}"
         return None if sent else "have"
 
     # ------------------------------------------------------------- receiving

@@ -244,3 +244,35 @@ def test_complete_goes_only_to_partners_every_rank_of_the_host_reached(
     whole = [Tally(host="a", reached=["b"]), Tally(host="a", reached=["b"])]
     assert sender.complete(2, src_job / STEP, whole, where) == []
     assert (receiver.plan_dir / STEP / "COMPLETE").is_file()
+
+
+def test_an_unreachable_partner_is_given_up_on_at_once(tmp_path: Path) -> None:
+    """Review of issue 30: a dead partner cost a connect timeout per file, and the next
+    save (a preemption's too) waits for the replication of this one."""
+    import socket
+    import time
+
+    from autohet_cli.peer.placement import Placement
+
+    job = tmp_path / "a" / "plan" / "default"
+    (job / STEP).mkdir(parents=True)
+    files = []
+    for i in range(12):
+        data = bytes([i]) * 1000
+        (job / STEP / f"__0_{i}.distcp").write_bytes(data)
+        files.append(
+            {"path": f"__0_{i}.distcp", "bytes": 1000, "sha256": _sha(data), "host": "a", "rank": 0}
+        )
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nobody listens there: refused
+    r = Replicator(host="a", plan_dir=job, key=KEY, replicas=1, budget_bytes=None, owner=False)
+    placement = Placement(partners={"a": ("b",)}, short={})
+    started = time.monotonic()
+    tally = r.send(
+        2, job / STEP, files, placement, {"b": {"addr": "127.0.0.1", "port": port}}, rank=0
+    )
+    assert time.monotonic() - started < 5
+    assert tally.sent_bytes == 0 and len(tally.errors) == 12 and tally.reached == []
+    assert sum("skipped: b could not be reached" in e for e in tally.errors) >= 8
