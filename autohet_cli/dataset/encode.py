@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import deque
 from collections.abc import Generator, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -148,12 +149,14 @@ def ordered_map(
                 future = pool.submit(_encode_in_worker, chunk.texts, chunk.starts, chunk.ends)
             except BrokenProcessPool:
                 raise _worker_died(processes, [c for c, _ in pending] + [chunk]) from None
-            processes.update(getattr(pool, "_processes", None) or {})
+            _remember(processes, pool)
             pending.append((chunk, future))
             if len(pending) >= 2 * workers:
                 yield _next_result(pending, processes)
+                _remember(processes, pool)  # the pool starts workers as it needs them
         while pending:
             yield _next_result(pending, processes)
+            _remember(processes, pool)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -180,9 +183,18 @@ def _worker_died(processes: dict[int, BaseProcess], in_flight: list[Chunk]) -> W
     )
 
 
+def _remember(processes: dict[int, BaseProcess], pool: ProcessPoolExecutor) -> None:
+    processes.update(getattr(pool, "_processes", None) or {})
+
+
 def _death_cause(processes: dict[int, BaseProcess]) -> str:
     """How a worker ended, from the exit codes: a signal from outside first (the pool
-    itself sends SIGTERM to the others once one has died)."""
+    itself sends SIGTERM to the others once one has died). A dead worker's status can
+    lag the pool's notice of it: each is given a moment to be reaped."""
+    deadline = time.monotonic() + 2.0
+    for p in processes.values():
+        if p.exitcode is None:
+            p.join(max(0.0, deadline - time.monotonic()))
     codes = [p.exitcode for p in processes.values() if p.exitcode not in (None, 0)]
     codes.sort(key=lambda code: code == -signal.SIGTERM)
     if not codes or codes[0] is None:
