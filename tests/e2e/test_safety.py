@@ -70,14 +70,23 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     assert res.returncode == 1 and "--step 77: no usable checkpoint" in res.stderr
 
     # Item 10: a recover whose transfer fails writes no plan version. fake-4's shard
-    # lives only in remote storage: corrupt it there for a moment.
+    # lives in remote storage and on its partner (replicas): corrupt every copy for a
+    # moment.
     lost_shard = next(
         f["path"]
         for f in json.loads((newest / "manifest.json").read_text())["files"]
         if f["host"] == "fake-4"
     )
     good = (newest / lost_shard).read_bytes()
-    (newest / lost_shard).write_bytes(b"x" + good[1:])
+    copies = [newest / lost_shard] + [
+        c
+        for h in sshd_farm.hosts[:2]
+        for c in (_jobs(h.checkpoint_dir)[0] / newest.name / lost_shard,)
+        if c.exists()
+    ]
+    assert len(copies) == 2  # remote storage and fake-4's partner
+    for c in copies:
+        c.write_bytes(b"x" + good[1:])
     # With no older step allowed (--step), the step is lost; by default recover falls
     # back to the older step (tests/unit/test_recovery_session_local.py).
     step_now = newest.name.split("-")[1].lstrip("0")
@@ -85,7 +94,8 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     assert res.returncode == 1 and f"--step {step_now}: " in res.stderr, res.stderr
     assert "every source failed" in res.stderr, res.stderr
     assert not (tmp_path / "plans" / "e2e.v2.yaml").exists()
-    (newest / lost_shard).write_bytes(good)
+    for c in copies:
+        c.write_bytes(good)
 
     # Temp files of an interrupted copy are removed.
     survivor = _jobs(sshd_farm.hosts[0].checkpoint_dir)[0] / newest.name
