@@ -267,9 +267,15 @@ class HealthMonitor(Hook):
             same_machine = r.get("machine") == self.machine
             pid = r.get("pid")
             if r.get("state") == RUNNING and same_machine and isinstance(pid, int):
-                if not _pid_alive(pid):
+                if not _pid_alive(pid) and self._still_running(rank):
                     lost.append(self._lost(rank, f"its process {pid} on this machine is gone"))
         return lost
+
+    def _still_running(self, rank: int) -> bool:
+        """Read again after its process was found gone: a peer that saw the loss too
+        marks itself ``failed`` and exits between our read and our look at its pid,
+        and is then no culprit (under load a survivor was blamed that way)."""
+        return self._peer_records().get(rank, {}).get("state") == RUNNING
 
     def _store_beats(self) -> dict[int, tuple[int, str]] | None:
         """Rank -> (beats, state) from the store; None if the store does not answer."""
