@@ -151,3 +151,11 @@ def shown(value: Any) -> str:
         return repr(value)
     text = _BOUNDED.repr(value)
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def size_text(n: float) -> str:
+    """Bytes for a person, in powers of 1000 as disks and links are sold: ``812.40 MB``."""
+    for unit, factor in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return f"{n:.0f} B"

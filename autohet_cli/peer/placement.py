@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from autohet_cli.limits import size_text
+
 MAX_REPLICAS = 8  # copies beyond a few only cost disk and bandwidth
 
 
@@ -89,16 +91,12 @@ def place_replicas(hosts: Sequence[PeerHost], replicas: int) -> Placement:
             full = [o.name for o in others if o not in fits]
             why = (
                 f"{', '.join(full)} {'has' if len(full) == 1 else 'have'} no room for "
-                f"{_gb(h.shard_bytes)} within the replica budget"
+                f"{size_text(h.shard_bytes)} within the replica budget"
                 if full
                 else f"only {len(others)} other machine(s)"
             )
             short[h.name] = why
     return Placement(partners={n: partners[n] for n in names}, short=short)
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def shard_bytes_by_host(files: Sequence[Mapping[str, object]]) -> dict[str, int]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.ckpt.files import sha256_file
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
 from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shard_bytes_by_host
@@ -185,7 +186,7 @@ class Replicator:
                 todo.append((METADATA, int(meta["bytes"]), str(meta["sha256"])))
             man = step_dir / MANIFEST
             if man.is_file():
-                todo.append((MANIFEST, man.stat().st_size, _sha256(man)))
+                todo.append((MANIFEST, man.stat().st_size, sha256_file(man)))
         if not partners or not todo:
             return tally
         t0 = time.monotonic()
@@ -354,16 +355,6 @@ def _own_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def summary(step: int, tallies: Sequence[Tally], placement: Placement, *, first: bool) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Any
 from autohet_cli.ckpt.format import COMPLETE, KEY_FILE, MANIFEST
 from autohet_cli.cluster import Host
 from autohet_cli.errors import AutohetError
+from autohet_cli.limits import size_text
 from autohet_cli.recovery.direct import Fetch, Fetched, Servers, fetch_all
 from autohet_cli.recovery.errors import RecoveryError, StepLost
 from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
@@ -196,15 +197,8 @@ def _record(
     )
     say(
         f"{item.dest_host}: {item.file} from {_label(source)} ({how}, "
-        f"{_size(item.num_bytes)} in {secs:.2f} s, {_size(rate)}/s) ok"
+        f"{size_text(item.num_bytes)} in {secs:.2f} s, {size_text(rate)}/s) ok"
     )
-
-
-def _size(n: float) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= f:
-            return f"{n / f:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 class _NoIntactCopy(RecoveryError):
