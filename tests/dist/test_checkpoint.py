@@ -143,11 +143,16 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
 
 
 def _workers(
-    plan_path: Path, steps: int, hosts: str, extra: Callable[[str], list[str]]
+    plan_path: Path,
+    steps: int,
+    hosts: str,
+    extra: Callable[[str], list[str]],
+    host_env: Callable[[str], dict[str, str]] = lambda _h: {},
 ) -> list[str]:
     """One worker per letter of ``hosts`` (its host; ranks in that order, each host's
     local ranks counting up), started as one torchrun agent per host would start them
-    (``AUTOHET_HOST``) with ``extra(host)`` as arguments; their stderr, all succeeded."""
+    (``AUTOHET_HOST``, and ``host_env(host)``, as the launcher's per-host variables) with
+    ``extra(host)`` as arguments; their stderr, all succeeded."""
     port = str(_free_port())
     procs = []
     for rank, host in enumerate(hosts):
@@ -158,6 +163,7 @@ def _workers(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
             "AUTOHET_HOST": host,
+            **host_env(host),
         }
         procs.append(
             subprocess.Popen(

@@ -16,13 +16,11 @@ worker with ``AUTOHET_HOST_ADDR``), a 3-stage pipeline. After the run:
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_checkpoint import NAME, TIMEOUT_S, _args, _losses, _on_hosts, _run
-from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
+from test_checkpoint import NAME, _args, _losses, _on_hosts, _run, _workers
+from test_runtime_exact import NUM_LAYERS, make_plan
 
 from autohet_cli.ckpt.files import read_key, sha256_file
 from autohet_cli.ckpt.format import verified_manifest
@@ -42,44 +40,20 @@ def _plan_path(tmp: Path) -> Path:
 
 def _three_hosts(tmp: Path, *extra: str) -> tuple[dict[str, Path], list[str]]:
     """One worker per host, each with its own address and disk; their stderr."""
-    path = _plan_path(tmp)
     dirs = {h: tmp / f"disk-{h}" for h in HOSTS}
-    port = str(_free_port())
-    procs = []
-    for rank, host in enumerate(HOSTS):
-        env = _env() | {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(HOSTS)),
-            "LOCAL_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "AUTOHET_HOST": host,
-            "AUTOHET_HOST_ADDR": f"127.0.0.{rank + 2}",
+    errs = _workers(
+        _plan_path(tmp),
+        STEPS_RUN,
+        HOSTS,
+        lambda host: [
+            *("--checkpoint-dir", str(dirs[host]), "--checkpoint-every", "2"),
+            *("--remote-storage", "none", *extra, "--run-dir", str(tmp / f"run-{host}")),
+        ],
+        lambda host: {
+            "AUTOHET_HOST_ADDR": f"127.0.0.{HOSTS.index(host) + 2}",
             "AUTOHET_FAILURE_DOMAIN": "cpu/spot" if host == "c" else "cpu/on-demand",
-        }
-        args = _args(path, STEPS_RUN, "--checkpoint-dir", str(dirs[host]))
-        args += ["--checkpoint-every", "2", "--remote-storage", "none", *extra]
-        args += ["--run-dir", str(tmp / f"run-{host}")]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *args],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    errs = []
-    try:
-        for p in procs:
-            _, err = p.communicate(timeout=TIMEOUT_S)
-            assert p.returncode == 0, err[-4000:]
-            errs.append(err)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        },
+    )
     return dirs, errs
 
 
