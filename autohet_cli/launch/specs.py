@@ -28,7 +28,7 @@ from autohet_cli.ckpt.notice import NOTICE_S
 from autohet_cli.cluster import Cluster, python_for
 from autohet_cli.errors import PlanError
 from autohet_cli.paths import expand_home, shell_word
-from autohet_cli.peer.replicate import ADDR_ENV, DOMAIN_ENV
+from autohet_cli.peer.placement import ADDR_ENV, DOMAIN_ENV
 from autohet_cli.plan import Plan
 from autohet_cli.preemption import CHECK_ENV
 

@@ -26,6 +26,12 @@ from dataclasses import dataclass
 
 from autohet_cli.limits import size_text
 
+# The launcher tells each worker where its host is and which failure domain it is in
+# (launch.specs sets them; peer.replicate reads them). Here, in the pure module, so
+# the launcher can name them without importing the torch side.
+ADDR_ENV = "AUTOHET_HOST_ADDR"  # the host's cluster address
+DOMAIN_ENV = "AUTOHET_FAILURE_DOMAIN"  # "<gpu type>/<spot|on-demand>"
+
 MAX_REPLICAS = 8  # copies beyond a few only cost disk and bandwidth
 
 

@@ -46,10 +46,15 @@ from typing import Any
 from autohet_cli.ckpt.files import sha256_file
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
-from autohet_cli.peer.placement import PeerHost, Placement, place_replicas, shard_bytes_by_host
+from autohet_cli.peer.placement import (
+    ADDR_ENV,
+    DOMAIN_ENV,
+    PeerHost,
+    Placement,
+    place_replicas,
+    shard_bytes_by_host,
+)
 
-ADDR_ENV = "AUTOHET_HOST_ADDR"  # the host's cluster address (set by the launcher)
-DOMAIN_ENV = "AUTOHET_FAILURE_DOMAIN"  # "<gpu type>/<spot|on-demand>" (set by the launcher)
 STREAMS = 4  # files in flight per rank
 # Files received at once per host; each holds stream.BUFFERS x BUF_BYTES (48 MiB) of
 # buffers while it lands, so a receiver's memory stays under 8 x 48 MiB whatever the

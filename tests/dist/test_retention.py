@@ -18,9 +18,9 @@ import pytest
 from test_checkpoint import _args, _losses, _run, _two_host_plan, _workers
 from test_runtime_exact import NUM_LAYERS, make_plan
 
+from autohet_cli.ckpt.files import list_steps, read_key
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
 from autohet_cli.plan import write_plan
-from autohet_cli.ckpt.files import list_steps, read_key
 
 pytestmark = pytest.mark.dist
 
