@@ -152,9 +152,11 @@ def _choose_zero1(
             gain = 1 - best.score / found.best.score
             note = f"ZeRO-1 not used: it would make this plan only {gain:.1%} faster"
         return found, plain, note
+    # The gain against the plan without ZeRO-1 before ``result.best`` is replaced:
+    # ``result`` may be ``found`` itself (issue 31: the note printed 0.0%).
+    gain = 1 - best.score / found.best.score
     result = alt if alt is not None and best is alt.best else found
     result.best = best
-    gain = 1 - best.score / found.best.score
     what = "cheaper per token" if plain.objective == "cost" else "faster"
     return result, sharded, _chosen_note(best, f"{gain:.1%} {what} than without it")
 
