@@ -152,7 +152,8 @@ def plan(
     planned = outcome.plan
     # Say now, not at launch, when the built-in runtime cannot train this model.
     if (reason := unsupported_reason(inputs.model)) is not None:
-        typer.secho(f"note: {reason}", fg=typer.colors.YELLOW, err=True)
+        if not explain:  # --explain prints it with the plan's other notes: once
+            typer.secho(f"note: {reason}", fg=typer.colors.YELLOW, err=True)
         planned = replace(planned, notes=(*planned.notes, reason))
     written, path = write_plan(planned, out_dir)
     sources = provenance(written, tables)

@@ -113,6 +113,11 @@ def test_explain_names_stages_binding_and_baselines(tmp_path: Path) -> None:
         "wrote plans/small-mix-OPT-350M.v1.yaml",
     ):
         assert needle in text, needle
+    # the runtime-family note (OPT is not a built-in family) is printed once, among
+    # the plan's notes, not also on stderr before the plan (issue 31)
+    both = res.stdout + res.stderr
+    assert both.count("the built-in runtime trains the families") == 1, both
+    assert "Note: the built-in runtime trains" in res.stdout
 
 
 def test_estimate_reads_a_plan_and_agrees(planned: tuple[Path, dict[str, object]]) -> None:
@@ -229,7 +234,15 @@ def test_the_solver_line_says_what_is_proven_and_estimate_solves_nothing(
     assert "vs. the bound" not in res.stdout
     for line in res.stdout.splitlines():
         if line.startswith("Bound: "):
-            assert re.search(r"no plan can take less than \d+% of this plan's", line), line
+            # what is proven, in seconds, beside this plan's own time
+            m = re.search(
+                r"proven that no plan on this cluster runs an iteration in under "
+                r"([\d.]+) (s|ms|us) \(this plan: ([\d.]+) (s|ms|us)\)",
+                line,
+            )
+            unit = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+            assert m and float(m[1]) * unit[m[2]] < float(m[3]) * unit[m[4]], line
+            assert "weak lower bound" not in line
     plan_path = next(iter((tmp_path / "plans").glob("*.yaml")))
     est = autohet("estimate", str(plan_path), cwd=tmp_path)
     assert est.returncode == 0, est.stderr
@@ -310,3 +323,21 @@ def test_zero1_plans_carry_the_flag_and_estimate_the_smaller_optimizer_state(
     plain = json.loads(res.stdout)
     # the same plan keeps all of Adam's moments on every replica without ZeRO-1
     assert plain["memory_peak_fraction"] > sharded["memory_peak_fraction"]
+
+
+def test_the_bound_line_says_what_is_proven_in_seconds() -> None:
+    from autohet_cli.plan import SolverInfo
+    from autohet_cli.planner.explain import solver_lines
+
+    sv = SolverInfo(status="heuristic", gap=0.0, time_s=3.0, search_gap=0.71)
+    [_, bound] = solver_lines(sv, iteration_s=1.215)
+    assert bound.startswith(
+        "Bound: proven that no plan on this cluster runs an iteration in under 352 ms "
+        "(this plan: 1.215 s)."
+    ), bound
+    [_, small] = solver_lines(sv, iteration_s=0.0023)
+    assert "under 667 us (this plan: 2.3 ms)" in small, small
+    assert "weak lower bound" not in bound and "71% below" not in bound
+    assert "likely much closer to this one" in bound
+    [_, no_time] = solver_lines(sv)
+    assert "under 29% of this plan's time" in no_time
