@@ -10,13 +10,17 @@ DATA ?= build
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "== setting up $(VENV): a Python venv with torch (CPU build) and autohet; a few minutes the first time, then skipped"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pin torch first: the CPU build of 2.13.0 installs from local disk in seconds,
 	# a range would pull a multi-GB CUDA build. pyproject.toml asks users for a range
 	# (their CUDA torch stays); this pin must lie inside it (tests/unit/test_packaging.py).
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	@echo "== 1/2 torch 2.13.0 (CPU build)"
+	$(PY) -m pip install --progress-bar on torch==2.13.0
+	@echo "== 2/2 autohet and its dependencies (SCIP, typer, paramiko, ...; test tools)"
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	@echo "== $(VENV) is ready"
 	touch $(STAMP)
 
 demo: install

@@ -8,6 +8,7 @@ Makefile, and that pin must lie inside the range.
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def test_torch_is_a_range_not_a_pin() -> None:
 
 def test_the_dev_venv_pin_lies_inside_the_range() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    pins = re.findall(r"pip install -q torch==([0-9.]+)", makefile)
+    pins = re.findall(r"pip install [^\n]*?torch==([0-9.]+)", makefile)
     assert len(pins) == 1, "the Makefile should pin the CPU torch of the dev venv once"
     assert Version(pins[0]) in _torch_requirement().specifier
 
@@ -49,3 +50,21 @@ def test_ci_runs_the_floor_of_the_range() -> None:
     assert all(v in spec for v in runs), f"{runs} not all in {spec}"
     (floor,) = [Version(s.version) for s in spec if s.operator == ">="]
     assert min(runs).release[:2] == floor.release[:2], f"CI's oldest {min(runs)}, floor {floor}"
+
+
+def test_make_install_shows_progress(tmp_path: Path) -> None:
+    """A first `make demo` spends minutes installing: it says what it installs and
+    pip shows its progress, instead of minutes of silence (issue 31)."""
+    recipe = subprocess.run(
+        ["make", "-n", "install", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installs = [
+        ln for ln in recipe.splitlines() if "pip install" in ln and "--upgrade pip" not in ln
+    ]
+    assert len(installs) == 2, recipe  # torch, then autohet with its extras
+    assert not any(" -q" in ln for ln in installs), installs
+    assert re.search(r"echo .*== 1/2 torch", recipe) and re.search(r"echo .*== 2/2 autohet", recipe)
