@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autohet_cli.runtime.metrics import MetricsWriter, StepResult
+from autohet_cli.runtime.spikes import SpikeWatch
 
 if TYPE_CHECKING:
     from autohet_cli.runtime.trainer import Trainer
@@ -44,9 +45,11 @@ class MetricsHook(Hook):
         self.path = Path(path) if path else None
         self.tensorboard_dir, self.echo = tensorboard_dir, echo
         self.writer: MetricsWriter | None = None
+        self.spikes: SpikeWatch | None = None
 
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.runtime.global_rank == 0 and self.writer is None:
+            self.spikes = SpikeWatch(grad_clip=trainer.config.grad_clip)
             self.writer = MetricsWriter(
                 self.path, tensorboard_dir=self.tensorboard_dir, echo=self.echo
             )
@@ -60,6 +63,10 @@ class MetricsHook(Hook):
     def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
         if self.writer is not None:
             self.writer.write(result)
+        if self.echo and self.spikes is not None:
+            remark = self.spikes.observe(result.step, result.grad_norm)
+            if remark is not None:
+                print(f"note: {remark}", flush=True)
 
     def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
         if self.writer is not None:
