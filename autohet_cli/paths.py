@@ -7,7 +7,10 @@ a shell line that has to run as printed.
 
 from __future__ import annotations
 
+import re
 import shlex
+
+_OPTION_HOME = re.compile(r"(--?[A-Za-z0-9][A-Za-z0-9_-]*=)~(/|\Z)")
 
 
 def expand_home(path: str, home: str) -> str:
@@ -21,7 +24,11 @@ def expand_home(path: str, home: str) -> str:
 
 def shell_word(text: str) -> str:
     """``text`` quoted for a POSIX shell, except that a leading ``~`` (the host's home)
-    becomes ``"$HOME"``, which expands in any position (``~`` does not after ``=``)."""
+    becomes ``"$HOME"``, which expands in any position (``~`` does not after ``=``),
+    also after an option's ``=`` (``--data=~/x``: a path flag, ``launch.pathargs``)."""
+    option = _OPTION_HOME.match(text)
+    if option:
+        return shlex.quote(option.group(1)) + shell_word(text[option.end(1) :])
     if text == "~":
         return '"$HOME"'
     if text.startswith("~/"):

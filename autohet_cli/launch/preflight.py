@@ -27,7 +27,7 @@ import dataclasses
 import json
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -35,14 +35,50 @@ from typing import Any
 
 from autohet_cli.cluster import Host, python_for
 from autohet_cli.errors import AutohetError, CommandTimeout, TransportError
+from autohet_cli.launch import pathargs
+from autohet_cli.launch.pathargs import PathArg
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
 
 PREFLIGHT_TIMEOUT_S = 90.0
 
-# argv: workdir (may start with ~), "1" to import autohet_cli, "1" to pick a port.
+# argv: workdir (may start with ~), "1" to import autohet_cli, "1" to pick a port,
+# and the paths to check as JSON: [[path, kind], ...] (kinds: launch.pathargs).
 _PROGRAM = r"""
 import json, os, socket, sys
+def readable(p, d=False):
+    return os.access(p, os.R_OK | (os.X_OK if d else 0))
+def check(path, kind):
+    full = os.path.abspath(os.path.expanduser(path))
+    if kind == "data" and not os.path.exists(full):
+        prefix = full[:-4] if full.endswith((".bin", ".idx")) else full
+        pair = [prefix + ".bin", prefix + ".idx"]
+        if not any(map(os.path.exists, pair)):
+            return full, "no such file or directory"
+        if not all(map(os.path.isfile, pair)):
+            return full, "a Megatron dataset needs both %s and %s" % tuple(pair)
+        return full, None if all(map(readable, pair)) else "permission denied"
+    if not os.path.exists(full):
+        return full, {"hf_dir": "no such directory", "file": "no such file"}.get(
+            kind, "no such file or directory")
+    if kind == "hf_dir" or (kind == "data" and os.path.isdir(full)):
+        if not os.path.isdir(full):
+            return full, "not a directory (a HuggingFace model directory holds config.json " \
+                "and its safetensors)"
+        if not readable(full, True):
+            return full, "permission denied"
+        need = "config.json" if kind == "hf_dir" else "meta.json"
+        if not os.path.isfile(os.path.join(full, need)):
+            return full, ("no config.json in it (a HuggingFace model directory holds "
+                "config.json and its safetensors)" if kind == "hf_dir" else "a directory "
+                "without meta.json, so not one `autohet data prepare` wrote; pass its --out "
+                "directory or a token file")
+        return full, None if readable(os.path.join(full, need)) else need + ": permission denied"
+    if os.path.isdir(full):
+        return full, "is a directory, not a file"
+    if not os.path.isfile(full):
+        return full, "not a regular file"
+    return full, None if readable(full) else "permission denied"
 os.umask(0o077)  # what we create is ours alone (checkpoint dirs are checked for it)
 workdir = os.path.expanduser(sys.argv[1])
 os.makedirs(workdir, exist_ok=True)
@@ -65,6 +101,7 @@ if sys.argv[3] == "1":
     s.bind(("", 0))
     out["free_port"] = s.getsockname()[1]
     s.close()
+out["paths"] = [check(p, k) for p, k in json.loads(sys.argv[4])] if len(sys.argv) > 4 else []
 print("__autohet_preflight__ " + json.dumps(out))
 """
 _PORT_PROGRAM = r"""
@@ -92,10 +129,12 @@ class HostReport:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Check:
-    """One host's check, done or under way, and whether it looked for autohet."""
+    """One host's check, done or under way, whether it looked for autohet, and the
+    paths it found readable there (``launch.pathargs``)."""
 
     needs_autohet: bool
     report: Future[HostReport]
+    paths: frozenset[PathArg] = frozenset()
 
 
 # Per pool (its hosts' facts hold while its connections do), per host.
@@ -110,18 +149,22 @@ def preflight(
     needs_autohet: bool,
     port_host: str | None,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    paths: Mapping[str, Sequence[PathArg]] | None = None,
 ) -> dict[str, HostReport]:
     """Check every host in parallel (or reuse this pool's earlier check of it); raise
-    one error naming every host that fails."""
+    one error naming every host that fails. ``paths``: per host, the paths its
+    workers will read (``pathargs.resolve``), checked in the same round trip."""
 
     def check(name: str) -> HostReport:
-        known = _known(pool, name, needs_autohet, timeout_s)
+        want = _wanted(paths, name)
+        known = _known(pool, name, needs_autohet, want, timeout_s)
         if known is None:
             return _remember(
                 pool,
                 name,
                 needs_autohet,
-                _ask(pool, name, needs_autohet, name == port_host, timeout_s),
+                want,
+                _ask(pool, name, needs_autohet, name == port_host, timeout_s, want),
             )
         if name == port_host:
             return dataclasses.replace(known, free_port=_ask_port(pool, name, timeout_s))
@@ -146,6 +189,7 @@ def preflight_ahead(
     *,
     needs_autohet: bool,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    paths: Mapping[str, Sequence[PathArg]] | None = None,
 ) -> None:
     """Start checking ``hosts`` in the background (daemon threads); a ``preflight`` on
     the same pool waits for these instead of asking again. Errors surface there.
@@ -153,30 +197,47 @@ def preflight_ahead(
     if pool.cluster.backend == "slurm":
         return
     for name in hosts:
+        want = _wanted(paths, name)
         with _CHECKS_LOCK:
             checks = _CHECKS.setdefault(pool, {})
             have = checks.get(name)
-            if have is not None and (have.needs_autohet or not needs_autohet):
+            if _covers(have, needs_autohet, want):
                 continue
             future: Future[HostReport] = Future()
-            checks[name] = _Check(needs_autohet=needs_autohet, report=future)
+            checks[name] = _Check(needs_autohet=needs_autohet, report=future, paths=want)
 
-        def run(name: str = name, future: Future[HostReport] = future) -> None:
+        def run(
+            name: str = name, future: Future[HostReport] = future, want: frozenset[PathArg] = want
+        ) -> None:
             try:
-                future.set_result(_ask(pool, name, needs_autohet, False, timeout_s))
+                future.set_result(_ask(pool, name, needs_autohet, False, timeout_s, want))
             except BaseException as exc:  # kept for the preflight that waits for it
                 future.set_exception(exc)
 
         threading.Thread(target=run, name=f"{name}-preflight", daemon=True).start()
 
 
-def _known(pool: HostPool, name: str, needs_autohet: bool, timeout_s: float) -> HostReport | None:
+def _wanted(paths: Mapping[str, Sequence[PathArg]] | None, name: str) -> frozenset[PathArg]:
+    """The paths to check on ``name``: read by its workers (not written)."""
+    return frozenset(a for a in (paths or {}).get(name, ()) if a.checked)
+
+
+def _covers(have: _Check | None, needs_autohet: bool, want: frozenset[PathArg]) -> bool:
+    """Whether an earlier check stands for one that needs autohet and these paths."""
+    if have is None or (needs_autohet and not have.needs_autohet):
+        return False
+    return want <= have.paths
+
+
+def _known(
+    pool: HostPool, name: str, needs_autohet: bool, want: frozenset[PathArg], timeout_s: float
+) -> HostReport | None:
     """This pool's earlier check of ``name`` (waiting up to ``timeout_s`` for one under
-    way), if it covers ``needs_autohet`` and succeeded; a failed one is forgotten
-    (asked again)."""
+    way), if it covers ``needs_autohet`` and the paths ``want`` and succeeded; a failed
+    one is forgotten (asked again)."""
     with _CHECKS_LOCK:
         have = _CHECKS.get(pool, {}).get(name)
-    if have is None or (needs_autohet and not have.needs_autohet):
+    if have is None or not _covers(have, needs_autohet, want):
         return None
     try:
         return have.report.result(timeout=timeout_s)
@@ -190,19 +251,29 @@ def _known(pool: HostPool, name: str, needs_autohet: bool, timeout_s: float) -> 
         return None
 
 
-def _remember(pool: HostPool, name: str, needs_autohet: bool, report: HostReport) -> HostReport:
+def _remember(
+    pool: HostPool, name: str, needs_autohet: bool, want: frozenset[PathArg], report: HostReport
+) -> HostReport:
     done: Future[HostReport] = Future()
     done.set_result(report)
     with _CHECKS_LOCK:
-        _CHECKS.setdefault(pool, {})[name] = _Check(needs_autohet=needs_autohet, report=done)
+        _CHECKS.setdefault(pool, {})[name] = _Check(
+            needs_autohet=needs_autohet, report=done, paths=want
+        )
     return report
 
 
 def _ask(
-    pool: HostPool, name: str, needs_autohet: bool, port: bool, timeout_s: float
+    pool: HostPool,
+    name: str,
+    needs_autohet: bool,
+    port: bool,
+    timeout_s: float,
+    want: frozenset[PathArg] = frozenset(),
 ) -> HostReport:
-    """Run the check program on ``name`` (one round trip)."""
+    """Run the check program on ``name`` (one round trip), paths included."""
     host = pool.host(name)
+    order = sorted(want, key=lambda a: a.flag)
     info = _answer(
         pool,
         host,
@@ -213,9 +284,15 @@ def _ask(
             host.workdir,
             "1" if needs_autohet else "0",
             "1" if port else "0",
+            json.dumps([[a.path, a.kind] for a in order]),
         ],
         timeout_s,
     )
+    problems = [
+        pathargs.problem(arg, host, str(what), str(full))
+        for arg, (full, what) in zip(order, info.get("paths", ()), strict=False)
+        if what
+    ]
     if "error" in info:
         hint = (
             "install autohet there (pip install autohet-cli), or sync your code with "
@@ -223,7 +300,9 @@ def _ask(
             if "autohet_cli" in info["error"]
             else "install torch in that interpreter or point `python:` at one that has it"
         )
-        raise PreflightError(f"{name} ({host.python}): {info['error']}; {hint}")
+        problems.insert(0, f"{name} ({host.python}): {info['error']}; {hint}")
+    if problems:
+        raise PreflightError("; ".join(problems))
     free = info.get("free_port")
     return HostReport(
         host=name,

@@ -36,7 +36,7 @@ from autohet_cli.ckpt.retention import DEFAULT_KEEP, describe_keep, keep_of
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, PlanError
-from autohet_cli.launch import compare, jobs
+from autohet_cli.launch import compare, jobs, pathargs, runfolder
 from autohet_cli.launch.executor import Job, JobOutcome, LaunchError
 from autohet_cli.launch.preflight import PREFLIGHT_TIMEOUT_S, preflight, version_warnings
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
@@ -172,6 +172,7 @@ def dry_run(req: LaunchRequest) -> str:
                 f"# master port: a free port is picked on {master.name} at launch; "
                 f"{port} is shown (pass --master-port to fix it)\n"
             )
+    who = caller()
     options = LaunchOptions(
         run_id=_run_id(req.run_id),
         master_port=port,
@@ -179,13 +180,43 @@ def dry_run(req: LaunchRequest) -> str:
         train_args=worker_args(req),
         remote_storage=p.remote_storage,
         job=None if req.script else (req.job or jobs.new_job_id()),
+        caller=who,
     )
     specs = build_launch_specs(p.plan, p.cluster, options)
+    if req.sync_dir is not None:
+        note += (
+            f"# --sync-dir {req.sync_dir} -> {Path(who.cwd) / req.sync_dir} (copied into "
+            "each host's workdir first)\n"
+        )
+    paths = {} if req.script else host_paths(p.cluster, p.plan.hosts(), options.train_args, who)
     return note + "\n".join(
         f"# {s.host} ({s.address}), node {s.node_rank}, {s.nproc_per_node} worker(s)\n"
-        f"{s.command_line()}"
+        + "".join(f"{ln}\n" for ln in pathargs.listing(paths.get(s.host), p.cluster.host(s.host)))
+        + s.command_line()
         for s in specs
     )
+
+
+def caller() -> pathargs.Caller:
+    """This process's directory and home: where this machine's relative paths start."""
+    return pathargs.Caller(cwd=os.getcwd(), home=os.path.expanduser("~"))
+
+
+def host_paths(
+    cluster: Cluster, hosts: Sequence[str], train_args: Sequence[str], who: pathargs.Caller
+) -> dict[str, pathargs.HostPaths]:
+    """Each host's worker arguments with their paths as it reads them (``pathargs``)."""
+    return {h: pathargs.resolve(train_args, cluster.host(h), who) for h in hosts}
+
+
+def check_sync_dir(sync_dir: Path) -> None:
+    """``--sync-dir`` is read here: a missing one would sync nothing, silently."""
+    if not sync_dir.is_dir():
+        what = "not a directory" if sync_dir.exists() else "no such directory"
+        raise ConfigError(
+            f"--sync-dir {sync_dir}: {what} (read as {sync_dir.absolute()}: it is read on "
+            "this machine, from the current directory); pass the folder to copy"
+        )
 
 
 def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
@@ -303,6 +334,12 @@ def run_job(
             stop=stop,
         )
     hosts = p.plan.hosts()
+    who = caller()
+    paths = {} if script else host_paths(p.cluster, hosts, train_args, who)
+    if sync_dir is not None:
+        check_sync_dir(sync_dir)
+    for line in pathargs.notes(list(paths.values()), {h.name: h for h in p.cluster.hosts}):
+        printer(line)
     if sync_dir is not None:
         for name in hosts:
             sent = sync_directory(pool.runner(name), sync_dir, pool.workdir(name), warn=printer)
@@ -314,6 +351,7 @@ def run_job(
         needs_autohet=not script,
         port_host=master if master_port is None else None,
         timeout_s=min(PREFLIGHT_TIMEOUT_S, start_timeout_s),
+        paths={h: hp.paths for h, hp in paths.items()},
     )
     for warning in version_warnings(reports):
         printer(warning)
@@ -330,12 +368,14 @@ def run_job(
         train_args=train_args,
         remote_storage=p.remote_storage,
         job=job_name,
+        run_folder=str(local_dir.resolve()),
+        caller=who,
     )
     specs = build_launch_specs(p.plan, p.cluster, options, {h: r.home for h, r in reports.items()})
     printer(f"rendezvous: {specs[0].address}:{port}; run {rid}; logs in {local_dir}")
     if not script:
         _announce_checkpoints(specs, train_args, p, printer, measured)
-        _announce_metrics(specs[0], printer)
+        _announce_metrics(specs[0], printer, local_dir)
     job = Job(
         specs,
         pool,
@@ -358,7 +398,22 @@ def supervise(
 ) -> JobOutcome:
     """Start, watch and always stop ``job`` (any backend); Ctrl-C/SIGTERM or ``stop``
     stop it. ``cleanup`` runs after the stop, whatever happened. Then the run is
-    compared with its plan."""
+    compared with its plan. The run folder's ``run.json`` records its start and end
+    however it ends (``runfolder``)."""
+    with runfolder.recorded(job, p, local_dir, printer) as run:
+        outcome = _supervise(job, p, local_dir, printer, stop, cleanup)
+        run.outcome = outcome
+    return outcome
+
+
+def _supervise(
+    job: Job,
+    p: Prepared,
+    local_dir: Path,
+    printer: Printer,
+    stop: threading.Event | None,
+    cleanup: Callable[[], None] | None,
+) -> JobOutcome:
     if stop is not None:
         job.stop_requested = stop
     with _stop_on_signals(job.stop_requested, getattr(job, "kill_requested", None), job):
@@ -474,13 +529,9 @@ def _spot_test(cluster: Cluster) -> Callable[[str], bool]:
     return lambda name: name in spot
 
 
-def _announce_metrics(first: LaunchSpec, printer: Printer) -> None:
-    """Rank 0 runs on the first plan host and writes the metrics in its run directory."""
-    where = first.run_dir.replace("$HOME", "~")
-    printer(
-        f"metrics: {first.host}:{where}/metrics.jsonl; TensorBoard (if installed there): "
-        f"tensorboard --logdir {where}/tensorboard (on {first.host})"
-    )
+def _announce_metrics(first: LaunchSpec, printer: Printer, folder: Path | None = None) -> None:
+    """Rank 0 runs on the first plan host; its metrics reach the run folder (``runfolder``)."""
+    printer(runfolder.metrics_line(first, folder))
 
 
 def free_local_port() -> int:

@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from autohet_cli.ckpt.notice import NOTICE_S
-from autohet_cli.cluster import Cluster, python_for
+from autohet_cli.cluster import Cluster, Host, python_for
 from autohet_cli.errors import PlanError
+from autohet_cli.launch.pathargs import Caller, resolve
 from autohet_cli.paths import expand_home, shell_word
 from autohet_cli.peer.placement import ADDR_ENV, DOMAIN_ENV
 from autohet_cli.plan import Plan
 from autohet_cli.preemption import CHECK_ENV
+from autohet_cli.runs.metricsfile import FOLDER_ENV, STREAM_ENV
 
 DEFAULT_MODULE = "autohet_cli.runtime.train"
 AGENT_MODULE = "autohet_cli.runtime.agent"  # torchrun that waits for an emergency save
@@ -79,6 +81,10 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchOptions:
     run_id: str  # e.g. a UTC timestamp; names the run directory
+    # The launcher's run folder (absolute, on the launcher's machine): rank 0's metrics
+    # go there, written directly when its host is this machine, else streamed to the
+    # launcher (runs.metricsfile); "": not asked (a dry run, Slurm's shared run dir).
+    run_folder: str = ""
     master_port: int = 29500
     script: Sequence[str] = ()  # user script and its args; empty: the built-in trainer
     train_args: Sequence[str] = ()  # extra args for the built-in trainer
@@ -90,6 +96,9 @@ class LaunchOptions:
     shared_run_dir: str = ""
     # Slurm sets CUDA_VISIBLE_DEVICES to the GPUs it allocated: keep it.
     gpus_from_scheduler: bool = False
+    # Where autohet runs: path flags in train_args are resolved per host from it
+    # (launch.pathargs); None: passed as written.
+    caller: Caller | None = None
 
 
 def host_order(plan: Plan) -> list[str]:
@@ -162,6 +171,12 @@ def build_launch_specs(
                 env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if spot_hosts:
             env[NOTICE_BUDGET_ENV] = f"{NOTICE_S:g}"  # a save longer than it is warned about
+        if node_rank == 0 and options.run_folder and not options.script:
+            # Rank 0, the first worker of the first host, writes the metrics.
+            if host.is_local:
+                env[FOLDER_ENV] = options.run_folder
+            else:
+                env[STREAM_ENV] = "1"
         argv = [
             python_for(host),
             "-m",
@@ -197,7 +212,7 @@ def build_launch_specs(
                 "--remote-storage",
                 options.remote_storage or "none",
                 *(["--job", options.job] if options.job else []),
-                *options.train_args,
+                *_train_args(options, host, (homes or {}).get(name)),
             ]
         specs.append(
             LaunchSpec(
@@ -217,3 +232,10 @@ def build_launch_specs(
             )
         )
     return specs
+
+
+def _train_args(options: LaunchOptions, host: Host, home: str | None) -> tuple[str, ...]:
+    """``options.train_args`` with their paths as ``host`` reads them (``pathargs``)."""
+    if options.caller is None:
+        return tuple(options.train_args)
+    return resolve(options.train_args, host, options.caller, home).args

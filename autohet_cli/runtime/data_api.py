@@ -36,7 +36,6 @@ The function runs on every rank; keep it cheap (memory-map files, do not load th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from autohet_cli import fnspec
 from autohet_cli.dataset import DataError
 from autohet_cli.dataset.formats import open_tokens
 from autohet_cli.dataset.sampling import DEFAULT_VAL_FRACTION, TokenDataset
@@ -78,12 +78,14 @@ DataFn = Callable[[DataRequest], Batches]
 
 
 def load_data_fn(spec: str) -> DataFn:
-    """Resolve ``package.module:function``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"--data-fn {spec!r}: expected package.module:function")
+    """Resolve ``package.module:function`` or ``FILE.py:function`` (``fnspec``)."""
+    module_name, attr = fnspec.split(spec)
+    if not module_name or not attr:
+        raise ConfigError(
+            f"--data-fn {spec!r}: expected package.module:function or FILE.py:function"
+        )
     try:
-        module = importlib.import_module(module_name)
+        module = fnspec.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
             f"--data-fn {spec!r}: cannot import {module_name}: {exc}; check the name and "

@@ -68,13 +68,13 @@ so once when a checkpoint or ``--init-from`` may replace the weights it drew).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import Tensor, nn
 
+from autohet_cli import fnspec
 from autohet_cli.models import ModelSpec
 
 DEFAULT_MODEL_FN = "autohet_cli.runtime.models:build"
@@ -121,12 +121,14 @@ ModelFn = Callable[[ModelRequest], ModelParts]
 
 
 def load_model_fn(spec: str) -> ModelFn:
-    """Resolve ``package.module:function``."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--model-fn {spec!r}: expected package.module:function")
+    """Resolve ``package.module:function`` or ``FILE.py:function`` (``fnspec``)."""
+    module_name, attr = fnspec.split(spec)
+    if not module_name or not attr:
+        raise ValueError(
+            f"--model-fn {spec!r}: expected package.module:function or FILE.py:function"
+        )
     try:
-        module = importlib.import_module(module_name)
+        module = fnspec.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"--model-fn {spec!r}: cannot import {module_name}: {exc}") from exc
     fn = getattr(module, attr, None)
