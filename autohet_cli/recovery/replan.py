@@ -39,6 +39,7 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import AutohetError, InfeasibleError
+from autohet_cli.limits import size_text
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import (
     Device,
@@ -51,6 +52,8 @@ from autohet_cli.plan import (
 )
 from autohet_cli.planner.api import PlanOutcome, make_plan, with_predictions
 from autohet_cli.recovery.errors import RecoveryError
+from autohet_cli.recovery.locality import place_near_copies
+from autohet_cli.recovery.manifest import Manifest
 
 DEFAULT_TOLERANCE = 0.05
 CONTINGENCY = "contingency"
@@ -220,6 +223,7 @@ def replan(
     contingency: bool = False,
     inputs: Mapping[str, Mapping[str, str]] | None = None,
     created: str | None = None,
+    copies: CopyHolders | None = None,
 ) -> Replan:
     """The plan to resume on after losing ``lost`` (see the module doc).
 
@@ -228,6 +232,9 @@ def replan(
     inputs (model, profile, training settings); without them only the
     contingency entry can be used, as recorded. ``added`` names hosts new to the
     cluster; by default, hosts the old plan neither used nor listed as idle.
+    ``copies``: the checkpoint to resume from and which survivors list each of its
+    files; solved and contingency plans then run on the alike survivors that hold
+    their files (``recovery.locality``).
     """
     lost_t = tuple(sorted(set(lost)))
     survivors = _survivors(old, cluster, lost_t)
@@ -240,7 +247,8 @@ def replan(
     solved = False
     cont = _from_contingency(old, survivors, lost_t, added_t, tables, notes)
     if cont is not None:
-        aligned = _with_idle(align_devices(old, cont[0], layer_bytes), survivors)
+        near = _near_copies(cont[0], survivors, tables, copies, notes)
+        aligned = _with_idle(align_devices(old, near, layer_bytes), survivors)
         candidates.append(_candidate(CONTINGENCY, old, aligned, cont[1], layer_bytes))
     infeasible: InfeasibleError | None = None
     if cont is None:
@@ -270,7 +278,8 @@ def replan(
             notes.append(f"no plan solved on the survivors: {exc}")
         else:
             solved = True
-            aligned = _with_idle(align_devices(old, outcome.plan, layer_bytes), survivors)
+            near = _near_copies(outcome.plan, survivors, tables, copies, notes)
+            aligned = _with_idle(align_devices(old, near, layer_bytes), survivors)
             assert aligned.prediction is not None
             time_s = aligned.prediction.iteration_time_s
             candidates.append(_candidate(SOLVED, old, aligned, time_s, layer_bytes))
@@ -310,6 +319,40 @@ def replan(
         lost=lost_t,
         added=added_t,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopyHolders:
+    """The checkpoint recover resumes from, and which survivors list each file."""
+
+    manifest: Manifest
+    holders: Mapping[str, Collection[str]]  # file -> surviving hosts listing it
+
+
+def _near_copies(
+    plan: Plan,
+    survivors: Cluster,
+    tables: CostTables | None,
+    copies: CopyHolders | None,
+    notes: list[str],
+) -> Plan:
+    """``plan`` on the alike survivors that hold its files (``recovery.locality``)."""
+    if copies is None or tables is None:
+        return plan
+
+    def time_s(p: Plan) -> float:
+        ev = evaluate(p.pipelines, survivors, tables, p.training.micro_batch_size)
+        return ev.iteration_ms / 1e3
+
+    placed = place_near_copies(plan, survivors, copies.manifest, copies.holders, time_s)
+    if placed.renamed:
+        notes.append(
+            "stages placed on the survivors that hold their checkpoint files "
+            f"({', '.join(f'{a} -> {b}' for a, b in sorted(placed.renamed.items()))}): "
+            f"{size_text(placed.bytes_after)} to move instead of "
+            f"{size_text(placed.bytes_before)}"
+        )
+    return placed.plan
 
 
 def choose(candidates: Sequence[Candidate], tolerance: float) -> Candidate:
