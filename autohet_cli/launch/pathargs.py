@@ -149,9 +149,9 @@ def _read_as(path: str, host: Host, caller: Caller, home: str | None) -> tuple[s
 def why(arg: PathArg, host: Host) -> str:
     """How a relative path was read, in words (for notes and errors); "" otherwise."""
     if arg.how == CALLER_DIR:
-        return f"relative paths on this machine ({host.name}) are read from the current directory"
+        return "relative paths on this machine are read from the current directory"
     if arg.how == WORKDIR:
-        return f"relative paths on remote hosts are relative to the workdir ({host.workdir})"
+        return "relative paths on remote hosts are relative to the workdir"
     return ""
 
 

@@ -33,7 +33,14 @@ from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.launch import jobs
 from autohet_cli.launch.preflight import preflight_ahead
-from autohet_cli.launch.session import JobChoice, Prepared, resolve_cluster, run_job
+from autohet_cli.launch.session import (
+    JobChoice,
+    Prepared,
+    caller,
+    host_paths,
+    resolve_cluster,
+    run_job,
+)
 from autohet_cli.plan import Plan, load_plan, write_plan
 from autohet_cli.recovery import copies
 from autohet_cli.recovery import executor as rx
@@ -127,15 +134,26 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         r = _replan(old, cl, cluster_path, gone, req)
                     for note in r.plan.notes:
                         say(f"plan: {note}")
+                    paths = host_paths(cl, r.plan.hosts(), req.train_args, caller())
                     if req.resume and not req.dry_run:  # done while the checkpoint moves
-                        preflight_ahead(pool, r.plan.hosts(), needs_autohet=True)
+                        preflight_ahead(
+                            pool,
+                            r.plan.hosts(),
+                            needs_autohet=True,
+                            paths={h: hp.paths for h, hp in paths.items()},
+                        )
                 try:
                     with clock.phase("transfer"):
                         where = _Where(pool=pool, ns=ns, root=root, survivors=survivors, lost=gone)
                         tp = _transfer_plan(where, choice, remote, r.plan)
                         say(f"transfer rule {tp.rule}: {tp.rule_reason}")
                         if req.dry_run:
-                            planned = _dry_run(old, r.plan, gone, choice, tp) | {"job": job}
+                            planned = _dry_run(old, r.plan, gone, choice, tp) | {
+                                "job": job,
+                                "paths": {
+                                    h: {a.flag: a.path for a in hp.paths} for h, hp in paths.items()
+                                },
+                            }
                             return RecoverResult(exit_code=0, report=planned)
                         lock.take(r.plan.hosts())  # new hosts too, before a byte moves
                         jobs.distribute_key(pool, r.plan.hosts(), old.name, job, key)

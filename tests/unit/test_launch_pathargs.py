@@ -102,14 +102,14 @@ def test_notes_say_how_each_relative_path_is_read() -> None:
     lines = pathargs.notes([resolve(args, LOCAL, CALLER), resolve(args, REMOTE, CALLER)], hosts)
     assert lines == [
         "paths: localhost (localhost) reads --data build/x as /home/me/proj/build/x "
-        "(relative paths on this machine (localhost) are read from the current directory)",
+        "(relative paths on this machine are read from the current directory)",
         "paths: a (127.0.0.2) reads --data build/x as ~/autohet/build/x "
-        "(relative paths on remote hosts are relative to the workdir (~/autohet))",
+        "(relative paths on remote hosts are relative to the workdir)",
     ]
     listing = pathargs.listing(resolve(args, REMOTE, CALLER), REMOTE)
     assert listing == [
         "# a: --data build/x -> ~/autohet/build/x (relative paths on remote hosts are "
-        "relative to the workdir (~/autohet))",
+        "relative to the workdir)",
         "# a: --init-from /m -> /m",
     ]
 
@@ -119,8 +119,7 @@ def test_the_error_names_host_flag_and_path() -> None:
     line = pathargs.problem(arg, REMOTE, "no such file or directory", "/home/u/autohet/build/x")
     assert line == (
         "host a (127.0.0.2): --data build/x: no such file or directory (read as "
-        "/home/u/autohet/build/x: relative paths on remote hosts are relative to the workdir "
-        "(~/autohet))"
+        "/home/u/autohet/build/x: relative paths on remote hosts are relative to the workdir)"
     )
     (absolute,) = resolve(["--init-from=/m"], REMOTE, CALLER).paths
     assert pathargs.problem(absolute, REMOTE, "no such directory", "/m") == (

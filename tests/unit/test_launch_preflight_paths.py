@@ -59,7 +59,7 @@ def test_a_missing_relative_path_names_host_flag_path_and_how_it_was_read(
     message = _problem(tmp_path, "--data=build/x")
     assert message == (
         f"host a (localhost): --data build/x: no such file or directory (read as "
-        f"{tmp_path}/build/x: relative paths on this machine (a) are read from the current "
+        f"{tmp_path}/build/x: relative paths on this machine are read from the current "
         "directory)"
     )
 

@@ -1,0 +1,203 @@
+"""Relative paths given to `autohet launch`/`recover` (issue 31.1), through the CLI.
+
+On this machine's hosts a relative ``--data``/``--init-from``/... is read from the
+directory autohet runs in; on other hosts from the host's workdir, which the
+dry run and the launch's first lines say. A path a host cannot read stops the
+launch in its preflight, before any worker starts, in one line naming host,
+flag and path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.settings import TrainingSettings
+from autohet_cli.yamlio import sha256_file
+from tests.cli import autohet
+from tests.recovery_site import make_site
+
+
+def localhost_plan(root: Path) -> Path:
+    """A gpt-tiny plan on one CPU device of a localhost cluster whose directories are
+    all under ``root`` (set HOME=root too: the workdir is ~/autohet)."""
+    cluster = root / "cluster.yaml"
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "autohet.cluster/v1",
+                "name": "here",
+                "network": {"inter_node_gbps": 10},
+                "remote_storage": str(root / "remote"),
+                "hosts": [
+                    {
+                        "name": "localhost",
+                        "address": "localhost",
+                        "gpus": {"type": "cpu", "count": 1},
+                        "checkpoint_dir": str(root / "ckpt"),
+                    }
+                ],
+            }
+        )
+    )
+    return _plan(root, cluster, ("localhost",))
+
+
+def _plan(root: Path, cluster: Path, hosts: tuple[str, ...]) -> Path:
+    stages = tuple(
+        Stage(
+            layer_start=6 * i // len(hosts),
+            layer_end=6 * (i + 1) // len(hosts),
+            gpu_type="cpu",
+            tensor_parallel=1,
+            devices=(Device(host=h, gpu=0),),
+        )
+        for i, h in enumerate(hosts)
+    )
+    plan = Plan(
+        name="paths",
+        version=1,
+        model_name="gpt-tiny",
+        num_layers=6,
+        training=TrainingSettings(
+            global_batch_size=2, micro_batch_size=1, seq_len=64, precision="fp32"
+        ),
+        tensor_parallel=1,
+        pipelines=(Pipeline(num_microbatches=2, stages=stages),),
+        inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
+    )
+    _, path = write_plan(plan, root / "plans")
+    return path
+
+
+def _remote_plan(root: Path) -> Path:
+    """Two hosts that are not this machine (a dry run never connects to them)."""
+    cluster = root / "remote.yaml"
+    cluster.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "autohet.cluster/v1",
+                "name": "far",
+                "network": {"inter_node_gbps": 10},
+                "hosts": [
+                    {"name": "a", "address": "10.9.0.1", "gpus": {"type": "cpu", "count": 1}},
+                    {
+                        "name": "b",
+                        "address": "10.9.0.2",
+                        "workdir": "/scratch/w",
+                        "gpus": {"type": "cpu", "count": 1},
+                    },
+                ],
+            }
+        )
+    )
+    return _plan(root, cluster, ("a", "b"))
+
+
+def _elsewhere(root: Path) -> Path:
+    cwd = root / "proj"
+    cwd.mkdir()
+    return cwd
+
+
+def test_dry_run_shows_this_machines_paths_read_from_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    plan = localhost_plan(tmp_path)
+    cwd = _elsewhere(tmp_path)
+    res = autohet(
+        *("launch", str(plan), "--dry-run", "--data", "build/sample-tokens"),
+        *("--init-from", "my-llama", "--train-arg=--model-fn=mine.py:build"),
+        cwd=cwd,
+        env={"HOME": str(tmp_path)},
+    )
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert f"--data={cwd}/build/sample-tokens" in out
+    assert f"--init-from={cwd}/my-llama" in out
+    assert f"--model-fn={cwd}/mine.py:build" in out
+    assert (
+        f"# localhost: --data build/sample-tokens -> {cwd}/build/sample-tokens (relative paths "
+        "on this machine are read from the current directory)"
+    ) in out
+    assert "--data=build/sample-tokens" not in out
+
+
+def test_dry_run_shows_a_remote_hosts_paths_read_from_its_workdir(tmp_path: Path) -> None:
+    plan = _remote_plan(tmp_path)
+    res = autohet(
+        *("launch", str(plan), "--dry-run", "--data", "build/x", "--init-from", "~/m"),
+        *("--sync-dir", "src"),
+        cwd=_elsewhere(tmp_path),
+    )
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert '--data="$HOME"/autohet/build/x' in out  # runs as printed on host a
+    assert '--init-from="$HOME"/m' in out
+    assert "--data=/scratch/w/build/x" in out  # host b's workdir
+    assert (
+        "# a: --data build/x -> ~/autohet/build/x (relative paths on remote hosts are "
+        "relative to the workdir)"
+    ) in out
+    assert f"# --sync-dir src -> {tmp_path}/proj/src (copied into each host's workdir" in out
+
+
+def _fails_fast(res_args: tuple[str, ...], cwd: Path, home: Path) -> str:
+    started = time.monotonic()
+    res = autohet(*res_args, cwd=cwd, env={"HOME": str(home)}, timeout=120)
+    took = time.monotonic() - started
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and "rendezvous:" not in res.stdout  # no worker
+    assert took < 60, took  # the preflight's few seconds, never a worker's traceback
+    return res.stderr
+
+
+def test_a_missing_relative_path_stops_the_launch_naming_host_flag_and_path(
+    tmp_path: Path,
+) -> None:
+    plan = localhost_plan(tmp_path)
+    cwd = _elsewhere(tmp_path)
+    (cwd / "my-llama").mkdir()  # a directory, but without config.json
+    (cwd / "run.yaml").write_text("data: tokens/nope\n")
+    err = _fails_fast(
+        ("launch", str(plan), "--data", "build/x", "--init-from", "my-llama"), cwd, tmp_path
+    )
+    assert (
+        f"host localhost (localhost): --data build/x: no such file or directory (read as "
+        f"{cwd}/build/x: relative paths on this machine are read from the current "
+        "directory)"
+    ) in err
+    assert "host localhost (localhost): --init-from my-llama: no config.json in it" in err
+    assert len(err.strip().splitlines()) == 1, err
+    # The same flags from a run config and through --train-arg.
+    err = _fails_fast(("launch", str(plan), "--config", "run.yaml"), cwd, tmp_path)
+    assert "--data tokens/nope: no such file or directory" in err
+    err = _fails_fast(("launch", str(plan), "--train-arg=--init-from=nowhere"), cwd, tmp_path)
+    assert "--init-from nowhere: no such directory" in err
+    err = _fails_fast(("launch", str(plan), "--sync-dir", "nope"), cwd, tmp_path)
+    assert f"--sync-dir nope: no such directory (read as {cwd}/nope" in err
+
+
+def test_recover_reads_relative_paths_like_launch(tmp_path: Path) -> None:
+    site = make_site(tmp_path)
+    cwd = _elsewhere(tmp_path)
+    (cwd / "tokens.bin").write_bytes(b"\0\0" * 1000)
+    res = autohet(
+        *("recover", str(site.plan_file), "--lost", "c", "--dry-run", "--data", "tokens.bin"),
+        cwd=cwd,
+        env={"HOME": str(tmp_path)},
+    )
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    paths = json.loads("\n".join(lines[lines.index("{") :]))["paths"]  # after its notes
+    assert paths == {h: {"--data": f"{cwd}/tokens.bin"} for h in ("a", "b")}
+    err = _fails_fast(
+        ("recover", str(site.plan_file), "--lost", "c", "--train-arg=--data=tok.bin"),
+        cwd,
+        tmp_path,
+    )
+    assert f"host a (localhost): --data tok.bin: no such file or directory (read as {cwd}/" in err
