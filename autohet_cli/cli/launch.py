@@ -13,6 +13,7 @@ import typer
 from autohet_cli.cli import trainopts
 from autohet_cli.launch import session
 from autohet_cli.launch.executor import JobOutcome
+from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.transport.pool import ConnectOptions
 
 EPILOG = (
@@ -29,7 +30,7 @@ EPILOG = (
     "fail on their own (a crash, a bad config) are reported with their root cause and "
     "the log path; recovering would not help them. Every fresh launch checkpoints into "
     "a new job (namespace) beside earlier ones, which are never deleted; within a job "
-    "the newest complete checkpoints are kept (--keep-checkpoints, 3 by default).\n"
+    "the newest complete checkpoints are kept (--keep-checkpoints, 3 by default).\n\n" + PATHS_HELP
 )
 
 
@@ -72,8 +73,9 @@ def launch(
         typer.Option(
             "--init-from",
             metavar="HF_DIR",
-            help="Start from HuggingFace weights: a local model directory (config.json and "
-            "safetensors) at this path on every host; each rank reads only its shard.",
+            help="Start from HuggingFace weights: a model directory (config.json and "
+            "safetensors) on every host (relative: see Paths below); each rank reads only "
+            "its shard.",
         ),
     ] = None,
     resume: Annotated[
@@ -95,7 +97,10 @@ def launch(
     ] = None,
     sync_dir: Annotated[
         Path | None,
-        typer.Option(help="Copy this directory into each host's workdir first (changes only)."),
+        typer.Option(
+            help="Copy this directory of this machine into each host's workdir first "
+            "(changes only)."
+        ),
     ] = None,
     start_timeout: Annotated[
         float,

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from autohet_cli.cli import trainopts
+from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.recovery import session
 from autohet_cli.transport.pool import ConnectOptions
 
@@ -20,7 +21,7 @@ EPILOG = (
     "Only a host that does not answer counts as lost; a host that refuses us (host "
     "key, authentication, permissions) stops recovery with that message. One recover "
     "of a job runs at a time: a lock in the job's directory on the hosts names the "
-    "one running.\n"
+    "one running.\n\n" + PATHS_HELP
 )
 
 

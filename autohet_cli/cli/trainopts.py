@@ -38,8 +38,8 @@ DataOpt = Annotated[
         "--data",
         metavar="PATH",
         help="Training tokens on every host: a directory from `autohet data prepare`, a "
-        "flat uint16 token file (nanoGPT), an .npy, or a Megatron .bin/.idx prefix. "
-        "[default: synthetic tokens]",
+        "flat uint16 token file (nanoGPT), an .npy, or a Megatron .bin/.idx prefix "
+        "(relative: see Paths below). [default: synthetic tokens]",
     ),
 ]
 KeepOpt = Annotated[

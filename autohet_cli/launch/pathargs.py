@@ -30,6 +30,15 @@ from autohet_cli import fnspec
 from autohet_cli.cluster import Host
 from autohet_cli.paths import expand_home
 
+# The rule in words, for launch's and recover's --help.
+HELP = (
+    "Paths (--data, --init-from, a run config's data:, FILE.py:FN for --model-fn and "
+    "--data-fn, the same given with --train-arg): on hosts that are this machine (address "
+    "localhost) a relative path is read from the current directory; on other hosts a path "
+    "is absolute, ~/... (that host's home) or relative to the host's workdir. --dry-run "
+    "lists how each host reads them; every host checks them before any worker starts.\n"
+)
+
 # What each flag's path must be: "data" (a token file, directory or Megatron prefix),
 # "hf_dir" (a directory with config.json), "file", "fn" (a FILE.py:function spec:
 # its file), "out" (written by the workers: resolved, never checked).
