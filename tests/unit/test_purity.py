@@ -64,7 +64,8 @@ PURE_MODULES = (
     "autohet_cli.ckpt.retention",
     "autohet_cli.ckpt.notice",
 )
-PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner")
+# The run folder's readers: `autohet runs` must start fast (matplotlib only for a PNG).
+PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.runfiles")
 
 # The only names above that may be absent (not written yet). Keep this explicit:
 # a listed module that exists is checked anyway; an unlisted one that is missing fails.

@@ -1,0 +1,94 @@
+"""A run's loss curve: as plain text for the terminal, and as a PNG (matplotlib).
+
+The text plot needs nothing but the series, so it works over SSH, in CI logs and in
+a pipe. Each point is drawn where its step and loss fall (several steps share a
+column when there are more steps than columns: the spread then shows the noise);
+validation points are drawn over the training ones. NaN and infinite losses are not
+drawn, and the header says how many there were. matplotlib is imported only to draw
+the PNG, so that ``autohet --help`` and ``autohet runs`` stay fast.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from autohet_cli.runfiles.listing import RunsError
+from autohet_cli.runfiles.metricsfile import LossSeries
+
+TRAIN_MARK, EVAL_MARK = "*", "o"
+PNG_FILE = "loss.png"
+
+
+def terminal_plot(series: LossSeries, *, width: int = 72, height: int = 14) -> str:
+    """The loss curve in ``width`` columns: a header, ``height`` rows, the step axis."""
+    train = [(s, v) for s, v in series.train if math.isfinite(v)]
+    evals = [(s, v) for s, v in series.eval if math.isfinite(v)]
+    dropped = len(series.train) + len(series.eval) - len(train) - len(evals)
+    header = f"loss ({TRAIN_MARK} train" + (f", {EVAL_MARK} validation)" if evals else ")")
+    if dropped:
+        header += f"; {dropped} not finite (nan/inf), not drawn"
+    points = train + evals
+    if not points:
+        return header + "\n(no finite loss to plot)"
+    lo, hi = _span(min(v for _, v in points), max(v for _, v in points))
+    first, last = min(s for s, _ in points), max(s for s, _ in points)
+    labels = {row: f"{hi - row * (hi - lo) / (height - 1):.4g}" for row in _label_rows(height)}
+    label_w = max(len(t) for t in labels.values())
+    cols = max(2, width - label_w - 2)
+    grid = [[" "] * cols for _ in range(height)]
+    for mark, pts in ((TRAIN_MARK, train), (EVAL_MARK, evals)):
+        for step, value in pts:
+            col = 0 if last == first else round((step - first) / (last - first) * (cols - 1))
+            row = round((hi - value) / (hi - lo) * (height - 1))
+            grid[row][col] = mark
+    lines = [header]
+    for row, cells in enumerate(grid):
+        lines.append(f"{labels.get(row, ''):>{label_w}} |{''.join(cells).rstrip()}")
+    lines.append(" " * label_w + " +" + "-" * cols)
+    left, right = str(first), f"{last} step"
+    gap = max(1, cols - len(left) - len(right))
+    lines.append(" " * (label_w + 2) + left + " " * gap + right)
+    return "\n".join(lines)
+
+
+def _span(lo: float, hi: float) -> tuple[float, float]:
+    """The value range, widened when every point has the same loss."""
+    if hi > lo:
+        return lo, hi
+    pad = abs(lo) * 0.05 or 0.5
+    return lo - pad, hi + pad
+
+
+def _label_rows(height: int) -> list[int]:
+    """Rows that carry a value: top, bottom, and every quarter between."""
+    return sorted({0, height - 1, *(round(q * (height - 1) / 4) for q in (1, 2, 3))})
+
+
+def write_png(series: LossSeries, path: Path, *, title: str) -> Path:
+    """Draw the loss curve into ``path`` (replaced atomically); returns ``path``."""
+    from matplotlib.figure import Figure  # lazily: see the module's docstring
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    ax = fig.add_subplot()
+    if series.train:
+        steps, losses = zip(*series.train, strict=True)
+        ax.plot(steps, losses, linewidth=1.2, label="train loss")
+    if series.eval:
+        steps, losses = zip(*series.eval, strict=True)
+        ax.plot(steps, losses, "o-", markersize=4, label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise RunsError(f"{path}: cannot write the plot: {exc.strerror or exc}") from None
+    return path
