@@ -109,7 +109,7 @@ BY_KEY = {s.key: s for s in SETTINGS}
 def load_run_config(path: Path) -> dict[str, Any]:
     """The file's settings, checked; keys as in ``SETTINGS``."""
     if not path.exists():
-        raise ConfigError(f"{path}: no such run config file")
+        raise ConfigError(f"--config {path}: no such run config file (read as {path.absolute()})")
     text = read_text(path, max_bytes=MAX_RUN_CONFIG_BYTES)
     where = str(path)
     raw = parse_toml(text, where) if path.suffix == ".toml" else parse_yaml(text, where)

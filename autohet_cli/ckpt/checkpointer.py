@@ -125,8 +125,11 @@ from autohet_cli.ckpt.state import (
 from autohet_cli.peer.replicate import Replicator
 from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer import Trainer
+from autohet_cli.runtime.worker_defaults import CHECKPOINT_DIR_ENV, DEFAULT_JOB
 
 __all__ = [
+    "CHECKPOINT_DIR_ENV",
+    "DEFAULT_JOB",
     "CheckpointError",
     "rename_optimizer",
     "tied_aliases",
@@ -140,8 +143,6 @@ __all__ = [
     "sha256_file",
 ]
 
-CHECKPOINT_DIR_ENV = "AUTOHET_CHECKPOINT_DIR"
-DEFAULT_JOB = "default"
 COLLECTIVE_TIMEOUT_S = 1800.0  # for the collectives of a save or load
 
 

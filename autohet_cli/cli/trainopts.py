@@ -19,6 +19,7 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_STEPS, at_most
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.runconfig import load_run_config, worker_args
+from autohet_cli.runtime.train_args import check_flags
 
 DEFAULT_STEPS = 100
 DEFAULT_EVERY = "auto"
@@ -142,6 +143,8 @@ def resolve(
     if steps is None:
         steps = DEFAULT_STEPS if file_steps is None else int(file_steps)
     at_most(steps, MAX_STEPS, "--steps", "published runs take 10^5-10^6 steps")
+    if config is not None:  # named here; with the other flags the launch checks them again
+        check_flags([f"--steps={steps}", *worker_args(settings)], where=str(config))
     return Training(
         steps=steps,
         checkpoint_every=every,

@@ -44,6 +44,7 @@ from autohet_cli.launch.sync import sync_dir as sync_directory
 from autohet_cli.plan import Plan, check_against_cluster, load_plan
 from autohet_cli.recovery.manifest import remote_root
 from autohet_cli.runtime.agent import REPEAT_WINDOW_S
+from autohet_cli.runtime.train_args import check_flags
 from autohet_cli.slurm.settings import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
@@ -141,9 +142,18 @@ def worker_args(req: LaunchRequest) -> list[str]:
     ]
 
 
+def check_worker_flags(req: LaunchRequest) -> None:
+    """Refuse the built-in trainer's flags as its workers would, before any host is
+    asked (``runtime.train_args``): one line in a second instead of argparse's usage
+    on every worker. A user script's own arguments are its own."""
+    if not req.script:
+        check_flags(worker_args(req))
+
+
 def dry_run(req: LaunchRequest) -> str:
     """Every host's exact command, with no I/O; pasted into a shell on the host it runs.
     On Slurm: the complete batch script, as it would be written and submitted."""
+    check_worker_flags(req)
     p = prepare(req.plan_file, req.cluster, force=req.force, backend=req.backend)
     if p.cluster.backend == "slurm":
         from autohet_cli.slurm.run import build
@@ -221,6 +231,7 @@ def check_sync_dir(sync_dir: Path) -> None:
 
 def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
     """Run the plan to its end (or its failure); Ctrl-C/SIGTERM stop every host."""
+    check_worker_flags(req)
     p = prepare(req.plan_file, req.cluster, force=req.force, backend=req.backend)
     with HostPool(p.cluster, req.connect) as pool:
         outcome = run_job(

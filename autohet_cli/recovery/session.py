@@ -31,7 +31,7 @@ from typing import Any
 from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import Cluster, load_cluster
-from autohet_cli.launch import jobs
+from autohet_cli.launch import jobs, runfolder
 from autohet_cli.launch.preflight import preflight_ahead
 from autohet_cli.launch.session import (
     JobChoice,
@@ -54,9 +54,10 @@ from autohet_cli.recovery.manifest import (
     remote_root,
 )
 from autohet_cli.recovery.pins import pinned_step
-from autohet_cli.recovery.replan import Replan, replan
+from autohet_cli.recovery.replan import CopyHolders, Replan, replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
+from autohet_cli.runtime.train_args import check_flags
 from autohet_cli.slurm.settings import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
@@ -92,6 +93,8 @@ class RecoverResult:
 
 
 def recover(req: RecoverRequest, say: Say) -> RecoverResult:
+    if req.resume:  # the relaunch's flags, refused as its workers would, before any host
+        check_flags(relaunch_args(req, None))
     old = load_plan(req.plan_file)
     cluster_path = resolve_cluster(old, req.cluster)
     cl = load_cluster(cluster_path)
@@ -131,7 +134,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
                 if r is None:
                     with clock.phase("replan"):
-                        r = _replan(old, cl, cluster_path, gone, req)
+                        r = _replan(old, cl, cluster_path, gone, req, choice)
                     for note in r.plan.notes:
                         say(f"plan: {note}")
                     paths = host_paths(cl, r.plan.hosts(), req.train_args, caller())
@@ -195,22 +198,28 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 outcome = run_job(
                     prepared,
                     pool,
-                    train_args=[
-                        f"--steps={req.steps}",
-                        f"--resume={choice.step}",
-                        f"--checkpoint-every={req.checkpoint_every}",
-                        f"--keep-checkpoints={req.keep_checkpoints}",
-                        *req.train_args,
-                    ],
+                    train_args=relaunch_args(req, choice.step),
                     master_port=req.master_port,
                     runs_root=req.runs_root,
                     printer=say,
                     job_choice=JobChoice(resume=True, job=job, key=key),
                 )
             say(f"{outcome.status}: {outcome.detail or outcome.last_status}")
+            say(runfolder.end_line(outcome.local_run_dir))
             code = outcome.exit_code
             report = dataclasses.replace(report, phases=clock.phases)
     return RecoverResult(exit_code=code, report=report.to_dict())
+
+
+def relaunch_args(req: RecoverRequest, step: int | None) -> list[str]:
+    """The relaunched trainer's flags; ``step`` None: not chosen yet (the newest)."""
+    return [
+        f"--steps={req.steps}",
+        "--resume" if step is None else f"--resume={step}",
+        f"--checkpoint-every={req.checkpoint_every}",
+        f"--keep-checkpoints={req.keep_checkpoints}",
+        *req.train_args,
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,7 +266,12 @@ def _move(
 
 
 def _replan(
-    old: Plan, cl: Cluster, cluster_path: str, gone: list[str], req: RecoverRequest
+    old: Plan,
+    cl: Cluster,
+    cluster_path: str,
+    gone: list[str],
+    req: RecoverRequest,
+    choice: CheckpointChoice,
 ) -> Replan:
     inputs = {
         **old.inputs,
@@ -271,6 +285,7 @@ def _replan(
         tables=rx.plan_inputs_tables(old, cluster_path),
         time_limit_s=req.time_limit_s,
         inputs=inputs,
+        copies=CopyHolders(manifest=choice.manifest, holders=choice.holders),
     )
 
 

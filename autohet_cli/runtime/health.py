@@ -53,10 +53,11 @@ from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.context import Runtime, WorkerEnv
 from autohet_cli.runtime.records import write_error
 from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
+from autohet_cli.runtime.worker_defaults import HEARTBEAT_INTERVAL_S
 
 HEARTBEAT_DIR = "heartbeat"
 DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 300.0}
-DEFAULT_INTERVAL_S = 2.0
+DEFAULT_INTERVAL_S = HEARTBEAT_INTERVAL_S
 EXIT_LOST = 1
 RUNNING, DONE, FAILED = "running", "done", "failed"
 

@@ -76,8 +76,7 @@ from torch import Tensor, nn
 
 from autohet_cli import fnspec
 from autohet_cli.models import ModelSpec
-
-DEFAULT_MODEL_FN = "autohet_cli.runtime.models:build"
+from autohet_cli.runtime.worker_defaults import DEFAULT_MODEL_FN as DEFAULT_MODEL_FN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,24 +2,38 @@
 
 Parsing and checking them, a ``--config`` file's settings as their defaults, and
 the ``TrainConfig`` they make; split from ``runtime.train``, which runs them.
+
+The launcher checks the built-in trainer's flags with this same parser before
+anything starts (``check_flags``): a flag the worker would refuse is one line and
+exit 1 in a second, in the words the worker would use, instead of argparse's usage
+on every worker. So this module imports no torch (``runtime.worker_defaults``).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
-from autohet_cli.ckpt.checkpointer import CHECKPOINT_DIR_ENV, DEFAULT_JOB
 from autohet_cli.ckpt.policy import AUTO, describe_every, parse_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
-from autohet_cli.errors import AutohetError
+from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
-from autohet_cli.runtime.health import DEFAULT_INTERVAL_S
-from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
-from autohet_cli.runtime.train_config import TrainConfig
+from autohet_cli.runtime.worker_defaults import (
+    CHECKPOINT_DIR_ENV,
+    DEFAULT_JOB,
+    DEFAULT_MODEL_FN,
+    HEARTBEAT_INTERVAL_S,
+)
+
+if TYPE_CHECKING:
+    from autohet_cli.runtime.train_config import TrainConfig
+
+PROG = "python -m autohet_cli.runtime.train"
 
 
 def _training_options(p: argparse.ArgumentParser) -> None:
@@ -79,12 +93,32 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-batches", type=int, default=4, help="global batches per validation loss")
 
 
-def _config_defaults(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
-    """Make a ``--config`` file's settings the parser's defaults (flags then override)."""
-    pre = argparse.ArgumentParser(add_help=False)
+class _Refusing(argparse.ArgumentParser):
+    """The worker's parser as the launcher runs it: a refusal raises ``ConfigError``
+    (argparse's own words, one line) instead of printing the usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+    def print_help(self, file: object = None) -> None:
+        pass  # --help: refused by exit() below, printing nothing
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise ConfigError(
+            "--help: every worker would print its help and exit without training; "
+            f"read it with `{PROG} --help`"
+        )
+
+
+def _config_defaults(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, *, missing_ok: bool = False
+) -> None:
+    """Make a ``--config`` file's settings the parser's defaults (flags then override).
+    ``missing_ok``: a file that is not here is the hosts' (the launcher's check)."""
+    pre = type(p)(add_help=False)
     pre.add_argument("--config", type=Path)
     known, _ = pre.parse_known_args(argv)
-    if known.config is None:
+    if known.config is None or (missing_ok and not known.config.exists()):
         return
     from autohet_cli.runconfig import load_run_config
 
@@ -98,7 +132,24 @@ def _config_defaults(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
 def parse_args(
     argv: Sequence[str] | None = None, *, description: str | None = None
 ) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m autohet_cli.runtime.train", description=description)
+    """The worker's flags, checked; a refusal prints the usage and exits 2 (argparse)."""
+    p = argparse.ArgumentParser(prog=PROG, description=description)
+    return _parse(p, argv)
+
+
+def check_flags(argv: Sequence[str], *, where: str = "worker flags") -> None:
+    """Refuse (``ConfigError``, one line) the built-in trainer's flags ``argv`` (the
+    launcher's, without ``--plan``) where the worker would refuse them. ``where``
+    names their source in the message."""
+    try:
+        _parse(_Refusing(prog=PROG), ["--plan", "PLAN", *argv], missing_ok=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc} (the worker's flags: `{PROG} --help`)") from None
+
+
+def _parse(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, *, missing_ok: bool = False
+) -> argparse.Namespace:
     p.add_argument("--plan", required=True, type=Path, help="plan file (autohet.plan/v1)")
     p.add_argument(
         "--steps",
@@ -228,33 +279,46 @@ def parse_args(
     p.add_argument(
         "--heartbeat-interval",
         type=float,
-        default=DEFAULT_INTERVAL_S,
+        default=HEARTBEAT_INTERVAL_S,
         metavar="S",
-        help=f"seconds between background heartbeats (default {DEFAULT_INTERVAL_S:g})",
+        help=f"seconds between background heartbeats (default {HEARTBEAT_INTERVAL_S:g})",
     )
-    _config_defaults(p, argv)
-    args = p.parse_args(argv)
+    _config_defaults(p, argv, missing_ok=missing_ok)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        p.error(_unrecognized(p, unknown))
+    _check(p, args)
+    return args
+
+
+def _unrecognized(p: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """argparse's words, with the closest flag for the first unknown one."""
+    said = f"unrecognized arguments: {' '.join(unknown)}"
+    flags = [f for f in p._option_string_actions if f.startswith("--")]
+    for word in unknown:
+        if word.startswith("-"):
+            near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
+            return said + (f" (did you mean {near[0]}?)" if near else "")
+    return said
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Values that parse but make no sense, refused as argparse refuses a bad type."""
     if args.steps is None:
         p.error("--steps is required (or steps: in --config)")
     if not 0 <= args.steps <= MAX_STEPS:
         p.error(f"--steps must be 0 to {MAX_STEPS:,}")
-    for name in ("warmup_steps", "eval_every"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("warmup_steps", "decay_steps", "eval_every"):
+        if (value := getattr(args, name)) is not None and value < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if args.max_nonfinite_steps < 1:
         p.error("--max-nonfinite-steps must be >= 1")
     if args.eval_batches < 1:
         p.error("--eval-batches must be >= 1")
     if not 0 <= args.val_fraction < 1:
         p.error("--val-fraction must be in [0, 1)")
-    for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction"):
-        value = getattr(args, name)
-        if value is not None and not math.isfinite(value):
-            p.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    if args.lr <= 0 or (args.min_lr is not None and not 0 <= args.min_lr <= args.lr):
-        p.error("learning rates need --lr > 0 and 0 <= --min-lr <= --lr")
-    if args.grad_clip < 0:
-        p.error("--grad-clip must be >= 0 (0: no clipping)")
+    _check_optimizer(p, args)
+    _check_schedule(p, args)
     try:
         args.checkpoint_every = parse_every(args.checkpoint_every)
         args.keep_checkpoints = parse_keep(args.keep_checkpoints)
@@ -271,10 +335,47 @@ def parse_args(
         p.error("--heartbeat-interval must be > 0")
     if not 0 <= args.replicas <= MAX_REPLICAS:
         p.error(f"--replicas must be between 0 and {MAX_REPLICAS}, got {args.replicas}")
-    return args
+
+
+def _check_optimizer(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "val_fraction"):
+        value = getattr(args, name)
+        if value is not None and not math.isfinite(value):
+            p.error(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if args.lr <= 0:
+        p.error(f"--lr must be > 0 (the peak learning rate), got {args.lr:g}")
+    if args.min_lr is not None and not 0 <= args.min_lr <= args.lr:
+        p.error(f"--min-lr must be between 0 and --lr ({args.lr:g}), got {args.min_lr:g}")
+    if args.weight_decay < 0:
+        p.error(f"--weight-decay must be >= 0, got {args.weight_decay:g}")
+    for name in ("beta1", "beta2"):
+        if not 0 <= (value := getattr(args, name)) < 1:
+            p.error(f"--{name} must be in [0, 1), got {value:g}")
+    if args.grad_clip < 0:
+        p.error("--grad-clip must be >= 0 (0: no clipping)")
+
+
+def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Warmup must end where the schedule can still decay: before ``--decay-steps``,
+    or (without it, the schedule ends at the run's last step) by ``--steps``. A run
+    in pieces sets ``--decay-steps`` past this run's ``--steps``."""
+    warmup, decay = args.warmup_steps, args.decay_steps
+    if decay is not None and warmup > decay:
+        p.error(
+            f"--warmup-steps {warmup} ends after --decay-steps {decay}: the schedule would "
+            "decay before it reached --lr"
+        )
+    if decay is None and 0 < args.steps < warmup:
+        p.error(
+            f"--warmup-steps {warmup} is past --steps {args.steps}: the learning rate would "
+            "never reach --lr (lower --warmup-steps, or set --decay-steps for a longer "
+            "schedule)"
+        )
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
+    from autohet_cli.runtime.train_config import TrainConfig  # torch: the worker's side
+
     return TrainConfig(
         seed=args.seed,
         lr=args.lr,

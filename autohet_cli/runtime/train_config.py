@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autohet_cli.runtime.model_api import DEFAULT_MODEL_FN
 from autohet_cli.runtime.optim import LRSchedule
+from autohet_cli.runtime.worker_defaults import DEFAULT_MODEL_FN
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -180,6 +180,8 @@ def test_a_missing_relative_path_stops_the_launch_naming_host_flag_and_path(
     assert "--init-from nowhere: no such directory" in err
     err = _fails_fast(("launch", str(plan), "--sync-dir", "nope"), cwd, tmp_path)
     assert f"--sync-dir nope: no such directory (read as {cwd}/nope" in err
+    err = _fails_fast(("launch", str(plan), "--config", "nope.yaml"), cwd, tmp_path)
+    assert f"--config nope.yaml: no such run config file (read as {cwd}/nope.yaml)" in err
 
 
 def test_recover_reads_relative_paths_like_launch(tmp_path: Path) -> None:

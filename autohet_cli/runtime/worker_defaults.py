@@ -1,0 +1,15 @@
+"""Defaults the worker's flags name, in a module without torch.
+
+The launcher checks the built-in trainer's flags with the worker's own parser
+(``runtime.train_args``) before anything starts, in well under a second; importing
+torch would take several. So the defaults that parser shows live here, and the
+modules that use them at run time (``ckpt.checkpointer``, ``runtime.health``,
+``runtime.model_api``) import them from here.
+"""
+
+from __future__ import annotations
+
+CHECKPOINT_DIR_ENV = "AUTOHET_CHECKPOINT_DIR"
+DEFAULT_JOB = "default"
+HEARTBEAT_INTERVAL_S = 2.0
+DEFAULT_MODEL_FN = "autohet_cli.runtime.models:build"
