@@ -26,7 +26,8 @@ app = typer.Typer(
         "      --profile profiles/measured.yaml --global-batch-size 64 --explain\n"
         "  autohet estimate plans/NAME.v1.yaml\n"
         "  autohet launch plans/NAME.v1.yaml\n"
-        "  autohet recover plans/NAME.v1.yaml\n\n"
+        "  autohet recover plans/NAME.v1.yaml\n"
+        "  autohet runs show latest\n\n"
         "NAME is the plan name that plan prints (default: <cluster>-<model>). "
         "Each command's --help has an example."
     ),
@@ -48,9 +49,11 @@ def _register() -> None:
         plan,
         profile,
         recover,
+        runs,
     )
 
-    for module in (profile, plan, estimate, launch, recover, export, models, data, cluster):
+    modules = (profile, plan, estimate, launch, recover, runs, export, models, data, cluster)
+    for module in modules:
         module.register(app)
     whole_short_help(app)
 

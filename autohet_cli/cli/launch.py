@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from autohet_cli.cli import trainopts
-from autohet_cli.launch import session
+from autohet_cli.launch import runfolder, session
 from autohet_cli.launch.executor import JobOutcome
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.transport.pool import ConnectOptions
@@ -196,7 +196,8 @@ def _print_outcome(out: JobOutcome, hint: str | None, resume: str | None = None)
     if cause and cause.get("detail"):
         for line in str(cause["detail"]).splitlines()[-8:]:
             typer.echo(f"    {line}")
-    typer.echo(f"logs: {out.local_run_dir}/ (one file per host, events.json)")
+    if out.local_run_dir:
+        typer.echo(runfolder.end_line(out.local_run_dir))
     if hint:
         typer.echo(f"to continue on the survivors: {hint}")
     elif resume:

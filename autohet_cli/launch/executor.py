@@ -30,7 +30,9 @@ from typing import TextIO
 
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
 from autohet_cli.launch import hostcmds, liveness, triage
+from autohet_cli.launch.collect import MetricsCollector
 from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.runfiles.metricsfile import METRIC_PREFIX, STREAM_ENV
 from autohet_cli.runtime.records import (
     LAUNCH_TIME_ENV,
     PREEMPT_PREFIX,
@@ -157,6 +159,8 @@ class Job:
         # The workers' preemption notice (runtime.preempt), once rank 0 announced one.
         self.preemption: triage.Preemption | None = None
         self.startup: dict[str, object] | None = None  # rank 0's start-up phases
+        # Rank 0's metrics lines, when its host streams them (``launch.collect``).
+        self._collector: MetricsCollector | None = None
 
     def runner(self, host: str) -> Runner:
         return self.pool.runner(host)
@@ -168,6 +172,8 @@ class Job:
         then start every host's torchrun: each step on every host at once, so a start
         takes one host's round trips, not their sum."""
         self.local_run_dir.mkdir(parents=True, exist_ok=True)
+        if self.specs[0].env.get(STREAM_ENV):
+            self._collector = MetricsCollector(self.local_run_dir)
         token = uuid.uuid4().hex
         hosts = [self.pool.host(s.host) for s in self.specs]
         specs = {s.host: s for s in self.specs}
@@ -223,6 +229,12 @@ class Job:
 
     def _on_line(self, host: str) -> Callable[[str, str], None]:
         def on_line(stream: str, line: str) -> None:
+            if line.startswith(METRIC_PREFIX):
+                # Into the run folder's metrics.jsonl, not the log: the step's own line
+                # is in the log already.
+                if self._collector is not None:
+                    self._collector.add(line[len(METRIC_PREFIX) :])
+                return
             with self._lock:
                 log = self._logs[host]
                 log.write(f"{stream}: {line}\n")
@@ -538,6 +550,8 @@ class Job:
     def close(self) -> None:
         for log in self._logs.values():
             log.close()
+        if self._collector is not None:
+            self._collector.close()
 
     def _finish(
         self,

@@ -32,7 +32,7 @@ from autohet_cli.paths import expand_home, shell_word
 from autohet_cli.peer.placement import ADDR_ENV, DOMAIN_ENV
 from autohet_cli.plan import Plan
 from autohet_cli.preemption import CHECK_ENV
-from autohet_cli.runs.metricsfile import FOLDER_ENV, STREAM_ENV
+from autohet_cli.runfiles.metricsfile import FOLDER_ENV, STREAM_ENV
 
 DEFAULT_MODULE = "autohet_cli.runtime.train"
 AGENT_MODULE = "autohet_cli.runtime.agent"  # torchrun that waits for an emergency save
@@ -83,7 +83,7 @@ class LaunchOptions:
     run_id: str  # e.g. a UTC timestamp; names the run directory
     # The launcher's run folder (absolute, on the launcher's machine): rank 0's metrics
     # go there, written directly when its host is this machine, else streamed to the
-    # launcher (runs.metricsfile); "": not asked (a dry run, Slurm's shared run dir).
+    # launcher (runfiles.metricsfile); "": not asked (a dry run, Slurm's shared run dir).
     run_folder: str = ""
     master_port: int = 29500
     script: Sequence[str] = ()  # user script and its args; empty: the built-in trainer

@@ -33,7 +33,9 @@ class Hook:
 
 class MetricsHook(Hook):
     """Rank 0 appends one JSON line per step to ``path``, writes TensorBoard scalars
-    under ``tensorboard_dir`` when tensorboard is installed, and prints a short line."""
+    under ``tensorboard_dir`` when tensorboard is installed, and prints a short line;
+    ``copy_to`` and ``stream`` bring the lines to the launcher's run folder
+    (``MetricsWriter``)."""
 
     def __init__(
         self,
@@ -41,9 +43,12 @@ class MetricsHook(Hook):
         *,
         tensorboard_dir: Path | None = None,
         echo: bool = True,
+        copy_to: Path | None = None,
+        stream: bool = False,
     ) -> None:
         self.path = Path(path) if path else None
         self.tensorboard_dir, self.echo = tensorboard_dir, echo
+        self.copies: dict[str, Any] = {"copy_to": copy_to, "stream": stream}
         self.writer: MetricsWriter | None = None
         self.spikes: SpikeWatch | None = None
 
@@ -51,7 +56,7 @@ class MetricsHook(Hook):
         if trainer.runtime.global_rank == 0 and self.writer is None:
             self.spikes = SpikeWatch(grad_clip=trainer.config.grad_clip)
             self.writer = MetricsWriter(
-                self.path, tensorboard_dir=self.tensorboard_dir, echo=self.echo
+                self.path, tensorboard_dir=self.tensorboard_dir, echo=self.echo, **self.copies
             )
             if self.writer.tb_missing:
                 print(
@@ -74,7 +79,8 @@ class MetricsHook(Hook):
 
     def write_checkpoint(self, record: dict[str, Any]) -> None:
         """A save's record (rank 0; from the save's thread, also after training ended)."""
-        writer = self.writer or (MetricsWriter(self.path, echo=False) if self.path else None)
+        late = MetricsWriter(self.path, echo=False, **self.copies)  # training ended
+        writer = self.writer or (late if self.path or self.copies["copy_to"] else None)
         if writer is not None:
             writer.write_checkpoint(record)
 

@@ -2,7 +2,9 @@
 
 Rank 0 writes both. ``metrics.jsonl`` (one object per step; a validation loss is
 its own object ``{"step": N, "eval_loss": X}`` after step N's) is the record scripts
-and tests read; TensorBoard event files (``tensorboard`` is an optional extra:
+and tests read; the launcher's run folder gets the same lines (``runfiles.metricsfile``:
+a copy written here when the folder is on this machine, else printed for the
+launcher to collect); TensorBoard event files (``tensorboard`` is an optional extra:
 ``pip install 'autohet-cli[tensorboard]'``) hold the same scalars for people.
 MFU counts the model's FLOPs (3x the forward: forward, input and weight
 gradients; recomputation not counted, the usual convention) against the sum of
@@ -21,8 +23,8 @@ from typing import Any
 import torch
 
 from autohet_cli.plan import Plan
+from autohet_cli.runfiles.metricsfile import METRIC_PREFIX, tb_scalars
 
-TENSORBOARD_DIR = "tensorboard"
 _APPEND_LOCK = threading.Lock()
 
 
@@ -99,12 +101,23 @@ def peak_flops(plan: Plan, device: torch.device) -> float | None:
 
 
 class MetricsWriter:
-    """Rank 0's sinks: JSON lines, TensorBoard (optional), one printed line per step."""
+    """Rank 0's sinks: JSON lines, TensorBoard (optional), one printed line per step.
+
+    ``copy_to``: a second JSON-lines file (the launcher's run folder on this machine),
+    best effort: the run goes on without it. ``stream``: each line is also printed
+    after ``METRIC_PREFIX``, for a launcher on another machine."""
 
     def __init__(
-        self, path: Path | None, *, tensorboard_dir: Path | None = None, echo: bool = True
+        self,
+        path: Path | None,
+        *,
+        tensorboard_dir: Path | None = None,
+        echo: bool = True,
+        copy_to: Path | None = None,
+        stream: bool = False,
     ) -> None:
         self.path, self.echo = path, echo
+        self.copy_to, self.stream = copy_to, stream
         self.tb: Any = None
         self.tb_missing = False
         if tensorboard_dir is not None:
@@ -117,9 +130,24 @@ class MetricsWriter:
 
     def _append(self, record: dict[str, Any]) -> None:
         """One JSON line; checkpoint records come from the save's thread, hence the lock."""
-        if self.path is not None:
-            with _APPEND_LOCK, self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+        line = json.dumps(record)
+        with _APPEND_LOCK:
+            if self.path is not None:
+                with self.path.open("a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+            if self.copy_to is not None:
+                self._copy(line)
+        if self.stream:
+            print(METRIC_PREFIX + line, flush=True)
+
+    def _copy(self, line: str) -> None:
+        assert self.copy_to is not None
+        try:
+            with self.copy_to.open("a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as exc:  # the run folder went away: the host's file goes on
+            print(f"note: metrics no longer copied to {self.copy_to}: {exc}", flush=True)
+            self.copy_to = None
 
     def write(self, result: StepResult) -> None:
         self._append(result.to_json())
@@ -139,29 +167,22 @@ class MetricsWriter:
         self._append(record)
         tb = self.tb  # closed (None) once training ended: the final save's line is enough
         if tb is not None:
-            for key in ("ckpt_blocked_s", "ckpt_persist_s", "ckpt_bytes"):
-                tb.add_scalar(
-                    f"checkpoint/{key.removeprefix('ckpt_')}", record[key], record["step"]
-                )
+            for tag, value in tb_scalars(record):
+                tb.add_scalar(tag, value, record["step"])
 
     def write_eval(self, step: int, loss: float) -> None:
-        self._append({"step": step, "eval_loss": loss})
+        record = {"step": step, "eval_loss": loss}
+        self._append(record)
         if self.tb is not None:
-            self.tb.add_scalar("eval/loss", loss, step)
+            for tag, value in tb_scalars(record):
+                self.tb.add_scalar(tag, value, step)
         if self.echo:
             print(f"step {step} eval_loss {loss:.6f}", flush=True)
 
     def _scalars(self, r: StepResult) -> None:
-        add = self.tb.add_scalar
-        add("train/loss", r.loss, r.step)
-        add("train/lr", r.lr, r.step)
-        if r.grad_norm is not None:
-            add("train/grad_norm", r.grad_norm, r.step)
-        add("perf/tokens_per_s", r.tokens_per_s, r.step)
-        if r.mfu is not None:
-            add("perf/mfu", r.mfu, r.step)
-        for rank, nbytes in enumerate(r.peak_mem_bytes):
-            add(f"memory/peak_bytes/rank{rank}", nbytes, r.step)
+        """The tags the launcher's collector writes too (``runfiles.metricsfile``)."""
+        for tag, value in tb_scalars({**r.to_json(), "tokens_per_s": r.tokens_per_s}):
+            self.tb.add_scalar(tag, value, r.step)
 
     def close(self) -> None:
         tb, self.tb = self.tb, None

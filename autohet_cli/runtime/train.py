@@ -46,6 +46,7 @@ from autohet_cli.ckpt.policy import describe_every
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
+from autohet_cli.runfiles.metricsfile import FOLDER_ENV, METRICS_FILE, STREAM_ENV, TENSORBOARD_DIR
 from autohet_cli.runtime import train_args
 from autohet_cli.runtime.context import WorkerEnv, pick_device
 from autohet_cli.runtime.health import (
@@ -53,7 +54,6 @@ from autohet_cli.runtime.health import (
     default_timeout_s,
     init_process_group,
 )
-from autohet_cli.runtime.metrics import TENSORBOARD_DIR
 from autohet_cli.runtime.preempt import PreemptionHook, notices
 from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
 from autohet_cli.runtime.report import RunReportHook
@@ -104,7 +104,15 @@ def run(args: argparse.Namespace) -> list[StepResult]:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = args.run_dir / "metrics.jsonl"
     tb_dir = (metrics.parent / TENSORBOARD_DIR) if metrics is not None else None
-    metrics_hook = MetricsHook(metrics, tensorboard_dir=tb_dir)
+    # The launcher's run folder on this machine: the metrics and TensorBoard go there
+    # too (its TensorBoard alone: one set of events per run is enough).
+    folder = Path(os.environ[FOLDER_ENV]) if os.environ.get(FOLDER_ENV) else None
+    metrics_hook = MetricsHook(
+        metrics,
+        tensorboard_dir=folder / TENSORBOARD_DIR if folder else tb_dir,
+        copy_to=folder / METRICS_FILE if folder else None,
+        stream=os.environ.get(STREAM_ENV) == "1",
+    )
     hooks: list[Hook] = [metrics_hook]
     trace = None
     if args.trace is not None:

@@ -75,7 +75,7 @@ def test_a_crash_on_one_host_is_failed_workers_with_its_root_cause_not_a_lost_ho
     assert rc != 0, out
     assert re.search(r"^failed: .*root cause: rank \d on fake-3", out, re.M), out
     assert "RuntimeError: bad learning schedule in user code" in out
-    assert "logs: runs/e2e.v1/" in out
+    assert "run folder: runs/e2e.v1/" in out
     # Nothing suggests recovering, and --auto-recover did not act.
     assert "autohet recover" not in out and "auto-recover:" not in out, out
     events = _events(tmp_path)
