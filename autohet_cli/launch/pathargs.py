@@ -39,9 +39,10 @@ HELP = (
     "lists how each host reads them; every host checks them before any worker starts.\n"
 )
 
-# What each flag's path must be: "data" (a token file, directory or Megatron prefix),
-# "hf_dir" (a directory with config.json), "file", "fn" (a FILE.py:function spec:
-# its file), "out" (written by the workers: resolved, never checked).
+# What each flag's path must be: "data" (a token file, directory or Megatron prefix;
+# "exists" with a --data-fn, which reads it as it likes), "hf_dir" (a directory with
+# config.json), "file", "fn" (a FILE.py:function spec: its file), "out" (written by
+# the workers: resolved, never checked). A URL (s3://...) is not a path.
 PATH_FLAGS: Mapping[str, str] = {
     "--data": "data",
     "--init-from": "hf_dir",
@@ -106,8 +107,10 @@ def resolve(args: Sequence[str], host: Host, caller: Caller, home: str | None = 
     then expands; before, ``~/...`` stays for the host's shell or the preflight)."""
     out = list(args)
     last: dict[str, PathArg] = {}
-    for found in _find(args):
-        kind = PATH_FLAGS[found.flag]
+    everything = _find(args)
+    data_fn = _data_fn(everything)
+    for found in everything:
+        kind = "exists" if found.flag == "--data" and data_fn else PATH_FLAGS[found.flag]
         given, suffix = found.value, ""
         if kind == "fn":
             module, attr = fnspec.split(found.value)
@@ -115,6 +118,9 @@ def resolve(args: Sequence[str], host: Host, caller: Caller, home: str | None = 
                 last.pop(found.flag, None)  # a module name (the worker's path), not a path
                 continue
             given, suffix = module, f":{attr}"
+        if not given or "://" in given:
+            last.pop(found.flag, None)  # nothing, or a URL: not a path on the host
+            continue
         path, how = _read_as(given, host, caller, home)
         out[found.index] = f"{found.flag}={path}{suffix}" if found.joined else path + suffix
         last.pop(found.flag, None)  # re-inserted: argument order of the last ones
@@ -122,6 +128,13 @@ def resolve(args: Sequence[str], host: Host, caller: Caller, home: str | None = 
     return HostPaths(
         host=host.name, address=host.address, args=tuple(out), paths=tuple(last.values())
     )
+
+
+def _data_fn(found: Sequence[_Found]) -> bool:
+    """Whether the workers take their batches from a function, which reads ``--data``
+    as it likes (then the path need only exist)."""
+    fns = [f for f in found if f.flag == "--data-fn"]
+    return bool(fns and fns[-1].value)
 
 
 def _find(args: Sequence[str]) -> list[_Found]:

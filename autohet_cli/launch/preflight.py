@@ -61,6 +61,8 @@ def check(path, kind):
     if not os.path.exists(full):
         return full, {"hf_dir": "no such directory", "file": "no such file"}.get(
             kind, "no such file or directory")
+    if kind == "exists":
+        return full, None if readable(full, os.path.isdir(full)) else "permission denied"
     if kind == "hf_dir" or (kind == "data" and os.path.isdir(full)):
         if not os.path.isdir(full):
             return full, "not a directory (a HuggingFace model directory holds config.json " \

@@ -58,7 +58,7 @@ def test_this_machine_reads_relative_paths_from_the_callers_directory() -> None:
         "--lr=0.1",
     )
     assert [(a.flag, a.given, a.kind, a.how) for a in hp.paths] == [
-        ("--data", "build/sample-tokens", "data", CALLER_DIR),
+        ("--data", "build/sample-tokens", "exists", CALLER_DIR),  # read by --data-fn
         ("--init-from", "my-llama", "hf_dir", CALLER_DIR),
         ("--config", "./run.yaml", "file", CALLER_DIR),
         ("--model-fn", "models/mine.py", "fn", CALLER_DIR),
@@ -140,6 +140,20 @@ def test_the_error_names_host_flag_and_path() -> None:
 )
 def test_what_is_and_is_not_a_path(args: list[str], expected: tuple[str, ...]) -> None:
     assert resolve(args, LOCAL, CALLER).args == expected
+
+
+def test_urls_and_empty_values_are_not_paths() -> None:
+    args = ("--data=s3://bucket/tokens", "--init-from=")
+    hp = resolve(args, LOCAL, CALLER)
+    assert hp.args == args and hp.paths == ()
+
+
+def test_with_a_data_function_data_need_only_exist() -> None:
+    """Your function reads --data as it likes (a folder of parquet files, say)."""
+    hp = resolve(["--data=corpus", "--data-fn=pkg.mine:build"], LOCAL, CALLER)
+    assert [(a.flag, a.path, a.kind) for a in hp.paths] == [
+        ("--data", "/home/me/proj/corpus", "exists")
+    ]
 
 
 def test_a_later_module_name_replaces_an_earlier_file() -> None:

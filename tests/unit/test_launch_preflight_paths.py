@@ -41,6 +41,9 @@ def test_every_kind_of_path_that_is_there_passes(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text("steps: 1\n")
     (tmp_path / "mine.py").write_text("")
     with HostPool(_cluster(tmp_path), ConnectOptions()) as pool:
+        # With a data function, --data need only exist: here a folder without meta.json.
+        paths = _paths(tmp_path, "--data=my-llama", "--data-fn=pkg.mine:build")
+        preflight(pool, ["a"], needs_autohet=False, port_host=None, paths=paths)
         for data in ("tokens.bin", "mega", "prepared"):
             paths = _paths(
                 tmp_path,
@@ -72,6 +75,7 @@ def test_a_missing_relative_path_names_host_flag_path_and_how_it_was_read(
         ({"d/": ""}, ("--init-from=d",), "--init-from d: no config.json in it"),
         ({"d/": ""}, ("--data=d",), "--data d: a directory without meta.json"),
         ({"d/": ""}, ("--config=d",), "--config d: is a directory, not a file"),
+        ({}, ("--data=d", "--data-fn=m:build"), "--data d: no such file or directory"),
         ({"m.bin": ""}, ("--data=m.idx",), "--data m.idx: a Megatron dataset needs both"),
         ({}, ("--model-fn=lib/mine.py:build",), "--model-fn lib/mine.py: no such file"),
         ({}, ("--config", "run.toml"), "--config run.toml: no such file"),
