@@ -155,6 +155,7 @@ class Job:
         self.broken_grace_s = 0.0
         self._gone: set[str] = set()  # lost hosts: nothing more is sent there
         self._stopped: set[str] = set()  # hosts stopped already (after a verdict)
+        self._drained: set[str] = set()  # ended hosts whose output was read to its end
         self._started_at = 0.0
         # The workers' preemption notice (runtime.preempt), once rank 0 announced one.
         self.preemption: triage.Preemption | None = None
@@ -393,6 +394,7 @@ class Job:
         """Look at every host, decide; stop everything and finish if there is a verdict.
         ``force``: some host ended (or every one did), so a verdict is due now."""
         probes = self._probe_all(codes, dropped)
+        self._drain_ended(codes, dropped)
         force = force or bool(dropped)  # a host fell silent while the others were probed
         deadline_passed = (
             self.start_timeout_s is not None
@@ -471,6 +473,18 @@ class Job:
             if not results.wait(waiting, self.poll_s):
                 break
         return {n: v for n, v in results.items() if n not in dropped}
+
+    def _drain_ended(self, codes: dict[str, int | None], dropped: dict[str, str]) -> None:
+        """Read what an ended host printed last before judging it: its exit code can
+        be seen while its last lines (the error) are still in the pipe."""
+        for host, code in codes.items():
+            if code is None or host in dropped or host in self._drained:
+                continue
+            self._drained.add(host)
+            try:
+                self._handles[host].wait(0)  # ended: returns at once, after its output
+            except AutohetError:
+                pass  # a connection lost meanwhile: the next look judges it
 
     def _with_rendezvous(self, states: list[triage.HostState]) -> list[triage.HostState]:
         """Nobody started: which hosts' torchrun reached the rendezvous at all?"""

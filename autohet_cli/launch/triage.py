@@ -11,8 +11,9 @@ failed workers
     Every host answers, but workers exited non-zero: a crash in user code, a bad
     config, a port already in use, out of memory. Recovery would only crash again
     on fewer GPUs, so none is offered; the root cause is named instead: the
-    earliest error any rank recorded (``runtime.records``), else the last error
-    line in that host's output (user scripts, torchrun's own failures).
+    earliest error any rank recorded (``runtime.records``), else what the failed
+    hosts' output says (``logcause``: the first failed worker's message or exit;
+    never "out of memory" without evidence).
 preempted
     A host announced its preemption (``runtime.preempt``): every rank saved the
     step it had finished and stopped. The job goes on without that host from
@@ -29,6 +30,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from autohet_cli.launch import logcause
+
 FINISHED, FAILED, HOST_LOST, NOT_STARTED, INTERRUPTED, PREEMPTED = (
     "finished",
     "failed",
@@ -38,16 +41,6 @@ FINISHED, FAILED, HOST_LOST, NOT_STARTED, INTERRUPTED, PREEMPTED = (
     "preempted",
 )
 RECOVERABLE = (HOST_LOST, PREEMPTED)
-# torchrun's summary of a failed worker, and Python's last traceback line.
-_EXC_LINE = re.compile(
-    r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)):\s*(.+)$"
-)
-_RUNTIME_ERROR = re.compile(r"autohet runtime: error: (.+)$")
-_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)")
-# argparse's last line when a worker refuses a flag (``--train-arg=--lrr=0.1``).
-_ARGPARSE_ERROR = re.compile(r"autohet_cli\.runtime\.train: error: (.+)$")
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_NOISE = ("ChildFailedError", "torch.distributed.elastic.multiprocessing.errors")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,85 +120,40 @@ def parse_records(host: str, text: str) -> list[WorkerError]:
     return out
 
 
-def error_from_output(host: str, lines: Sequence[str]) -> WorkerError | None:
-    """The most telling error line of a host's output, for failures with no record.
-
-    Our runtime's ``autohet runtime: error:`` line wins; else the last Python
-    exception line that is not torchrun's ChildFailedError wrapper; else a signal
-    torchrun reports (a worker killed by the OOM killer, say).
-    """
-    ours = [m.group(1) for m in map(_RUNTIME_ERROR.search, lines) if m]
-    if ours:
-        return WorkerError(host=host, kind="output", message=ours[0])
-    flags = [m.group(1) for m in map(_ARGPARSE_ERROR.search, lines) if m]
-    if flags:
-        return WorkerError(
-            host=host,
-            kind="output",
-            message=f"the worker refused its flags: {flags[0]} (check --train-arg and "
-            "the run config; `python -m autohet_cli.runtime.train --help` lists them)",
-        )
-    for line in reversed(lines):
-        m = _EXC_LINE.match(line)
-        if m and not any(n in m.group(1) for n in _NOISE):
-            return WorkerError(host=host, kind="output", message=f"{m.group(1)}: {m.group(2)}")
-    # A signal says how a worker died, not why. SIGTERM is what torchrun sends the
-    # others once one fails (and what a shutdown sends): the least telling, so
-    # another signal wins. Only SIGKILL may be the kernel's out-of-memory killer,
-    # and the host's kernel log says whether it was: nothing here guesses more.
-    signals = [m for m in map(_SIGNAL.search, lines) if m]
-    if signals:
-        m = next((x for x in signals if x.group(2) != "SIGTERM"), signals[0])
-        return WorkerError(host=host, kind="output", message=_signal_words(m, host))
-    for line in reversed(lines):
-        if (m := _EXITCODE.search(line)) and int(m.group(1)) < 0:
-            sig = -int(m.group(1))
-            return WorkerError(
-                host=host, kind="output", message=f"a worker was killed by signal {sig}"
-            )
-    return None
-
-
-def _signal_words(m: re.Match[str], host: str) -> str:
-    number, name, pid = m.group(1), m.group(2), m.group(3)
-    said = f"a worker (pid {pid}) was killed by signal {number} ({name})"
-    if name == "SIGKILL":
-        return (
-            f"{said}: the kernel's out-of-memory killer sends it, as does kill -9 or a "
-            f"scheduler; `dmesg` or `journalctl -k` on {host} says whether memory ran out"
-        )
-    if name == "SIGTERM":
-        return (
-            f"{said}: torchrun stops every worker this way once one fails, and a "
-            "shutdown or a scheduler sends it too; no worker recorded a cause"
-        )
-    return said
+def error_from_output(
+    host: str, lines: Sequence[str], exit_code: int | None = None
+) -> WorkerError | None:
+    """The most telling error of a host's output, for failures with no record
+    (``logcause``: a worker's own message, else the first failed worker's exit)."""
+    found = logcause.cause_from_output(lines, exit_code)
+    if found is None:
+        return None
+    return WorkerError(host=host, kind="output", message=found.message, rank=found.rank)
 
 
 # Errors whose fix is known: (pattern in the message, what to do).
 _HINTS = (
     (
-        "EADDRINUSE",
+        re.compile("EADDRINUSE|address already in use"),
         "another process holds that port: leave out --master-port (a free port is "
         "picked) or choose another",
     ),
     (
-        "address already in use",
-        "another process holds that port: leave out --master-port (a "
-        "free port is picked) or choose another",
-    ),
-    (
-        "out of memory",
+        logcause.OOM_TEXT,
         "the stage does not fit: re-plan with a measured profile (autohet profile "
         "run) or a smaller micro-batch",
     ),
-    ("No module named", "install it in that host's interpreter, or copy your code with --sync-dir"),
+    (
+        re.compile("No module named"),
+        "install it in that host's interpreter, or copy your code with --sync-dir",
+    ),
 )
 
 
 def hint_for(message: str) -> str:
-    """What to do about a known error, or ""."""
-    return next((fix for pattern, fix in _HINTS if pattern in message), "")
+    """What to do about a known error, or "". Out of memory only on evidence: a
+    message that says so, or the kernel's OOM-kill count (``runtime.oom``)."""
+    return next((fix for pattern, fix in _HINTS if pattern.search(message)), "")
 
 
 def root_cause(hosts: Iterable[HostState]) -> WorkerError | None:
@@ -213,6 +161,7 @@ def root_cause(hosts: Iterable[HostState]) -> WorkerError | None:
 
     A rank that stopped because a peer vanished records ``peer_lost``; those are
     consequences, so they count only when no rank recorded an error of its own.
+    Without records, hosts' output is read (``logcause``).
     """
     states = list(hosts)
     records = [e for h in states for e in h.errors]
@@ -220,12 +169,16 @@ def root_cause(hosts: Iterable[HostState]) -> WorkerError | None:
         chosen = [e for e in records if e.kind in kinds]
         if chosen:
             return min(chosen, key=lambda e: (e.time_unix is None, e.time_unix or 0.0))
-    for h in states:
-        if h.exit_code not in (None, 0):
-            found = error_from_output(h.name, h.output_tail)
-            if found is not None:
-                return found
-    return None
+    # From the output: the most telling cause of any failed host (a host whose
+    # workers torchrun stopped, or that lost their peer, yields to the one that
+    # failed first), the first host in plan order among equals.
+    found = [
+        (c.weight, i, WorkerError(host=h.name, kind="output", message=c.message, rank=c.rank))
+        for i, h in enumerate(states)
+        if h.exit_code not in (None, 0)
+        and (c := logcause.cause_from_output(h.output_tail, h.exit_code)) is not None
+    ]
+    return min(found, key=lambda f: f[:2])[2] if found else None
 
 
 def triage(

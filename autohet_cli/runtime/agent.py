@@ -40,6 +40,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from autohet_cli import oom
+
 # A shutdown's repeats come within milliseconds (systemd signals the unit's processes
 # in one pass, a Slurm step's processes get one signal each); 10 s absorbs a slow
 # second pass while a person's deliberate "stop now" a little later still acts.
@@ -157,8 +159,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     from torch.distributed.run import main as torchrun_main
 
-    # torchrun's main reads sys.argv[1:] when given None; its exit code is its own.
-    torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    # The kernel's OOM kills are counted from here: a worker's SIGKILL is called out of
+    # memory only if a counter rose (autohet_cli.oom, read by launch.triage).
+    before = oom.kill_counts()
+    try:
+        # torchrun's main reads sys.argv[1:] when given None; its exit code is its own.
+        torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        if line := oom.evidence_line(before):
+            try:
+                os.write(2, f"{line}\n".encode())
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

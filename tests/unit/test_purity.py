@@ -43,6 +43,8 @@ PURE_MODULES = (
     "autohet_cli.inputs",
     "autohet_cli.launch.specs",
     "autohet_cli.launch.triage",
+    "autohet_cli.launch.logcause",
+    "autohet_cli.oom",
     "autohet_cli.paths",
     "autohet_cli.recovery.manifest",
     "autohet_cli.recovery.replan",
