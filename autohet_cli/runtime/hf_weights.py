@@ -10,9 +10,12 @@ vocabulary padding rows are zeroed.
 
 Before any tensor is read the directory's files and headers are checked
 (``hf_files``: regular files inside ``DIR`` only, bounded headers, every tensor the
-model reads floating point); each tensor is checked finite as it loads, so a
-quantized, damaged or NaN checkpoint stops the launch with its name instead of
-training on garbage.
+model reads floating point) and so is the whole model against them (``hf_match``:
+no tensor missing, unused or of another shape, on every stage alike); each tensor
+is checked finite as it loads, so a quantized, damaged, NaN or mismatched
+checkpoint stops the launch with its name instead of training on garbage.
+``load_stage`` says what it read (``StageLoad``); ``hf_init`` makes the ranks agree
+and prints it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +40,19 @@ from autohet_cli.runtime.hf_files import (
     check_dtypes,
     scan,
 )
+from autohet_cli.runtime.hf_match import check_match, describe, expected_tensors, ignorable
 from autohet_cli.runtime.model_api import local_block
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
 
-__all__ = ["INDEX_FILE", "SINGLE_FILE", "HFWeightsError", "load_hf_weights"]
+__all__ = [
+    "INDEX_FILE",
+    "SINGLE_FILE",
+    "HFWeightsError",
+    "StageLoad",
+    "load_hf_weights",
+    "load_stage",
+]
 # Fields that may differ between the plan and the checkpoint's config.json.
 _FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
 
@@ -95,7 +107,8 @@ def read_block(
     offsets: tuple[int, ...],
     local_shape: tuple[int, ...],
 ) -> Tensor:
-    """Our global tensor's block at ``offsets`` of ``local_shape``, from the HF tensor."""
+    """Our global tensor's block at ``offsets`` of ``local_shape``, from the HF tensor;
+    fewer rows where ours run past the checkpoint's (vocabulary padding)."""
     hf = files.slice(src.name)
     hf_shape = tuple(hf.get_shape())
     rows = global_shape[0] if src.rows is None else src.rows
@@ -117,11 +130,16 @@ def read_block(
             f"{files.directory}: tensor {src.name!r} has shape {list(hf_shape)}, which does "
             f"not hold {list(want)} at row {src.offset}{' (transposed)' if src.transposed else ''}"
         )
-    if rb - ra == n:
-        whole: Tensor = block
-        return whole
-    out = torch.zeros(local_shape, dtype=block.dtype)  # vocabulary padding rows
-    out[: rb - ra] = block
+    whole: Tensor = block
+    return whole  # rows past the checkpoint's (vocabulary padding) are _padded's
+
+
+def _padded(block: Tensor, local_shape: tuple[int, ...]) -> Tensor:
+    """``block`` with zero rows below it up to ``local_shape`` (vocabulary padding)."""
+    if tuple(block.shape) == local_shape:
+        return block
+    out = torch.zeros(local_shape, dtype=block.dtype)
+    out[: block.shape[0]] = block
     return out
 
 
@@ -130,20 +148,40 @@ def named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
     yield from module.named_parameters(remove_duplicate=False)
 
 
-@torch.no_grad()
-def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -> int:
-    """Fill ``module``'s parameters (full names ``layers.<i>.<name>``) from ``directory``.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageLoad:
+    """What one rank read of ``--init-from`` (its layers, its TP shard)."""
 
-    Returns the number of tensors loaded. Every parameter must have a HF source:
-    ``--init-from`` works with the built-in model families.
-    """
+    num_params: int  # our parameters filled
+    num_tensors: int  # the checkpoint's tensors they came from
+    num_bytes: int  # read from disk, as stored
+    stored_dtypes: tuple[str, ...]  # the format's names: BF16, F32, ...
+    dtype: str  # what they were converted to: the parameters' dtype
+    checkpoint: str  # the whole checkpoint's line (hf_match.describe)
+
+
+def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -> int:
+    """``load_stage``'s number of parameters filled."""
+    return load_stage(module, spec, directory).num_params
+
+
+@torch.no_grad()
+def load_stage(module: nn.Module, spec: ModelSpec, directory: str | Path) -> StageLoad:
+    """Fill ``module``'s parameters (full names ``layers.<i>.<name>``) from ``directory``,
+    after checking the whole model against its headers. Every parameter must have a
+    HF source: ``--init-from`` works with the built-in model families."""
     root = Path(directory)
     check_directory(root)
     check_config(spec, root)
     sources = family_module(spec).hf_sources(spec)
-    count = 0
+    expected = expected_tensors(spec)
+    names: set[str] = set()
+    num_params = num_bytes = 0
+    dtype = ""
     with SafetensorsDir(root) as files:
-        check_dtypes(root, files.tensors, {s.name for s in sources.values()})
+        known = {n for n in files.tensors if ignorable(n, expected)}
+        check_dtypes(root, files.tensors, {*expected.required, *known})
+        check_match(root, files.tensors, spec, expected)
         for name, param in named_tensors(module):
             src = sources.get(name)
             if src is None:
@@ -152,9 +190,21 @@ def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -
                     "with the built-in model families' layers"
                 )
             local, global_shape, offsets = local_block(param)
-            local.copy_(_finite(files, src.name, _read(files, src, global_shape, offsets, local)))
-            count += 1
-    return count
+            block = _read(files, src, global_shape, offsets, local)
+            num_bytes += block.numel() * block.element_size()
+            value = _padded(block, tuple(local.shape)).to(local.dtype)
+            local.copy_(_finite(files, src.name, value))
+            names.add(src.name)
+            num_params += 1
+            dtype = str(local.dtype).removeprefix("torch.")
+        return StageLoad(
+            num_params=num_params,
+            num_tensors=len(names),
+            num_bytes=num_bytes,
+            stored_dtypes=tuple(sorted({files.tensors[n].dtype for n in names})),
+            dtype=dtype,
+            checkpoint=describe(root, files.tensors, expected),
+        )
 
 
 def _read(
@@ -164,7 +214,7 @@ def _read(
     offsets: tuple[int, ...],
     local: Tensor,
 ) -> Tensor:
-    """This rank's block of ``src``, in ``local``'s dtype; safetensors' errors named."""
+    """This rank's block of ``src`` as stored; safetensors' errors named."""
     from safetensors import SafetensorError
 
     try:
@@ -175,7 +225,7 @@ def _read(
             f"{path}: cannot read tensor {src.name!r}: {exc}; the file is damaged: "
             "download or save it again"
         ) from None
-    return block.to(local.dtype)
+    return block
 
 
 def _finite(files: SafetensorsDir, name: str, value: Tensor) -> Tensor:

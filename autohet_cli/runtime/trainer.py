@@ -196,10 +196,17 @@ class Trainer:
             )
         if self.config.init_from:
             from autohet_cli.models import get_model
-            from autohet_cli.runtime.hf_weights import load_hf_weights
+            from autohet_cli.runtime.hf_init import init_from
 
             spec = self.plan.architecture or get_model(self.plan.model_name)
-            load_hf_weights(self.stage, spec, self.config.init_from)
+            init_from(
+                self.stage,
+                spec,
+                self.config.init_from,
+                info=self.runtime.info,
+                global_rank=self.runtime.global_rank,
+                say=say,
+            )
             self._uninitialised = False
         elif not defer_init:
             self.init_weights()
