@@ -356,20 +356,14 @@ def _check_optimizer(p: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 
 def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Warmup must end where the schedule can still decay: before ``--decay-steps``,
-    or (without it, the schedule ends at the run's last step) by ``--steps``. A run
-    in pieces sets ``--decay-steps`` past this run's ``--steps``."""
+    """Warmup must end before ``--decay-steps``, where the schedule decays. A run
+    shorter than its warmup is allowed: a quick try of a run config
+    (``--config examples/demo-run.yaml --steps 5``) is exactly that."""
     warmup, decay = args.warmup_steps, args.decay_steps
     if decay is not None and warmup > decay:
         p.error(
             f"--warmup-steps {warmup} ends after --decay-steps {decay}: the schedule would "
             "decay before it reached --lr"
-        )
-    if decay is None and 0 < args.steps < warmup:
-        p.error(
-            f"--warmup-steps {warmup} is past --steps {args.steps}: the learning rate would "
-            "never reach --lr (lower --warmup-steps, or set --decay-steps for a longer "
-            "schedule)"
         )
 
 

@@ -36,11 +36,6 @@ REFUSED = [
         "--warmup-steps 50 ends after --decay-steps 20: the schedule would decay before "
         "it reached --lr",
     ),
-    (
-        ["--warmup-steps=500"],
-        "--warmup-steps 500 is past --steps 100: the learning rate would never reach --lr "
-        "(lower --warmup-steps, or set --decay-steps for a longer schedule)",
-    ),
 ]
 
 
@@ -62,6 +57,8 @@ def test_sensible_flags_pass_and_a_long_schedule_may_warm_up_past_this_run() -> 
     # A run in pieces: the schedule is --decay-steps long, this launch stops at 100.
     check_flags(["--steps=100", "--warmup-steps=200", "--decay-steps=2000"])
     check_flags(["--steps=0", "--warmup-steps=10"])  # nothing trains: nothing to judge
+    # a quick try of a run config with fewer steps than its warmup (the demo's has 8)
+    check_flags(["--steps=5", "--warmup-steps=8"])
 
 
 def test_help_among_the_worker_flags_is_refused_without_printing(
