@@ -20,7 +20,7 @@ and an ``lm_head.weight`` beside the embedding when the config ties them
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +163,35 @@ def _likely_cause(*, missing: list[str], unused: list[str], reshaped: list[str])
     )
 
 
-def describe(directory: Path, tensors: Mapping[str, TensorEntry], expected: Expected) -> str:
+# The ``base_model_prefix`` of the HF classes the families map to: GPT2LMHeadModel's
+# body is ``transformer.``, LlamaForCausalLM's (Mistral, Qwen2, Phi-3) ``model.``.
+BASE_PREFIXES = ("transformer.", "model.")
+
+
+def base_prefix(stored: Collection[str], wanted: Collection[str]) -> str | None:
+    """The prefix a base-model save lacks, when ``stored`` is one (None otherwise).
+
+    The hub's original ``gpt2`` was saved from ``GPT2Model``: ``h.0.attn.c_attn.weight``,
+    ``wte.weight``, no ``transformer.`` and no head (tied). transformers'
+    ``from_pretrained`` adds the prefix (``base_model_prefix``); so do we, when no
+    stored name has it and it makes most of the model's names appear."""
+    for prefix in BASE_PREFIXES:
+        body = [n for n in wanted if n.startswith(prefix)]
+        if not body or any(n.startswith(prefix) for n in stored):
+            continue
+        have = set(stored)
+        if 2 * sum(n[len(prefix) :] in have for n in body) > len(body):
+            return prefix
+    return None
+
+
+def describe(
+    directory: Path,
+    tensors: Mapping[str, TensorEntry],
+    expected: Expected,
+    *,
+    base_prefix: str | None = None,
+) -> str:
     """The load line for the checkpoint: files, tensors, bytes, dtypes, what matched."""
     files = sorted({e.file for e in tensors.values()}, key=natural)
     dtypes = sorted({e.dtype for e in tensors.values()})
@@ -171,6 +199,8 @@ def describe(directory: Path, tensors: Mapping[str, TensorEntry], expected: Expe
     via = f" (via {INDEX_FILE})" if (directory / INDEX_FILE).exists() else ""
     ignored = sorted((n for n in tensors if ignorable(n, expected)), key=natural)
     note = f"; ignored: {some(ignored)} (no weights the model trains)" if ignored else ""
+    if base_prefix is not None:
+        note += f"; saved from the base model: names read with {base_prefix!r} before them"
     return (
         f"--init-from {directory}: {_count(list(tensors), 'tensor')}, {size_text(num_bytes)} "
         f"of {', '.join(DTYPE_NAMES.get(d, d) for d in dtypes)} in "

@@ -21,7 +21,7 @@ and prints it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,13 @@ from autohet_cli.runtime.hf_files import (
     check_dtypes,
     scan,
 )
-from autohet_cli.runtime.hf_match import check_match, describe, expected_tensors, ignorable
+from autohet_cli.runtime.hf_match import (
+    base_prefix,
+    check_match,
+    describe,
+    expected_tensors,
+    ignorable,
+)
 from autohet_cli.runtime.model_api import local_block
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
@@ -79,8 +85,21 @@ class SafetensorsDir:
         self.directory = directory
         self.tensors = scan(directory)  # headers checked: safe to hand to safetensors
         self.files = {name: e.file for name, e in self.tensors.items()}
+        self.stored: dict[str, str] = {}  # our name -> the name in the file, where they differ
+        self.base_prefix: str | None = None
         self._stack = ExitStack()
         self._open: dict[str, Any] = {}
+
+    def adopt_base_prefix(self, wanted: Collection[str]) -> None:
+        """Read a base-model save as the model's names (``hf_match.base_prefix``)."""
+        prefix = base_prefix(self.tensors, wanted)
+        if prefix is None:
+            return
+        self.base_prefix = prefix
+        self.stored = {prefix + n: n for n in self.tensors if not n.startswith("lm_head.")}
+        self.stored |= {n: n for n in self.tensors if n.startswith("lm_head.")}
+        self.tensors = {ours: self.tensors[theirs] for ours, theirs in self.stored.items()}
+        self.files = {name: e.file for name, e in self.tensors.items()}
 
     def __enter__(self) -> SafetensorsDir:
         return self
@@ -97,7 +116,7 @@ class SafetensorsDir:
 
             handle = safe_open(str(self.directory / file), framework="pt")
             self._open[file] = self._stack.enter_context(handle)
-        return self._open[file].get_slice(name)
+        return self._open[file].get_slice(self.stored.get(name, name))
 
 
 def read_block(
@@ -179,6 +198,7 @@ def load_stage(module: nn.Module, spec: ModelSpec, directory: str | Path) -> Sta
     num_params = num_bytes = 0
     dtype = ""
     with SafetensorsDir(root) as files:
+        files.adopt_base_prefix(expected.required)
         known = {n for n in files.tensors if ignorable(n, expected)}
         check_dtypes(root, files.tensors, {*expected.required, *known})
         check_match(root, files.tensors, spec, expected)
@@ -203,7 +223,7 @@ def load_stage(module: nn.Module, spec: ModelSpec, directory: str | Path) -> Sta
             num_bytes=num_bytes,
             stored_dtypes=tuple(sorted({files.tensors[n].dtype for n in names})),
             dtype=dtype,
-            checkpoint=describe(root, files.tensors, expected),
+            checkpoint=describe(root, files.tensors, expected, base_prefix=files.base_prefix),
         )
 
 

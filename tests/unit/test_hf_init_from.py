@@ -230,3 +230,28 @@ def test_a_rank_that_failed_is_named_when_the_others_did_not() -> None:
     assert hf_init.first_failure([ok, bad]) == "rank 1 on b: x: NaN"
     assert hf_init.first_failure([bad, bad]) == "x: NaN"
     assert hf_init.first_failure([ok]) is None
+
+
+def test_a_base_model_save_like_the_hubs_gpt2_loads_the_same_weights(
+    saved: dict[str, Path], tmp_path: Path
+) -> None:
+    """The hub's original ``gpt2`` was saved from ``GPT2Model``: no ``transformer.``
+    prefix and no head. transformers loads it into GPT2LMHeadModel; so do we."""
+    import transformers as tf
+
+    directory = saved["gpt2"]
+    base = tmp_path / "gpt2-base"
+    tf.AutoModelForCausalLM.from_pretrained(directory).transformer.save_pretrained(base)
+    assert not any(n.startswith(("transformer.", "lm_head.")) for n in headers(base))
+    spec = load_hf_config(str(base / "config.json"))
+    said: list[str] = []
+    ours = our_model(spec)
+    init_from(ours, spec, base, info=info(spec), global_rank=0, say=said.append)
+    reference = our_model(spec)
+    init_from(reference, spec, directory, info=info(spec), global_rank=0, say=lambda _: None)
+    got, want = ours.state_dict(), reference.state_dict()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert "saved from the base model: names read with 'transformer.' before them" in said[0]
+    assert "none missing, none unused" in said[0]
