@@ -49,6 +49,11 @@ from torch.distributed.tensor import DTensor
 from autohet_cli.runtime.stage import is_tp_sharded, local_tensor
 from autohet_cli.settings import GRAD_REDUCE_DTYPE
 
+# torch 2.13 renamed the tensor collectives (``*_single``) and warns on every call of
+# the old names; torch 2.8 to 2.12 have only the old ones. Same signatures.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 REDUCE_DTYPE = getattr(torch, GRAD_REDUCE_DTYPE)
 STATE_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
 
@@ -109,7 +114,7 @@ class ShardedBucket:
         for p in self.params:
             p.grad = None
         mine = torch.empty(self.chunk, dtype=REDUCE_DTYPE, device=flat.device)
-        dist.reduce_scatter_tensor(mine, flat, group=self.group)
+        _REDUCE_SCATTER(mine, flat, group=self.group)
         offset = 0
         for _, lo, hi, piece in self.slices:
             piece.grad = mine[offset : offset + hi - lo].to(piece.dtype)
@@ -134,7 +139,7 @@ class ShardedBucket:
             buf[offset : offset + t.numel()].copy_(t.reshape(-1))
             offset += t.numel()
         full = torch.empty(self.chunk * self.members, dtype=REDUCE_DTYPE, device=device)
-        dist.all_gather_into_tensor(full, buf, group=self.group)
+        _ALL_GATHER(full, buf, group=self.group)
         return full
 
     def writer(self, j: int) -> int:

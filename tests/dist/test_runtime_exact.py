@@ -133,6 +133,9 @@ def _worker_args(plan_path: Path, out: Path, optimizer: str, *, run_dir: bool = 
 
 def _check(proc: subprocess.CompletedProcess[str], what: str) -> None:
     assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    # No deprecation noise in a user's logs from the APIs we call (torch 2.13 renamed
+    # the tensor collectives ZeRO-1 uses and warned on every step).
+    assert "FutureWarning" not in proc.stderr, proc.stderr[-4000:]
 
 
 def run_plan(plan: Plan, tmp: Path, *, torchrun: bool = True) -> RunResult:
