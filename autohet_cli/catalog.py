@@ -21,6 +21,12 @@ cluster can be planned, launched and tested on machines without GPUs; its
 figures are deliberately modest and are meant to be replaced by
 ``autohet profile run``.
 
+``fixed`` (``FixedCosts``) is what a step costs whatever its work: per eager op,
+per collective message, per optimizer step. Small models are made of it (the
+demo's step on the CPU stand-in is ~90% fixed cost); large ones hide it behind
+their arithmetic. ``GPU_FIXED`` serves every GPU, ``CPU_FIXED`` the stand-in;
+the class docstring says where the numbers come from.
+
 Precision: a catalog type has one ``peak_tflops``, at its best training
 precision, and the analytic model uses it whatever ``--precision`` a plan asks
 for (measured profiles carry their own dtype). A type a cluster file defines
@@ -42,6 +48,68 @@ GIB = 1 << 30
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FixedCosts:
+    """Time a device spends beyond arithmetic and bytes, for the analytic model.
+
+    - ``op_us``: one eager op: the dispatcher and autograd's bookkeeping on the
+      host, plus a kernel launch on a GPU. ``overlapped``: launches are queued
+      ahead of the device (CUDA), so a layer takes the longer of its ops' host
+      time and its device time; on the CPU the same thread does both: they add.
+    - ``tp_op_us``: added to each op of a TP stage: DTensor's sharding propagation
+      and its wrapping and unwrapping of local tensors, on the host.
+    - ``hop_us``: one message of a collective or a stage-to-stage send (a ring
+      all-reduce over n ranks sends 2(n-1) of them one after the other).
+    - ``step_us``: once per step outside the stages' layers: the trainer's loop,
+      fetching the batch, the loss/memory report (an all-reduce and a host sync).
+    - ``optimizer_ops_per_tensor``: ops the optimizer step and gradient clipping run
+      per parameter tensor (a GPU's foreach kernels cover many tensors per launch;
+      on the CPU torch's Adam and the clip loop run each tensor's ops one by one).
+
+    Where the numbers come from. GPUs: PyTorch's eager overhead (a few µs of
+    dispatch and autograd per op plus ~5 µs per CUDA launch: ~10 µs), DTensor's
+    per-op propagation (~20 µs with torch 2.x's C++ fast path), NCCL's
+    small-message latency (~5 µs per ring step within a host) and the runtime's
+    step outside its stages (~2 ms: Python, the batch, two small all-reduces that
+    wait for the device). The CPU stand-in (one thread per device, gloo over
+    loopback) was measured with the runtime on the project's 2-core development
+    machine, shared with other work (llama-tiny, fp32: data-parallel, TP 2 and
+    two-stage plans at micro-batches 1, 4 and 8, medians of 12-78 steps, with the
+    torch profiler's op counts), in wall time: ~60 µs per op (the block's time at
+    zero samples over its op count; ~11 µs of CPU time on a quiet core), ~150 µs
+    more per DTensor op, ~1 ms per gloo message (most of it waiting for the other
+    process to be scheduled), ~10 ms per step and 8 ops per parameter tensor
+    (torch's Adam steps CPU tensors one by one). ``autohet profile run`` measures
+    the real figures (``DeviceFacts.op_us``, the all-reduce fit, the step cost),
+    which replace these.
+    """
+
+    op_us: float
+    tp_op_us: float
+    hop_us: float
+    step_us: float
+    optimizer_ops_per_tensor: float
+    overlapped: bool
+
+
+GPU_FIXED = FixedCosts(
+    op_us=10.0,
+    tp_op_us=0.0,
+    hop_us=5.0,
+    step_us=2000.0,
+    optimizer_ops_per_tensor=2.0,
+    overlapped=True,
+)
+CPU_FIXED = FixedCosts(
+    op_us=60.0,
+    tp_op_us=150.0,
+    hop_us=1000.0,
+    step_us=10000.0,
+    optimizer_ops_per_tensor=8.0,
+    overlapped=False,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     name: str
     mem_bytes: int
@@ -56,6 +124,7 @@ class GpuSpec:
     # (precision, TFLOP/s) pairs for types defined in a cluster file; empty: peak_tflops
     # at every precision (the catalog's convention).
     peak_tflops_by_precision: tuple[tuple[str, float], ...] = ()
+    fixed: FixedCosts = GPU_FIXED
 
     def peak_tflops_at(self, precision: str) -> float:
         """Dense peak at ``precision``; a defined type without that figure is an error,
@@ -124,14 +193,22 @@ CATALOG["cpu"] = GpuSpec(
     mem_bytes=4 * GIB,
     peak_tflops=0.2,
     mem_bandwidth_gbytes_s=20.0,
-    intra_node_gbps=80.0,
-    pcie_gbps=80.0,
+    # gloo between two worker processes over loopback TCP: ~0.5 GB/s on a busy core
+    # (a 5 MB gradient all-reduce of the demo's data-parallel plan took 12-26 ms).
+    intra_node_gbps=4.0,
+    pcie_gbps=4.0,
     nvlink=False,
-    matmul_efficiency=0.5,
+    # A layer of the stand-in's small models on one thread (the launcher sets
+    # OMP_NUM_THREADS=1 per device) gets ~40 GFLOP/s of CPU time (the probe's
+    # llama-tiny block and head at micro-batch 8: small GEMMs, attention and
+    # elementwise ops that wait on memory) and less in wall time on a small machine
+    # shared with other work (two workers on two busy cores: 15-40): 25.
+    matmul_efficiency=0.125,
     # A worker process's resident memory before any model: the interpreter, torch and
     # its libraries, gloo buffers (measured peak RSS of a tiny model: 330-400 MiB).
     runtime_reserve_bytes=512 * (1 << 20),
     description="a group of CPU cores acting as one device (fp32)",
+    fixed=CPU_FIXED,
 )
 
 _ALIASES = {

@@ -33,7 +33,8 @@ multiset of host sequences alone. Devices are assigned at the end.
 Decomposition. ``evaluate`` gives iteration = max_p T_p(m_p) + sync + opt, where
 pipeline p's time T_p and memory fit depend only on its own shape and
 micro-batch count m_p, while sync and opt depend only on the shapes (all stage
-boundaries), not on the m_p. So for each multiset of shapes the best micro-batch
+boundaries; opt's fixed step cost on their GPU types and number of GPUs), not on
+the m_p. So for each multiset of shapes the best micro-batch
 distribution is the min-max allocation of M over the T_p (greedy when every T_p
 is non-decreasing in m, else a dynamic program over all compositions of M), and
 one ``evaluate`` of that whole plan gives its exact iteration time.
@@ -178,6 +179,13 @@ def _dp(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | N
         ms.append(pick[i][r])
         r -= pick[i][r]
     return best[0][M], ms
+
+
+def _step_overhead_ms(pipelines: Sequence[Pipeline], tables: CostTables) -> float:
+    """``evaluate``'s fixed per-step cost of these pipelines as a whole plan."""
+    stages = [s for p in pipelines for s in p.stages]
+    world = sum(s.tensor_parallel for s in stages)
+    return max(tables.step_overhead_ms(s.gpu_type, s.tensor_parallel, world) for s in stages)
 
 
 class _Space:
@@ -408,8 +416,11 @@ class _Space:
             # The bound must hold, else pruning could drop the optimum.
             assert lb[m - 1] <= t * (1 + 1e-9) + 1e-9, (seq, bounds, m, lb[m - 1], t)
             assert (lb[m - 1] == INF) == (t == INF), (seq, bounds, m, lb[m - 1], t)
-            if not sharding:  # alone, nothing is sharded
-                assert math.isclose(ev.optimizer_ms, self._opt[key], rel_tol=1e-9, abs_tol=1e-12)
+            if not sharding:  # alone, nothing is sharded; plus the fixed step cost
+                step = _step_overhead_ms([p], self.tables)
+                assert math.isclose(
+                    ev.optimizer_ms, self._opt[key] + step, rel_tol=1e-9, abs_tol=1e-12
+                )
             times.append(t)
         return times
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.fixed import ring_latency_ms
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables, StageCost
 from autohet_cli.plan import Pipeline, Stage
@@ -170,9 +171,13 @@ def evaluate(
     pipeline_ms = max(e.time_ms for e in evals)
     sync_ms = max(st.grad_sync_ms for e in evals for st in e.stages)
     opt_ms = max(st.cost.update_ms for e in evals for st in e.stages)
-    # The fixed per-step cost every rank pays (calibrated per GPU type; 0 uncalibrated).
+    # The fixed per-step cost every rank pays (calibrated per GPU type, else measured
+    # by the probe or the catalog's, with the step's world all-reduces).
+    world = sum(s.tensor_parallel for p in pipelines for s in p.stages)
     overhead_ms = max(
-        tables.step_overhead_ms(s.gpu_type, s.tensor_parallel) for p in pipelines for s in p.stages
+        tables.step_overhead_ms(s.gpu_type, s.tensor_parallel, world)
+        for p in pipelines
+        for s in p.stages
     )
     opt_ms += overhead_ms
     iteration = pipeline_ms + sync_ms + opt_ms
@@ -256,7 +261,9 @@ def _sharded_sync_ms(
             return measured
     else:
         nbytes *= stages[0].tensor_parallel  # the TP group's rings share the host NIC
-    return ring_allreduce_ms(nbytes, participants, _ring_gbps(stages, cluster))
+    return ring_allreduce_ms(nbytes, participants, _ring_gbps(stages, cluster)) + _ring_latency(
+        stages, tables, participants
+    )
 
 
 def _full_sync_ms(
@@ -281,7 +288,14 @@ def _full_sync_ms(
         ),
         default=0.0,
     )
-    return inside + ring_allreduce_ms(full, participants, _ring_gbps(stages, cluster))
+    ring = ring_allreduce_ms(full, participants, _ring_gbps(stages, cluster))
+    return inside + ring + _ring_latency(stages, tables, participants)
+
+
+def _ring_latency(stages: Sequence[Stage], tables: CostTables, participants: int) -> float:
+    """The messages of a ring all-reduce among these stages, at the slowest type's
+    latency (``costmodel.fixed``)."""
+    return ring_latency_ms(max(tables.hop_ms(s.gpu_type) for s in stages), participants)
 
 
 def _segment_bytes(

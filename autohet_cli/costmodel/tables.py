@@ -44,6 +44,8 @@ from itertools import accumulate
 
 from autohet_cli import catalog
 from autohet_cli.catalog import GpuSpec
+from autohet_cli.costmodel.fixed import TP_COLLECTIVES, ring_latency_ms
+from autohet_cli.costmodel.fixed import step_ms as fixed_step_ms
 from autohet_cli.errors import UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.analytic import analytic_entry
@@ -295,8 +297,9 @@ class CostTables:
         intra-host bandwidth."""
         if tp == 1:
             return entry
-        gbps = self.spec(entry.key.gpu_type).intra_node_gbps
-        comm = [self._tp_comm_ms(i, tp, mbs, gbps) for i in range(len(entry.layers))]
+        gpu = entry.key.gpu_type
+        gbps, hop = self.spec(gpu).intra_node_gbps, self.hop_ms(gpu)
+        comm = [self._tp_comm_ms(i, tp, mbs, gbps, hop) for i in range(len(entry.layers))]
         layers = tuple(
             replace(lt, fwd_ms=lt.fwd_ms + c, bwd_ms=lt.bwd_ms + c)
             for lt, c in zip(entry.layers, comm, strict=True)
@@ -369,15 +372,35 @@ class CostTables:
         extra = self.profile.overheads.get(gpu_type)
         return extra.sync_x if extra else 1.0
 
-    def p2p_latency_ms(self, a: str, b: str) -> float:
-        """Fixed cost of one exchange between stages of these GPU types (calibrated)."""
-        found = [self.profile.overheads.get(t) for t in (a, b)]
-        return max((o.p2p_ms for o in found if o is not None), default=0.0)
+    def hop_ms(self, gpu_type: str) -> float:
+        """One message of a collective among devices of this type: the probe's
+        all-reduce fit where it measured one, else the catalog's (``FixedCosts``)."""
+        facts = self.profile.devices.get(gpu_type)
+        if facts is not None and facts.allreduce_hop_ms is not None:
+            return facts.allreduce_hop_ms
+        return self.spec(gpu_type).fixed.hop_us / 1e3
 
-    def step_overhead_ms(self, gpu_type: str, tp: int = 1) -> float:
-        """The fixed per-step cost of a stage of this type and TP degree (calibrated)."""
+    def p2p_latency_ms(self, a: str, b: str) -> float:
+        """Fixed cost of one exchange between stages of these GPU types: calibrated
+        from runs where a run measured either type, else one message's latency."""
+        found = [o for o in (self.profile.overheads.get(t) for t in (a, b)) if o is not None]
+        if found:
+            return max(o.p2p_ms for o in found)
+        return max(self.hop_ms(a), self.hop_ms(b))
+
+    def step_overhead_ms(self, gpu_type: str, tp: int = 1, world: int = 1) -> float:
+        """The fixed per-step cost of a stage of this type and TP degree among
+        ``world`` ranks: calibrated from runs when a run measured it; else the
+        probe's iteration cost beyond the layers, or the catalog's step cost, plus
+        the step's world all-reduces (``costmodel.fixed``)."""
         extra = self.profile.overheads.get(gpu_type)
-        return extra.step_cost_ms(tp) if extra else 0.0
+        if extra is not None:
+            return extra.step_cost_ms(tp)
+        facts = self.profile.devices.get(gpu_type)
+        loop_ms = facts.step_ms if facts is not None else None
+        if loop_ms is None:
+            loop_ms = self.spec(gpu_type).fixed.step_us / 1e3
+        return fixed_step_ms(loop_ms, self.hop_ms(gpu_type), world)
 
     def is_measured(self, gpu_type: str, tp: int, mbs: int) -> bool:
         """Measured, imported, or refitted to a run (``autohet profile calibrate`` stores
@@ -406,7 +429,10 @@ class CostTables:
             entry = self.entry(gpu_type, tp, mbs)
             comm = [0.0] * len(entry.layers)
             if entry.source == "analytic" and tp > 1:
-                comm = [self._tp_comm_ms(i, tp, mbs, intra_gbps) for i in range(len(entry.layers))]
+                hop = self.hop_ms(gpu_type)
+                comm = [
+                    self._tp_comm_ms(i, tp, mbs, intra_gbps, hop) for i in range(len(entry.layers))
+                ]
             cast = self.cast_bytes(gpu_type, entry)
             cached = self._cache[key] = LayerTable(entry, comm, self.input_bytes(mbs), cast)
         return cached
@@ -429,10 +455,18 @@ class CostTables:
         out += [layer.output_bytes(seq, mbs, RESIDUAL_BYTES) for layer in self._layers[:-1]]
         return out
 
-    def _tp_comm_ms(self, index: int, tp: int, mbs: int, intra_gbps: float) -> float:
+    def _tp_comm_ms(
+        self, index: int, tp: int, mbs: int, intra_gbps: float, hop_ms: float = 0.0
+    ) -> float:
+        """TP communication of one layer per pass (forward, and again backward): a
+        block's two activation all-reduces, plus every collective's latency
+        (``fixed.TP_COLLECTIVES``; a layer whose passes differ is charged their mean
+        in each, which keeps the step's sum)."""
         layer = self._layers[index]
+        fwd, bwd = TP_COLLECTIVES[layer.kind]
+        latency = (fwd + bwd) / 2 * ring_latency_ms(hop_ms, tp)
         if layer.kind != "block":
-            return 0.0
+            return latency
         nbytes = layer.output_bytes(self.training.seq_len, mbs, self.training.dtype_bytes)
         one = 2.0 * (tp - 1) / tp * nbytes / (intra_gbps * 1e9 / 8) * 1e3
-        return 2.0 * one  # two all-reduces per block per pass
+        return 2.0 * one + latency  # two all-reduces per block per pass

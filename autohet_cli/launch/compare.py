@@ -8,6 +8,11 @@ TP rank's forward time per step over its micro-batch count; its memory is its
 largest peak. Ratios are predicted / measured: above 1 the plan was slow to
 expect this, below 1 it promised more than the hardware gave. Memory
 predicted below measured is flagged: a plan must never under-predict it.
+
+A plan made without a profile (no ``profile`` among its inputs) predicted from
+the analytic model alone: catalog figures, fixed costs included, not this
+cluster's measurements. The check says so in plain words, with the command that
+measures the cluster, so that a ratio far from 1 reads as what it is.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def compare(
     return {
         "schema": CHECK_SCHEMA,
         "plan": report.get("plan"),
+        "prediction_source": prediction_source(plan),
         "model": plan.model_name,
         "micro_batch_size": t.micro_batch_size,
         "seq_len": t.seq_len,
@@ -108,6 +114,11 @@ def compare(
         "stages": stages,
         "memory_under_predicted": under,
     }
+
+
+def prediction_source(plan: Plan) -> str:
+    """``analytic`` for a plan made without a profile, else ``profile``."""
+    return "profile" if any(k.startswith("profile") for k in plan.inputs) else "analytic"
 
 
 def _num_stages(plan: Plan) -> int:
@@ -208,9 +219,9 @@ def render(check: Mapping[str, Any]) -> str:
     lines = [
         f"predicted vs measured ({check['steps_measured']} steps, medians; ratio = "
         "predicted / measured):",
-        f"  step: {_ms(step['predicted_ms'])} ms predicted, {_ms(step['measured_ms'])} ms "
-        f"measured ({_x(step['ratio'])}); the measured stage times explain "
-        f"{_ms(check['explained_ms'])} ms, the rest is fixed per-step cost",
+        f"  step: {_ms(step['predicted_ms'])} ms predicted{_source(check)}, "
+        f"{_ms(step['measured_ms'])} ms measured ({_x(step['ratio'])}); the measured stage "
+        f"times explain {_ms(check['explained_ms'])} ms, the rest is fixed per-step cost",
     ]
     rows = []
     for st in check["stages"]:
@@ -232,6 +243,23 @@ def render(check: Mapping[str, Any]) -> str:
             + ", ".join(f"{u['pipeline']}.{u['stage']}" for u in check["memory_under_predicted"])
         )
     return "\n".join(lines)
+
+
+def _source(check: Mapping[str, Any]) -> str:
+    """Where the prediction came from, for the step line (nothing for a check written
+    before checks said so)."""
+    source = check.get("prediction_source")
+    if source == "analytic":
+        return (
+            " from the analytic model (no measured profile: catalog figures for "
+            f"{_device_types(check)}; `autohet profile run` measures this cluster)"
+        )
+    return " from the measured profile" if source == "profile" else ""
+
+
+def _device_types(check: Mapping[str, Any]) -> str:
+    types = sorted({str(st["gpu_type"]) for st in check.get("stages") or []})
+    return ", ".join(types) or "its devices"
 
 
 def _gib(n: float | None) -> str:

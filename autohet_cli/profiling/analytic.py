@@ -7,11 +7,17 @@ measurement would have included. A layer takes the longer of its compute time
 parameters read at the memory bandwidth): a roofline, which keeps small layers
 (embedding, norms) from costing nothing. Backward costs twice the forward.
 The optimizer update streams every state byte once at memory bandwidth.
+
+Each layer also pays its ops' fixed host time (``costmodel.fixed``: dispatch and
+launch per op, DTensor's per-op work under TP, the optimizer's per-tensor ops): on
+a GPU the longer of it and the device's work, on the CPU on top of it. A measured
+per-op time (``DeviceFacts.op_us``, from the probe) replaces the catalog's.
 """
 
 from __future__ import annotations
 
 from autohet_cli.catalog import GpuSpec
+from autohet_cli.costmodel.fixed import dispatch_ms, layer_ops, param_tensors, with_dispatch
 from autohet_cli.models import LayerSpec, ModelSpec
 from autohet_cli.profiling.schema import DeviceFacts, EntryKey, LayerTiming, ProfileEntry
 
@@ -40,7 +46,10 @@ def layer_timing(
     optimizer: str,
     precision: str,
     measured: DeviceFacts | None = None,
+    model: ModelSpec | None = None,
 ) -> LayerTiming:
+    """One layer's estimate; ``model`` (for the op counts) adds the fixed host time
+    of its ops, without it the timing is arithmetic and bytes alone."""
     flops = layer.fwd_flops(seq_len, micro_batch_size) / tp
     tflops = effective_tflops(spec, measured, precision)
     mem_bw = (measured.mem_bandwidth_gbytes_s if measured else 0.0) or spec.mem_bandwidth_gbytes_s
@@ -50,10 +59,22 @@ def layer_timing(
     out = layer.output_bytes(seq_len, micro_batch_size, dtype_bytes)
     moved = act + out + params_per_gpu * dtype_bytes
     fwd_ms = max(flops / (tflops * 1e12), moved / (mem_bw * 1e9)) * 1e3
+    bwd_ms = 2.0 * fwd_ms
     update_ms = params_per_gpu * _UPDATE_BYTES_PER_PARAM[optimizer] / (mem_bw * 1e9) * 1e3
+    if model is not None:
+        fixed, op_us = spec.fixed, measured.op_us if measured is not None else None
+        ops_fwd, ops_bwd = layer_ops(layer, model)
+        ops_update = param_tensors(layer, model) * fixed.optimizer_ops_per_tensor
+        fwd_ms = with_dispatch(fixed, fwd_ms, dispatch_ms(fixed, ops_fwd, tp, op_us))
+        bwd_ms = with_dispatch(fixed, bwd_ms, dispatch_ms(fixed, ops_bwd, tp, op_us))
+        # DTensor's per-op work reaches the optimizer where it steps tensor by tensor
+        # (torch's Adam on CPU tensors); a GPU's foreach kernels take whole lists
+        # per op, and the clip runs on local shards
+        opt_tp = 1 if fixed.overlapped else tp
+        update_ms = with_dispatch(fixed, update_ms, dispatch_ms(fixed, ops_update, opt_tp, op_us))
     return LayerTiming(
         fwd_ms=fwd_ms,
-        bwd_ms=2.0 * fwd_ms,
+        bwd_ms=bwd_ms,
         update_ms=update_ms,
         num_params=params_per_gpu,
         act_bytes=act,
@@ -84,6 +105,7 @@ def analytic_entry(
             optimizer=optimizer,
             measured=measured,
             precision=precision,
+            model=model,
         )
         for layer in model.layers()
     )

@@ -28,7 +28,7 @@ other micro-batch sizes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.evaluate import evaluate
@@ -154,10 +154,12 @@ def shape_plan(
 
 
 def predicted(plan: Plan, cluster: Cluster, profile: Profile, model: ModelSpec) -> Plan:
-    """``plan`` with the predictions ``profile`` makes for it (what its run is compared to)."""
+    """``plan`` with the predictions ``profile`` makes for it (what its run is compared to;
+    its inputs name the profile, so the comparison does not call them analytic)."""
     tables = CostTables(model, profile, plan.training, gpu_specs=cluster.gpu_specs)
     ev = evaluate(plan.pipelines, cluster, tables, plan.training.micro_batch_size)
-    return with_predictions(plan, ev)
+    inputs = {**plan.inputs, "profile": {"path": "(the probe's, being refitted)"}}
+    return replace(with_predictions(plan, ev), inputs=inputs)
 
 
 def fits(plan: Plan, steps: int, budget_s: float) -> str | None:

@@ -116,6 +116,12 @@ class DeviceFacts:
     # ``allreduce_gbytes_s``. None: not measured (the cluster's link speed is used).
     allreduce_hop_ms: float | None = None
     allreduce_gbytes_s: float | None = None
+    # Fixed costs the probe measured (None: not measured, the catalog's figures
+    # stand): one eager op's host time (dispatch, autograd, launch), and a training
+    # iteration's time beyond its layers (the intercept of its time against the
+    # number of layers: the loss, the optimizer's and zero_grad's fixed work).
+    op_us: float | None = None
+    step_ms: float | None = None
 
     def allreduce_ms(self, nbytes: float, participants: int) -> float | None:
         """A ring all-reduce of ``nbytes`` among ``participants`` on one host, from
@@ -184,6 +190,8 @@ class Profile:
                         allreduce_hop_ms=old_dev.allreduce_hop_ms,
                         allreduce_gbytes_s=old_dev.allreduce_gbytes_s,
                     )
+                if old_dev is not None and dev.op_us is None:  # a probe before 1.2
+                    dev = replace(dev, op_us=old_dev.op_us, step_ms=old_dev.step_ms)
                 devices[name] = dev
                 if dev.source == "measured" and name not in newer.overheads:
                     # Overheads are refitted against the numbers they corrected
@@ -235,6 +243,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
                     if d.allreduce_gbytes_s is not None
                     else {}
                 ),
+                **({"op_us": d.op_us} if d.op_us is not None else {}),
+                **({"step_ms": d.step_ms} if d.step_ms is not None else {}),
             }
             for name, d in sorted(p.devices.items())
         },
@@ -303,7 +313,7 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
             dm,
             at,
             ["mem_bytes", "matmul_tflops", "mem_bandwidth_gbytes_s"],
-            ["source", "allreduce_hop_ms", "allreduce_gbytes_s"],
+            ["source", "allreduce_hop_ms", "allreduce_gbytes_s", "op_us", "step_ms"],
         )
         hop = get(dm, "allreduce_hop_ms", float, at, None)
         rate = get(dm, "allreduce_gbytes_s", float, at, None)
@@ -319,6 +329,8 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
             source=get(dm, "source", str, at, "measured"),
             allreduce_hop_ms=hop,
             allreduce_gbytes_s=rate,
+            op_us=_not_negative(dm, "op_us", at),
+            step_ms=_not_negative(dm, "step_ms", at),
         )
     entries = {}
     for i, ev in enumerate(as_list(d.get("entries") or [], f"{where}: entries")):
@@ -420,6 +432,13 @@ def _positive(m: Mapping[str, Any], key: str, typ: type[T], at: str) -> T:
     value = get(m, key, typ, at)
     if value <= 0:
         raise ConfigError(f"{at}.{key}: must be positive, got {value}")
+    return value
+
+
+def _not_negative(m: Mapping[str, Any], key: str, at: str) -> float | None:
+    value = get(m, key, float, at, None)
+    if value is not None and not value >= 0:
+        raise ConfigError(f"{at}.{key}: must be >= 0 (a time), got {value}")
     return value
 
 

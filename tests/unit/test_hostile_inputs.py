@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -233,7 +234,10 @@ def test_alias_bomb_in_plan_notes(tmp_path: Path, plan_file: Path) -> None:
     for prev, cur in zip("abcdefgh", "bcdefghi", strict=True):
         laughs.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
     bomb = "\n".join(f"  - {line}" for line in laughs)
-    edited_plan(plan_file, tmp_path / "p.yaml", "notes: []", f"notes:\n{bomb}")
+    # whatever notes the planner wrote (a ZeRO-1 decision, say), up to the next key
+    notes = re.search(r"^notes:.*?(?=^\S|\Z)", plan_file.read_text(encoding="utf-8"), re.M | re.S)
+    assert notes is not None
+    edited_plan(plan_file, tmp_path / "p.yaml", notes.group(0), f"notes:\n{bomb}\n")
     res = autohet("estimate", "p.yaml", cwd=tmp_path, mem_gb=1.5, timeout=60)
     assert_one_line_error(res, "p.yaml", "aliases expand to more than")
 
