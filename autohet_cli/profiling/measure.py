@@ -12,6 +12,8 @@ Profile with ``profile_from_probe``:
 - ``update_ms`` is the probe's Adam step on the shard's fp32 master weights, or,
   where it did not run, ~30 bytes per parameter streamed at the measured
   memory bandwidth (the analytic profile's estimate);
+- the fixed costs the probe timed at several amounts of work (``fixedfit``): one
+  op's host time and an iteration's cost beyond its layers, in the device facts;
 - device facts (source ``measured``) keyed by the host's GPU type as the
   cluster file declares it, so a type the cluster defines (``gpu_types:``) is
   measured under its own name; the probe's device name is only checked against
@@ -35,6 +37,7 @@ from typing import Any, NoReturn
 from autohet_cli.catalog import CATALOG, canonical_gpu_name
 from autohet_cli.errors import ProfileError, UnknownNameError
 from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.fixedfit import fit_line, probe_fixed
 from autohet_cli.profiling.schema import (
     DeviceFacts,
     EntryKey,
@@ -238,6 +241,10 @@ def profile_from_probe(
         )
     if not entries:
         notes.append("no (tp, mbs) combination ran; only the device facts were measured")
+    fixed = probe_fixed(model, doc.get("fixed"), entries)
+    device = replace(device, op_us=fixed.op_us, step_ms=fixed.step_ms)
+    if fixed.op_us is not None or fixed.step_ms is not None:
+        notes.append(fixed.note())
     meta = _meta(r, doc, model, host, device, notes)
     return Profile(devices={device.gpu_type: device}, entries=entries, meta=meta)
 
@@ -267,22 +274,12 @@ def allreduce_fit(tp_comm: Mapping[str, Any]) -> tuple[float, float] | None:
             return None
         if nbytes > 0 and math.isfinite(t) and t >= 0:
             points.append((2 * (n - 1) / n * nbytes, t))
-    if len({x for x, _ in points}) < 2:
-        return None
     # Relative errors (weights 1/t^2): the small sizes, where latency dominates,
     # count as much as the large ones, where the rate does.
-    w = [1.0 / max(y, 1e-6) ** 2 for _, y in points]
-    sw = sum(w)
-    mx = sum(wi * x for wi, (x, _) in zip(w, points, strict=True)) / sw
-    my = sum(wi * y for wi, (_, y) in zip(w, points, strict=True)) / sw
-    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points, strict=True))
-    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points, strict=True))
-    if sxx <= 0:
+    fit = fit_line(points, [1.0 / max(y, 1e-6) ** 2 for _, y in points])
+    if fit is None or fit[1] <= 0:  # ms per byte
         return None
-    slope = sxy / sxx  # ms per byte
-    if slope <= 0:
-        return None
-    intercept = max(0.0, my - slope * mx)
+    intercept, slope = fit
     return intercept / (2 * (n - 1)), 1e-6 / slope
 
 

@@ -24,7 +24,9 @@ sizes to measure, the dtype, warmup/repeat counts and a time budget. The result
   kind's TP all-reduces, the shard's parameters, the bytes it keeps for backward
   (unique storages seen by ``saved_tensors_hooks``, parameters excluded) and the
   bytes it sends on; ``oom`` where it ran out of memory;
-- per (t, layer kind), the Adam step on fp32 master weights in ms.
+- per (t, layer kind), the Adam step on fp32 master weights in ms;
+- a training iteration over 1, 2 and 4 norm layers, for ``fixedfit`` to fit what an
+  iteration costs beyond its layers (the loss, the clip, the optimizer's launches).
 
 Times are medians; repeats drop (never below one) to stay within the budget.
 Runs on Python >= 3.8 with torch >= 2.0, whatever the host has.
@@ -55,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-PROBE_VERSION = "1.1"  # 1.1: layers also timed under recomputation
+PROBE_VERSION = "1.2"  # 1.1: layers also timed under recomputation; 1.2: fixed costs
 SPEC_SCHEMA = "autohet.probe-spec/v1"
 RESULT_SCHEMA = "autohet.probe-result/v1"
 KINDS = ("embedding", "block", "norm", "head")
@@ -815,15 +817,11 @@ def time_layer(
     }
 
 
-def measure_update(
-    module: nn.Module, dev: torch.device, dtype: torch.dtype, share_s: float, repeat: int
-) -> dict[str, Any]:
-    """One Adam step over the shard's fp32 master weights (plus the copy back to 16-bit).
-
-    Written out with the ``torch._foreach_*`` kernels that ``torch.optim.Adam(foreach=True)``
-    runs, because importing torch.optim loads torch._dynamo (seconds on a small host).
-    """
-    params = list(module.parameters())
+def _adam(params: list[nn.Parameter], dtype: torch.dtype) -> Callable[[], None]:
+    """An Adam step over fp32 master copies of ``params`` (plus the copy back to 16 bits),
+    written with the ``torch._foreach_*`` kernels ``torch.optim.Adam(foreach=True)`` runs,
+    because importing torch.optim loads torch._dynamo (seconds on a small host). Its
+    gradients are constants: the step's time does not depend on their values."""
     with torch.no_grad():
         master = [p.detach().float().clone() for p in params]
         grads = [torch.full_like(m, 1e-3) for m in master]
@@ -844,6 +842,14 @@ def measure_update(
             for p, m in zip(params, master):  # noqa: B905 - Python 3.8 has no strict=
                 p.copy_(m)
 
+    return step
+
+
+def measure_update(
+    module: nn.Module, dev: torch.device, dtype: torch.dtype, share_s: float, repeat: int
+) -> dict[str, Any]:
+    """One Adam step over the shard's fp32 master weights (``_adam``)."""
+    step = _adam(list(module.parameters()), dtype)
     once = 0.0
     for _ in range(3):  # the first steps allocate the state and initialise lazily
         start = time.perf_counter()
@@ -852,6 +858,72 @@ def measure_update(
         once = time.perf_counter() - start
     reps = _repeats(once, share_s - once, repeat)
     return {"ms": _median_ms(step, dev, 0, reps), "repeat": reps}
+
+
+# --- fixed costs ------------------------------------------------------------------------------
+
+_ITERATION_LAYERS = (1, 2, 4)  # norm layers per training iteration
+
+
+def _iteration(
+    s: dict[str, Any], k: int, dev: torch.device, dtype: torch.dtype, seq: int
+) -> Callable[[], object]:
+    """A training iteration over ``k`` norm layers of the model's width, as the runtime
+    runs one: gradients reset, forward and a loss, backward, the clip's global norm
+    and scaling, an Adam step, the loss read back to the host."""
+    layers = nn.Sequential(*[_norm(str(s["norm"]), int(s["hidden_size"])) for _ in range(k)])
+    layers = layers.to(device=dev, dtype=dtype)
+    params = list(layers.parameters())
+    adam = _adam(params, dtype)
+    x = torch.randn(1, seq, int(s["hidden_size"]), device=dev, dtype=dtype)
+
+    def run() -> float:
+        for p in params:
+            p.grad = None
+        loss = layers(x).float().pow(2).mean()
+        loss.backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt()
+        coef = (1.0 / (norm + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+        adam()
+        return float(loss.item())
+
+    return run
+
+
+def measure_fixed(
+    spec: dict[str, Any], dev: torch.device, dtype: torch.dtype, budget: _Budget
+) -> dict[str, Any]:
+    """A training iteration's medians over 1, 2 and 4 norm layers, for ``fixedfit`` to
+    fit its cost beyond its layers. The sizes are timed in turns, round after round,
+    so that a busy spell of the host slows each of them alike instead of tilting the
+    line. (One op's host time needs no run of its own: ``fixedfit`` reads it from the
+    block's times at several micro-batch sizes.)"""
+    block = spec["layers"].get("block") or spec["layers"].get("norm")
+    if block is None:  # an embedding and a head alone: no norm of the model's width
+        return {"iteration_ms": {}}
+    seq = min(int(spec["seq_len"]), 128)  # the iteration's fixed part, not its work
+    runs = {
+        "iteration_ms": {str(k): _iteration(block, k, dev, dtype, seq) for k in _ITERATION_LAYERS}
+    }
+    times: dict[str, dict[str, list[float]]] = {g: {w: [] for w in r} for g, r in runs.items()}
+
+    def one_round() -> None:
+        for group, by_work in runs.items():
+            for work, run in by_work.items():
+                times[group][work].append(_median_ms(run, dev, 0, 1))
+
+    start = time.perf_counter()
+    one_round()  # warm-up: first calls allocate and initialise lazily
+    once = time.perf_counter() - start
+    for group in times.values():
+        for found in group.values():
+            found.clear()
+    for _ in range(max(3, _repeats(once, budget.fraction_s(0.03), 15))):
+        one_round()
+    return {g: {w: statistics.median(t) for w, t in by.items()} for g, by in times.items()}
 
 
 def _comm_plan(
@@ -1069,6 +1141,7 @@ def run(raw_spec: Any, log: Callable[[str], None] | None = None) -> dict[str, An
     matmul = measure_matmul(dev, dtype, budget)
     bandwidth = measure_bandwidth(dev, budget)
     say(f"matmul {matmul['tflops']:.3f} TFLOP/s, copy {bandwidth['gbytes_s']:.1f} GB/s")
+    fixed = measure_fixed(spec, dev, dtype, budget)
     tps = spec["tensor_parallel"]
     kinds = [k for k in KINDS if k in spec["layers"]]
     peer = measure_peer_copy() if dev.type == "cuda" and max(tps) > 1 else None
@@ -1120,6 +1193,7 @@ def run(raw_spec: Any, log: Callable[[str], None] | None = None) -> dict[str, An
         "dtype": dtype_name,
         "matmul": matmul,
         "mem_bandwidth": bandwidth,
+        "fixed": fixed,
         "peer_copy_gbytes_s": peer,
         "tp_comm": tp_comm,
         "update": update,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from autohet_cli.cluster import load_cluster
+from autohet_cli.costmodel.fixed import layer_ops
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ProfileError
 from autohet_cli.models import ModelSpec, get_model
@@ -309,6 +310,30 @@ def test_profile_round_trips_through_the_artifact(measured: Profile) -> None:
     again = profile_from_dict(profile_to_dict(measured), "measured.yaml")
     assert profile_to_dict(again) == profile_to_dict(measured)
     assert again.entries == measured.entries and again.devices == measured.devices
+
+
+def test_the_probe_times_an_iteration_at_several_layer_counts(result: dict[str, Any]) -> None:
+    """What ``fixedfit`` fits an iteration's fixed cost from (issue 31.6)."""
+    times = result["fixed"]["iteration_ms"]
+    assert sorted(times, key=int) == ["1", "2", "4"] and all(t > 0 for t in times.values())
+
+
+def test_the_fixed_costs_are_fitted_from_the_probes_timings(result: dict[str, Any]) -> None:
+    """Synthetic timings through the real result: the block's forward + backward at TP 1
+    rise by 0.3 ms a sample from 1.5 ms at none (its ops' dispatch), an iteration by
+    0.3 ms a layer from 2 ms (what it costs beyond its layers)."""
+    timed = copy.deepcopy(result)
+    for mbs in MBSS:
+        block = _layer(timed, 1, mbs, "block")
+        block["fwd_ms"], block["bwd_ms"] = 0.5 + 0.1 * mbs, 1.0 + 0.2 * mbs
+    timed["fixed"] = {"iteration_ms": {"1": 2.3, "2": 2.6, "4": 3.2}}
+    device = profile_from_probe(TINY, timed, host="h").devices["cpu"]
+    block_spec = next(layer for layer in TINY.layers() if layer.kind == "block")
+    assert device.op_us == pytest.approx(1.5 / sum(layer_ops(block_spec, TINY)) * 1e3)
+    assert device.step_ms == pytest.approx(2.0)
+    # a probe before 1.2 timed no iteration: the catalog's step cost stands
+    del timed["fixed"]
+    assert profile_from_probe(TINY, timed, host="h").devices["cpu"].step_ms is None
 
 
 def test_update_time_is_estimated_where_adam_did_not_run(result: dict[str, Any]) -> None:

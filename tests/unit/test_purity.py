@@ -37,6 +37,7 @@ PURE_MODULES = (
     "autohet_cli.profiling.analytic",
     "autohet_cli.profiling.sailor",
     "autohet_cli.profiling.measure",
+    "autohet_cli.profiling.fixedfit",
     "autohet_cli.settings",
     "autohet_cli.limits",
     "autohet_cli.names",
