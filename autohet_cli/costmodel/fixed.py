@@ -1,12 +1,13 @@
 """Fixed costs of a step: what it spends per op, per message and per step (pure).
 
 The analytic model's arithmetic and bytes alone predict a small model as nearly
-free (the demo's llama-tiny step on the CPU stand-in: 37 ms predicted, ~400 ms
-measured). What it missed costs the same whatever the tensor sizes: each eager
-op's dispatch (``FixedCosts.op_us``, more under DTensor: ``tp_op_us``), each
-collective message (``hop_us``) and the trainer's own loop (``step_us``). This
-module counts the ops and messages; the per-device figures come from the catalog
-(``catalog.FixedCosts``) or, once measured, from the profile.
+free (the demo's llama-tiny step at TP 2 on the CPU stand-in: 37 ms predicted,
+316 ms measured on a quiet machine, 420-880 ms on a busy one). What it missed
+costs the same whatever the tensor sizes: each eager op's dispatch
+(``FixedCosts.op_us``, more under DTensor: ``tp_op_us``), each collective message
+(``hop_us``) and the trainer's own loop (``step_us``). This module counts the ops
+and messages; the per-device figures come from the catalog (``catalog.FixedCosts``)
+or, once measured, from the profile.
 
 Op counts per layer are those of the probe's shards (the runtime's layers compute
 the same), counted with a ``TorchDispatchMode`` on torch 2.13, forward and

@@ -184,8 +184,9 @@ def test_the_step_cost_is_the_catalogs_then_the_probes_then_a_runs() -> None:
 
 
 def test_a_small_model_is_not_predicted_as_free() -> None:
-    """The demo's plan on the CPU stand-in: before fixed costs 37 ms were predicted
-    and ~200-400 ms measured on the development machine (the e2e test launches it)."""
+    """Two data-parallel replicas of llama-tiny on the CPU stand-in (the demo's plan,
+    without ZeRO-1): 37 ms predicted before fixed costs; the development machine
+    measured 126 ms quiet, 200-320 ms busy (the e2e test launches the demo)."""
     tables = CostTables(LLAMA, None, FP32, gpu_specs=LOCALHOST.gpu_specs)
     dp = [Pipeline(num_microbatches=1, stages=(_stage(0, 7, g),)) for g in (0, 1)]
     ev = evaluate(dp, LOCALHOST, tables, 4)
@@ -193,7 +194,7 @@ def test_a_small_model_is_not_predicted_as_free() -> None:
     compute = evaluate(dp, LOCALHOST, CostTables(LLAMA, None, FP32, gpu_specs=bare), 4)
     ops = sum(sum(layer_ops(layer, LLAMA)) for layer in LLAMA.layers())
     assert ev.iteration_ms > compute.iteration_ms + ops * CPU.fixed.op_us / 1e3
-    assert 150.0 < ev.iteration_ms < 350.0
+    assert 126.0 / 1.5 < ev.iteration_ms < 126.0 * 1.5
 
 
 def test_more_micro_batches_pay_more_dispatch() -> None:
