@@ -71,17 +71,17 @@ class FixedCosts:
     small-message latency (~5 µs per ring step within a host) and the runtime's
     step outside its stages (~2 ms: Python, the batch, two small all-reduces that
     wait for the device); DTensor's per-op work is not charged (no GPU measured it
-    here; ``profile run``'s TP runs calibrate what TP costs, ``Overhead.tp_step_ms``). The CPU stand-in (one thread per device, gloo over
-    loopback) was measured with the runtime on the project's 2-core development
-    machine while it was quiet (llama-tiny, fp32: data-parallel, TP 2 and
-    two-stage plans at micro-batches 1, 4 and 8, medians of 12-78 steps; op counts
-    from the torch profiler), and these figures fit each of those plans' steps
-    within 15%: 16 µs per op (the block's time at zero samples over its op count),
-    100 µs more per DTensor op, 1 ms per gloo message (two processes handing the
-    cores to each other), 3 ms per step and 12 ops per parameter tensor (torch's
-    Adam steps CPU tensors one by one, the clip visits each). ``autohet profile
-    run`` measures the real figures (``DeviceFacts.op_us``, the all-reduce fit,
-    the step cost), which replace these.
+    here; ``profile run``'s TP runs calibrate what TP costs, ``Overhead.tp_step_ms``).
+    The CPU stand-in (one thread per device, gloo over loopback) was measured with
+    the runtime on the project's 2-core development machine while it was quiet
+    (llama-tiny, fp32: data-parallel, TP 2 and two-stage plans at micro-batches 1,
+    4 and 8, medians of 12-78 steps; op counts from the torch profiler), and these
+    figures fit each of those plans' steps within 15%: 16 µs per op (the block's
+    time at zero samples over its op count), 100 µs more per DTensor op, 1 ms per
+    gloo message (two processes handing the cores to each other), 3 ms per step and
+    12 ops per parameter tensor (torch's Adam steps CPU tensors one by one, the clip
+    visits each). ``autohet profile run`` measures the real figures
+    (``DeviceFacts.op_us``, the all-reduce fit, the step cost), which replace these.
     """
 
     op_us: float
