@@ -149,8 +149,7 @@ def _choose_zero1(
         if binds:
             note = "ZeRO-1 was considered (memory binds) and not used: it made no plan faster"
         elif best is not None:
-            gain = 1 - best.score / found.best.score
-            note = f"ZeRO-1 not used: it would make this plan only {gain:.1%} faster"
+            note = unused_note(1 - best.score / found.best.score)
         return found, plain, note
     # The gain against the plan without ZeRO-1 before ``result.best`` is replaced:
     # ``result`` may be ``found`` itself (issue 31: the note printed 0.0%).
@@ -159,6 +158,13 @@ def _choose_zero1(
     result.best = best
     what = "cheaper per token" if plain.objective == "cost" else "faster"
     return result, sharded, _chosen_note(best, f"{gain:.1%} {what} than without it")
+
+
+def unused_note(gain: float) -> str:
+    """Why ZeRO-1 was left off, ``gain`` being its (maybe negative) relative gain."""
+    if gain >= 0.0005:  # what prints as 0.1% or more
+        return f"ZeRO-1 not used: it would make this plan only {gain:.1%} faster"
+    return "ZeRO-1 not used: it would not make this plan faster"
 
 
 def _chosen_note(cand: Candidate, why: str) -> str:

@@ -162,3 +162,11 @@ def test_the_chosen_note_names_the_gain_over_the_plan_without_zero1(tmp_path: Pa
     assert gain >= ZERO1_MIN_GAIN
     [note] = [n for n in notes if "ZeRO-1 chosen by the planner" in n]
     assert f"({gain:.1%} faster than without it;" in note
+
+
+def test_a_sharded_plan_that_is_slower_is_not_called_faster() -> None:
+    from autohet_cli.planner.decide import unused_note
+
+    assert unused_note(0.023) == "ZeRO-1 not used: it would make this plan only 2.3% faster"
+    for gain in (-0.013, 0.0, 0.0004):  # printed "-1.3% faster" before
+        assert unused_note(gain) == "ZeRO-1 not used: it would not make this plan faster"
