@@ -115,7 +115,7 @@ def _config_defaults(
 ) -> None:
     """Make a ``--config`` file's settings the parser's defaults (flags then override).
     ``missing_ok``: a file that is not here is the hosts' (the launcher's check)."""
-    pre = type(p)(add_help=False)
+    pre = type(p)(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", type=Path)
     known, _ = pre.parse_known_args(argv)
     if known.config is None or (missing_ok and not known.config.exists()):
@@ -133,7 +133,9 @@ def parse_args(
     argv: Sequence[str] | None = None, *, description: str | None = None
 ) -> argparse.Namespace:
     """The worker's flags, checked; a refusal prints the usage and exits 2 (argparse)."""
-    p = argparse.ArgumentParser(prog=PROG, description=description)
+    # No abbreviations: ``--init=x`` would reach the worker as --init-from while the
+    # launcher's path resolution and checks, which read full names, never saw it.
+    p = argparse.ArgumentParser(prog=PROG, description=description, allow_abbrev=False)
     return _parse(p, argv)
 
 
@@ -141,10 +143,29 @@ def check_flags(argv: Sequence[str], *, where: str = "worker flags") -> None:
     """Refuse (``ConfigError``, one line) the built-in trainer's flags ``argv`` (the
     launcher's, without ``--plan``) where the worker would refuse them. ``where``
     names their source in the message."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in LAUNCHER_OWNED:
+            raise ConfigError(f"{where}: {flag} is the launcher's: {LAUNCHER_OWNED[flag]}")
     try:
-        _parse(_Refusing(prog=PROG), ["--plan", "PLAN", *argv], missing_ok=True)
+        _parse(_Refusing(prog=PROG, allow_abbrev=False), ["--plan", "PLAN", *argv], missing_ok=True)
     except ConfigError as exc:
+        if str(exc).startswith("--help:"):
+            raise ConfigError(f"{where}: {exc}") from None
         raise ConfigError(f"{where}: {exc} (the worker's flags: `{PROG} --help`)") from None
+
+
+# Flags the launcher sets itself and keeps reading afterwards (heartbeats under the
+# run directory, the run record's checkpoint folders, recover's job): a worker given
+# another value through --train-arg would silently part from what the launcher
+# watches, so they are refused there, with where to set each instead.
+LAUNCHER_OWNED = {
+    "--plan": "the plan is autohet launch's PLAN_FILE argument",
+    "--run-dir": "each run's folder is made by the launcher (name it with --run-id)",
+    "--checkpoint-dir": "set checkpoint_dir per host in the cluster file",
+    "--remote-storage": "set remote_storage in the cluster file",
+    "--job": "pass --job to autohet launch (with --resume to continue one)",
+}
 
 
 def _parse(

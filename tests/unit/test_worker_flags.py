@@ -151,3 +151,40 @@ def test_a_run_config_value_the_worker_would_refuse_names_the_file(
         res.stderr,
     ), res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "full"),
+    [("--init=hf", "--init-from"), ("--data-f=m:f", "--data-fn"), ("--conf=r.yaml", "--config")],
+)
+def test_abbreviated_flags_are_refused_not_read_past_the_path_checks(flag: str, full: str) -> None:
+    """argparse took ``--init=hf`` as --init-from, which the launcher's path resolution
+    and preflight (full names) never saw: the worker read it from its workdir."""
+    with pytest.raises(ConfigError) as refused:
+        check_flags(["--steps=10", flag])
+    assert f"unrecognized arguments: {flag}" in str(refused.value)
+    with pytest.raises(SystemExit):
+        parse_args(["--plan", "p.yaml", "--steps=10", flag])
+
+
+@pytest.mark.parametrize(
+    ("arg", "where"),
+    [
+        ("--checkpoint-dir=/x", "cluster file"),
+        ("--run-dir=/tmp/zz", "--run-id"),
+        ("--job=j2", "pass --job to autohet launch"),
+        ("--remote-storage=none", "cluster file"),
+        ("--plan=other.yaml", "PLAN_FILE"),
+    ],
+)
+def test_the_flags_the_launcher_sets_and_watches_are_refused(arg: str, where: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_flags(["--steps=10", arg])
+    said = str(refused.value)
+    assert f"{arg.split('=')[0]} is the launcher's" in said and where in said
+
+
+def test_help_is_refused_once_in_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_flags(["--help"])
+    assert str(refused.value).count("--help") == 2, str(refused.value)  # the flag, the hint
