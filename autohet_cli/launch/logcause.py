@@ -33,7 +33,7 @@ MESSAGE, EXIT, CONSEQUENCE, STOPPED = range(4)
 WORKER_PROG = "python -m autohet_cli.runtime.train"
 # Python's last traceback line; a bare ``MemoryError`` has no message.
 _EXC_LINE = re.compile(
-    r"^\s*(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$"
+    r"^\s*(?:\[[^\]]*\]:?\s*)*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$"
 )
 _RUNTIME_ERROR = re.compile(r"autohet runtime: error: (.+)$")
 _USAGE = re.compile(r"^usage: ")
@@ -43,7 +43,12 @@ _NOISE = ("ChildFailedError", "torch.distributed.elastic.multiprocessing.errors"
 # A worker that lost its peer says so in one of these ways (gloo, NCCL, sockets).
 _PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|SignalException|"
-    r"NCCL communicator was aborted|Socket Timeout",
+    r"NCCL communicator was aborted|Socket Timeout|"
+    # NCCL: a peer that died (``DistBackendError: NCCL error in: ..., remote process
+    # exited or there was a network error``) or the watchdog giving up on a
+    # collective the dead peer never joined (then SIGABRT)
+    r"remote process exited|network error|DistBackendError|Watchdog caught collective|"
+    r"ProcessGroupNCCL.*(?:timeout|timed out|abort)",
     re.I,
 )
 OOM_TEXT = re.compile(
@@ -90,7 +95,9 @@ def cause_from_output(lines: Sequence[str], exit_code: int | None = None) -> Cau
         telling = _PEER_LOST.search(said) is None
         return Cause(message=said, weight=MESSAGE if telling else CONSEQUENCE, rank=rank)
     if first is not None:
-        return Cause(message=_exit_words(first, lines), weight=_exit_weight(first), rank=rank)
+        return Cause(
+            message=_exit_words(first, lines), weight=_exit_weight(first, lines), rank=rank
+        )
     return _from_signals(lines, exit_code)
 
 
@@ -142,8 +149,12 @@ def _exception(lines: Sequence[str]) -> str:
     return (telling or found or [""])[-1]
 
 
-def _exit_weight(first: FirstFailure) -> int:
-    return STOPPED if first.exit_code == -signal.SIGTERM else EXIT
+def _exit_weight(first: FirstFailure, lines: Sequence[str]) -> int:
+    if first.exit_code == -signal.SIGTERM:
+        return STOPPED
+    if any(_PEER_LOST.search(ln) for ln in lines):
+        return CONSEQUENCE  # it lost its peer (NCCL's watchdog aborts it: SIGABRT)
+    return EXIT
 
 
 def _exit_words(first: FirstFailure, lines: Sequence[str]) -> str:

@@ -209,3 +209,30 @@ def test_the_agents_line_says_which_counter_rose_since_torchrun_started() -> Non
     assert line.startswith(EVIDENCE_PREFIX) and "oom_kill" in line
     cause = error_from_output("h", [line, "  traceback : Signal 9 (SIGKILL) received by PID 7"])
     assert cause is not None and "the kernel's out-of-memory killer" in cause.message
+
+
+# NCCL's wordings (PyTorch's ProcessGroupNCCL / c10d), as a GPU run prints them.
+NCCL_PEER_DIED = [
+    "[rank0]: torch.distributed.DistBackendError: NCCL error in: "
+    "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited "
+    "or there was a network error, NCCL version 2.27.3",
+    "E1126 06:49:53.625000 18587 torch/distributed/elastic/multiprocessing/api.py:1002] "
+    "failed (exitcode: 1) local_rank: 0 (pid: 18788) of binary: /usr/bin/python3",
+]
+NCCL_WATCHDOG = [
+    "[rank2]:[E1126 06:49:50.100000 0 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=1, "
+    "Timeout(ms)=600000) ran for 600013 milliseconds before timing out.",
+    "E1126 06:59:53.625000 18587 torch/distributed/elastic/multiprocessing/api.py:1002] "
+    "failed (exitcode: -6) local_rank: 0 (pid: 18790) of binary: /usr/bin/python3",
+]
+
+
+def test_on_nccl_the_survivors_that_lost_their_peer_are_not_the_root_cause() -> None:
+    """A host whose worker was SIGKILLed (the one that failed) against survivors that
+    say NCCL lost its peer, or whose watchdog aborted them (SIGABRT)."""
+    headline, _ = judge(("a", 1, NCCL_PEER_DIED), ("b", 1, NCCL_WATCHDOG), ("c", 1, log("killed")))
+    assert headline.startswith("rank 1 on c: ") and "SIGKILL" in headline, headline
+    # alone, the survivors' words still say what happened
+    headline, _ = judge(("a", 1, NCCL_PEER_DIED))
+    assert "remote process exited" in headline
