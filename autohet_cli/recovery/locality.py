@@ -127,27 +127,31 @@ def place_near_copies(
     classes: dict[tuple[Any, ...], list[str]] = {}
     for entry in cluster.hosts:
         classes.setdefault(_alike(entry), []).append(entry.name)
-    # role[h]: the plan host whose layers h runs (None: idle)
-    role: dict[str, str | None] = {
-        h.name: (h.name if h.name in used else None) for h in cluster.hosts
-    }
-    before = sum(cost(h, role[h]) for h in role)
+    # ident[h]: the plan host whose place h takes (itself at first). Swapping places,
+    # not only roles, keeps a whole permutation: an idle host that takes a role
+    # leaves its own name (in contingency entries) to the host it freed.
+    ident = {h.name: h.name for h in cluster.hosts}
+
+    def role(h: str) -> str | None:  # the plan host whose layers h runs (None: idle)
+        return ident[h] if ident[h] in used else None
+
+    before = sum(cost(h, role(h)) for h in ident)
     for members in classes.values():
-        if len(members) < 2 or not any(role[m] for m in members):
+        if len(members) < 2 or not any(role(m) for m in members):
             continue
         for _ in range(MAX_SWEEPS):
             improved = False
             for a, b in combinations(members, 2):
-                if role[a] == role[b]:
+                if role(a) == role(b):
                     continue
-                gain = cost(a, role[a]) + cost(b, role[b]) - cost(a, role[b]) - cost(b, role[a])
+                gain = cost(a, role(a)) + cost(b, role(b)) - cost(a, role(b)) - cost(b, role(a))
                 if gain > 0:
-                    role[a], role[b] = role[b], role[a]
+                    ident[a], ident[b] = ident[b], ident[a]
                     improved = True
             if not improved:
                 break
-    mapping = {r: h for h, r in role.items() if r is not None and r != h}
-    after = sum(cost(h, role[h]) for h in role)
+    mapping = {r: h for h, r in ident.items() if r != h}
+    after = sum(cost(h, role(h)) for h in ident)
     if not mapping:
         return Placed(plan=plan, bytes_before=before, bytes_after=before, renamed={})
     moved = rename_hosts(plan, mapping)

@@ -97,7 +97,8 @@ def test_replan_runs_the_solved_plan_on_the_hosts_holding_its_files() -> None:
     m = manifest(
         (("a", 40 * MB, (0, 1), True), ("b", 40 * MB, (2, 3), False), ("c", 20 * MB, (4, 5), False))
     )
-    everyone = cluster(["a", "b", "c"])
+    three = cluster(["a", "b", "c"])  # one GPU each: no spare to keep c's stage on
+    everyone = replace(three, hosts=tuple(replace(h, num_gpus=1) for h in three.hosts))
     old = replace(
         plan("lab", 1, [[("a", 0, 2), ("b", 2, 4), ("c", 4, 6)]]), num_layers=6, training=training
     )
@@ -129,3 +130,23 @@ def test_replan_runs_the_solved_plan_on_the_hosts_holding_its_files() -> None:
     assert moved < sum(bytes_to_move(m, plain.plan, HOLDERS).values())
     [note] = [n for n in r.plan.notes if "hold their checkpoint files" in n]
     assert "(a -> b, b -> a)" in note and "40.00 MB to move instead of 60.00 MB" in note, note
+
+
+def test_an_idle_host_taking_a_role_leaves_its_name_to_the_host_it_freed() -> None:
+    """The renaming is a whole permutation: a plan's contingency entries that name the
+    idle host now name the host that became idle."""
+    holders = dict.fromkeys(HOLDERS, ("d",))  # d (idle, alike) holds every file
+    cont = replace(
+        SOLVED,
+        contingency={"a": {"pipelines": [{"host": "d"}]}, "b": {"pipelines": [{"host": "a"}]}},
+    )
+    placed = place_near_copies(cont, cluster(["a", "b", "d"]), M, holders, flat)
+    assert len(set(placed.renamed.values())) == len(placed.renamed)  # a bijection
+    assert set(placed.renamed) == set(placed.renamed.values())  # on the same hosts
+    assert "d" in placed.plan.hosts() and "d" in placed.renamed
+    name = placed.renamed.get  # every name, in keys and inside the entries alike
+    assert placed.plan.contingency == {
+        name("a", "a"): {"pipelines": [{"host": name("d", "d")}]},
+        name("b", "b"): {"pipelines": [{"host": name("a", "a")}]},
+    }
+    assert name("d", "d") != "d"  # the entry that used the idle host uses its successor
