@@ -88,13 +88,22 @@ def show_run(
         if not as_json:
             typer.echo("\n".join(describe.summary_lines(found)))
         raise RunsError(describe.no_metrics_text(found))
-    png = write_png(found.series, found.folder / PNG_FILE, title=f"{found.plan} {found.run_id}")
+    if not as_json:  # what needs no writing first: a read-only folder still shows it
+        typer.echo("\n".join(describe.summary_lines(found)))
+        typer.echo(terminal_plot(found.series))
+    png: str | None = None
+    try:
+        png = str(
+            write_png(found.series, found.folder / PNG_FILE, title=f"{found.plan} {found.run_id}")
+        )
+    except RunsError as exc:
+        if not as_json:
+            typer.echo(f"plot: not written ({exc})")
     if as_json:
-        typer.echo(json.dumps({**found.to_json(), **found.series.to_json(), "png": str(png)}))
+        typer.echo(json.dumps({**found.to_json(), **found.series.to_json(), "png": png}))
         return
-    typer.echo("\n".join(describe.summary_lines(found)))
-    typer.echo(terminal_plot(found.series))
-    typer.echo(f"plot: {png}")
+    if png is not None:
+        typer.echo(f"plot: {png}")
 
 
 def register(app: typer.Typer) -> None:

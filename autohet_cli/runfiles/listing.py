@@ -132,10 +132,14 @@ def load_run(folder: Path) -> RunSummary:
     alive = True
     if record is not None and record.status == RUNNING:
         alive = _launcher_alive(record)
+    try:
+        series = read_series(folder / METRICS_FILE)
+    except RunRecordError as exc:
+        series, problem = None, "; ".join(x for x in (problem, str(exc)) if x)
     return summarize(
         folder,
         record,
-        read_series(folder / METRICS_FILE),
+        series,
         events=_events(folder) if record is None else None,
         modified_at=_iso(folder.stat().st_mtime),
         launcher_alive=alive,

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.runfiles.record import RunRecordError
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # The launcher's run folder (absolute, on this machine): rank 0 writes its metrics there too.
@@ -105,6 +107,8 @@ def read_series(path: Path) -> LossSeries | None:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a directory, another user's file: one run's problem
+        raise RunRecordError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse_lines(text.splitlines())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from pathlib import Path
 
 from autohet_cli.runfiles.listing import RunsError
@@ -84,11 +85,17 @@ def write_png(series: LossSeries, path: Path, *, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A fresh, exclusive temporary name (mkstemp), never one a symlink planted at a
+    # predictable name could redirect; renamed over the old plot when complete.
+    tmp: Path | None = None
     try:
-        fig.savefig(tmp, format="png")
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as fh:
+            fig.savefig(fh, format="png")
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise RunsError(f"{path}: cannot write the plot: {exc.strerror or exc}") from None
     return path

@@ -25,6 +25,25 @@ RECORD_FILE = "run.json"
 RUNNING = "running"
 
 
+_OPT_STR = (str, type(None))
+_TYPES: dict[str, tuple[type, ...]] = {
+    "plan_file": (str,),
+    "cluster": (str,),
+    "cluster_file": (str,),
+    "backend": (str,),
+    "trainer": (str,),
+    "job": _OPT_STR,
+    "remote_checkpoints": _OPT_STR,
+    "detail": (str,),
+    "exit_code": (int, type(None)),
+    "ended_at": _OPT_STR,
+    "last_step": (int, type(None)),
+    "last_loss": (int, float, type(None)),
+    "launcher_host": (str,),
+    "launcher_pid": (int,),
+}
+
+
 class RunRecordError(ConfigError):
     """A run.json that cannot be read (names the file and the field)."""
 
@@ -80,6 +99,13 @@ class RunRecord:
         checkpoints = values.get("checkpoints", {})
         if not isinstance(hosts, list) or not isinstance(checkpoints, dict):
             raise RunRecordError(f"{source}: 'hosts' must be a list, 'checkpoints' a mapping")
+        for name, kinds in _TYPES.items():
+            value = values.get(name)
+            if name in values and not (isinstance(value, kinds) and not isinstance(value, bool)):
+                raise RunRecordError(
+                    f"{source}: field {name!r} is {value!r}, expected "
+                    f"{' or '.join('null' if k is type(None) else k.__name__ for k in kinds)}"
+                )
         values["hosts"] = tuple(str(h) for h in hosts)
         values["checkpoints"] = {str(k): str(v) for k, v in checkpoints.items()}
         try:

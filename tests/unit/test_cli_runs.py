@@ -114,3 +114,30 @@ def test_the_cli_starts_without_matplotlib() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.split()[0] == "False", out.stdout
+
+
+def test_one_odd_folder_is_one_row_with_its_problem_not_a_traceback(tmp_path: Path) -> None:
+    _runs(tmp_path)
+    dir_metrics = plant(tmp_path / "runs", record(run_id="20261125T140000Z"))
+    (dir_metrics / "metrics.jsonl").mkdir()  # not a file
+    bad_pid = plant(tmp_path / "runs", record(run_id="20261125T150000Z"))
+    raw = json.loads((bad_pid / "run.json").read_text())
+    (bad_pid / "run.json").write_text(json.dumps({**raw, "launcher_pid": "1"}))
+    out = autohet("runs", "--json", cwd=tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    problems = {r["run_id"]: r.get("problem") or "" for r in json.loads(out.stdout)}
+    assert "metrics.jsonl: cannot read" in problems["20261125T140000Z"], problems
+    assert "field 'launcher_pid' is '1', expected int" in problems["20261125T150000Z"], problems
+    text = autohet("runs", cwd=tmp_path)
+    assert text.returncode == 0 and "20261125T100000Z" in text.stdout, text.stderr
+
+
+def test_a_plot_that_cannot_be_written_still_shows_the_summary_and_curve(tmp_path: Path) -> None:
+    _runs(tmp_path)
+    (tmp_path / "runs" / "lab.v1" / "20261125T100000Z" / "loss.png").mkdir()  # in the way
+    out = autohet("runs", "show", "lab.v1/20261125T10", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "finished at step 29" in out.stdout and " |*" in out.stdout
+    assert "plot: not written (" in out.stdout and "cannot write the plot" in out.stdout
+    leftovers = list((tmp_path / "runs" / "lab.v1" / "20261125T100000Z").glob(".loss.png*"))
+    assert leftovers == []
