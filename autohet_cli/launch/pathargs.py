@@ -28,6 +28,7 @@ from pathlib import PurePosixPath
 
 from autohet_cli import fnspec
 from autohet_cli.cluster import Host
+from autohet_cli.errors import ConfigError
 from autohet_cli.paths import expand_home
 
 # The rule in words, for launch's and recover's --help.
@@ -121,6 +122,13 @@ def resolve(args: Sequence[str], host: Host, caller: Caller, home: str | None = 
         if not given or "://" in given:
             last.pop(found.flag, None)  # nothing, or a URL: not a path on the host
             continue
+        if given.startswith("~") and not (given == "~" or given.startswith("~/")):
+            # ~user: the preflight's expanduser would find it, but the worker gets it
+            # quoted and reads it under its workdir; the cluster file refuses it too.
+            raise ConfigError(
+                f"{found.flag} {given}: ~user/... paths are not expanded on the hosts; "
+                "give the absolute path (or ~/... for the host user's home)"
+            )
         path, how = _read_as(given, host, caller, home)
         out[found.index] = f"{found.flag}={path}{suffix}" if found.joined else path + suffix
         last.pop(found.flag, None)  # re-inserted: argument order of the last ones
@@ -158,8 +166,6 @@ def _read_as(path: str, host: Host, caller: Caller, home: str | None) -> tuple[s
         if host.is_local:
             return expand_home(path, caller.home), HOME
         return (expand_home(path, home) if home else path), HOME
-    if path.startswith("~"):
-        return path, ABSOLUTE  # ~user: not ours to expand (the host's shell does not either)
     if host.is_local:
         return str(PurePosixPath(caller.cwd) / path), CALLER_DIR
     workdir = host.workdir.rstrip("/") or "/"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autohet_cli.cluster import Host
+from autohet_cli.errors import ConfigError
 from autohet_cli.launch import pathargs
 from autohet_cli.launch.pathargs import CALLER_DIR, HOME, WORKDIR, Caller, resolve
 from autohet_cli.paths import shell_word
@@ -166,3 +167,13 @@ def test_a_home_path_after_an_option_runs_as_printed_in_a_shell() -> None:
     assert shell_word("--data=~") == '--data="$HOME"'
     assert shell_word("--data=~user/x") == "'--data=~user/x'"
     assert shell_word("~/x") == '"$HOME"/x'
+
+
+@pytest.mark.parametrize("host", [LOCAL, REMOTE], ids=["local", "remote"])
+def test_a_tilde_user_path_is_refused_naming_the_flag(host: Host) -> None:
+    """``~root/x`` passed the preflight (expanduser) while the worker, given it quoted,
+    read ``WORKDIR/~root/x``."""
+    with pytest.raises(
+        ConfigError, match=r"--data ~root/tokens: ~user/\.\.\. paths are not expanded"
+    ):
+        resolve(["--data=~root/tokens"], host, CALLER)
