@@ -28,13 +28,14 @@ def kill_counts(
     self_cgroup: Path = Path(SELF_CGROUP),
 ) -> dict[str, int]:
     """Every OOM-kill counter this process can read, by where it was read."""
-    counts: dict[str, int] = {}
-    if (n := _field(vmstat, "oom_kill")) is not None:
-        counts["/proc/vmstat oom_kill"] = n
+    # The cgroup's counter is this job's own; /proc/vmstat counts every process of the
+    # host (node-wide in a container), so it is read only where the cgroup's is not.
     if (events := _cgroup_events(root, self_cgroup)) is not None:
         if (n := _field(events, "oom_kill")) is not None:
-            counts[f"{events} oom_kill"] = n
-    return counts
+            return {f"{events} oom_kill": n}
+    if (n := _field(vmstat, "oom_kill")) is not None:
+        return {"/proc/vmstat oom_kill": n}
+    return {}
 
 
 def evidence(before: dict[str, int], after: dict[str, int]) -> str:

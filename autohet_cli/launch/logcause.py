@@ -172,6 +172,11 @@ def signal_words(number: int, pid: int | None, oom_evidence: str = "") -> str:
     who = "a worker" if pid is None else f"a worker (pid {pid})"
     said = f"{who} was killed by signal {number} ({name})"
     if number == signal.SIGKILL and oom_evidence:
+        if "/proc/vmstat" in oom_evidence:  # host-wide: some process was OOM-killed
+            return (
+                f"{said}: probably the kernel's out-of-memory killer (it killed a process "
+                f"on this host meanwhile: {oom_evidence})"
+            )
         return f"{said}: the kernel's out-of-memory killer ({oom_evidence})"
     if number == signal.SIGTERM:
         return (

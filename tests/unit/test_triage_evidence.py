@@ -158,9 +158,10 @@ def test_oom_kill_counters_are_read_from_vmstat_and_the_cgroup_v1_or_v2(tmp_path
     self_v1 = tmp_path / "self-v1"
     self_v1.write_text("5:pids:/\n4:memory:/process_api/abc\n0::/\n")
     got = kill_counts(vmstat=vmstat, root=v1, self_cgroup=self_v1)
-    assert got == {
-        "/proc/vmstat oom_kill": 4,
-        f"{v1}/memory/process_api/abc/memory.oom_control oom_kill": 1,
+    # the job's own cgroup counter where it is readable: vmstat counts the whole host
+    assert got == {f"{v1}/memory/process_api/abc/memory.oom_control oom_kill": 1}
+    assert kill_counts(vmstat=vmstat, root=tmp_path / "none", self_cgroup=self_v1) == {
+        "/proc/vmstat oom_kill": 4
     }
     v2 = tmp_path / "v2"
     scope = v2 / "user.slice" / "session-3.scope"
@@ -182,7 +183,19 @@ def test_evidence_is_only_a_counter_that_rose() -> None:
 
 
 def test_this_machines_counters_are_read() -> None:
-    assert "/proc/vmstat oom_kill" in kill_counts()  # Linux 4.13 and later
+    got = kill_counts()  # the cgroup's where readable, else /proc/vmstat (Linux 4.13+)
+    assert len(got) == 1 and next(iter(got)).endswith("oom_kill"), got
+
+
+def test_host_wide_evidence_is_worded_as_such() -> None:
+    from autohet_cli.launch.logcause import signal_words
+
+    wide = signal_words(9, 77, "/proc/vmstat oom_kill 4 -> 5")
+    assert "probably the kernel's out-of-memory killer (it killed a process on this host" in wide
+    own = signal_words(9, 77, "/sys/fs/cgroup/job/memory.events oom_kill 0 -> 1")
+    assert own.endswith(
+        "the kernel's out-of-memory killer (/sys/fs/cgroup/job/memory.events oom_kill 0 -> 1)"
+    )
 
 
 # ------------------------------------------------------------ what feeds triage
