@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import resource
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,11 @@ def peak_flops(plan: Plan, device: torch.device) -> float | None:
     return total or None
 
 
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class MetricsWriter:
     """Rank 0's sinks: JSON lines, TensorBoard (optional), one printed line per step.
 
@@ -137,8 +143,9 @@ class MetricsWriter:
                     f.write(line + "\n")
             if self.copy_to is not None:
                 self._copy(line)
-        if self.stream:
-            print(METRIC_PREFIX + line, flush=True)
+            if self.stream:  # one write of the whole line: print() writes "\n" apart, and
+                # the save's thread and the step's could glue two lines (a lost point)
+                _say(METRIC_PREFIX + line)
 
     def _copy(self, line: str) -> None:
         assert self.copy_to is not None
@@ -158,7 +165,7 @@ class MetricsWriter:
             line += f" lr {result.lr:.3g}"
             if result.grad_norm is not None:
                 line += f" grad_norm {result.grad_norm:.3f}"
-            print(line, flush=True)
+            _say(line)
 
     def write_checkpoint(self, record: dict[str, Any]) -> None:
         """A save's figures (``ckpt.persist.SaveRecord.to_json``): step, ckpt_blocked_s,
@@ -177,7 +184,7 @@ class MetricsWriter:
             for tag, value in tb_scalars(record):
                 self.tb.add_scalar(tag, value, step)
         if self.echo:
-            print(f"step {step} eval_loss {loss:.6f}", flush=True)
+            _say(f"step {step} eval_loss {loss:.6f}")
 
     def _scalars(self, r: StepResult) -> None:
         """The tags the launcher's collector writes too (``runfiles.metricsfile``)."""
