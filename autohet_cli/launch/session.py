@@ -568,17 +568,21 @@ def _local_run_dir(root: Path, plan: Plan, run_id: str | None) -> tuple[Path, st
     default one (the UTC second) gets a suffix when two launches share a second."""
     rid = _run_id(run_id)
     base = root / f"{plan.name}.v{plan.version}"
+    base.mkdir(parents=True, exist_ok=True)
     candidate, n = rid, 1
-    while (base / candidate).exists():
-        if run_id is not None:
-            raise LaunchError(
-                f"run directory {base / candidate} already exists: a run id is used once "
-                "(old heartbeats and logs would mix with the new run); pick another --run-id"
-            )
-        n += 1
-        candidate = f"{rid}-{n}"
-    (base / candidate).mkdir(parents=True)
-    return base / candidate, candidate
+    while True:
+        try:
+            (base / candidate).mkdir()  # exclusive: two launches in one second race here
+            return base / candidate, candidate
+        except FileExistsError:
+            if run_id is not None:
+                raise LaunchError(
+                    f"run directory {base / candidate} already exists: a run id is used "
+                    "once (old heartbeats and logs would mix with the new run); pick "
+                    "another --run-id"
+                ) from None
+            n += 1
+            candidate = f"{rid}-{n}"
 
 
 @contextmanager

@@ -180,3 +180,23 @@ def test_run_json_is_written_at_the_start_and_says_how_an_error_ended_the_run(
     assert ended.checkpoints == {"a": "~/autohet/checkpoints/lab/J/", "b": "/data/ck/lab/J/"}
     assert ended.remote_checkpoints == "s3://bucket/ck/lab/J/"
     assert ended.ended_at is not None and ended.last_step is None
+
+
+def test_launches_in_the_same_second_each_get_their_own_folder(tmp_path: Path) -> None:
+    """The default run id is the UTC second: concurrent launches of one plan race for
+    it; each must get a folder of its own (a suffix), never a FileExistsError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autohet_cli.launch.executor import LaunchError
+    from autohet_cli.launch.session import _local_run_dir
+    from tests.unit.test_recovery_transfer import plan as make_plan
+
+    p = make_plan("lab", 1, [[("a", 0, 8)]])
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: _local_run_dir(tmp_path, p, None), range(16)))
+    folders = [f for f, _ in got]
+    assert len(set(folders)) == 16 and all(f.is_dir() for f in folders)
+    # a run id given by the user is used once
+    _local_run_dir(tmp_path, p, "mine")
+    with pytest.raises(LaunchError, match="already exists: a run id is used once"):
+        _local_run_dir(tmp_path, p, "mine")
