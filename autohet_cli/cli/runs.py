@@ -83,7 +83,7 @@ def show_run(
     """
     from autohet_cli.runfiles.plot import PNG_FILE, terminal_plot, write_png
 
-    found = listing.resolve(_runs_dir(ctx, runs_dir), run)
+    found = listing.load_run(listing.resolve(_runs_dir(ctx, runs_dir), run).folder, full=True)
     if found.series is None or not (found.series.train or found.series.eval):
         if not as_json:
             typer.echo("\n".join(describe.summary_lines(found)))

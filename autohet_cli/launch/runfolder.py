@@ -24,10 +24,11 @@ from autohet_cli.runfiles.metricsfile import (
     FOLDER_ENV,
     METRICS_FILE,
     STREAM_ENV,
+    TAIL_BYTES,
     TENSORBOARD_DIR,
     read_series,
 )
-from autohet_cli.runfiles.record import RunRecord, write_record
+from autohet_cli.runfiles.record import RunRecord, RunRecordError, write_record
 
 if TYPE_CHECKING:
     from autohet_cli.launch.executor import Job, JobOutcome
@@ -84,7 +85,10 @@ def end_record(
     record: RunRecord, outcome: JobOutcome | None, job: Job, folder: Path, error: str = ""
 ) -> RunRecord:
     """``record`` once the job ended: ``outcome``, or the exception that ended it."""
-    series = read_series(folder / METRICS_FILE)
+    try:
+        series = read_series(folder / METRICS_FILE, tail_bytes=TAIL_BYTES)  # last step, loss
+    except RunRecordError:  # unreadable: the record still says how the run ended
+        series = None
     step, loss = (series.last_step, series.last_loss) if series and series.train else (None, None)
     status = getattr(job, "status", None)
     if step is None and status is not None and status.loss is not None:

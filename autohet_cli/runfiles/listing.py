@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.errors import AutohetError
-from autohet_cli.runfiles.metricsfile import METRICS_FILE, LossSeries, read_series
+from autohet_cli.runfiles.metricsfile import METRICS_FILE, TAIL_BYTES, LossSeries, read_series
 from autohet_cli.runfiles.record import RECORD_FILE, RUNNING, RunRecord, RunRecordError, read_record
 
 LATEST = "latest"
@@ -122,8 +122,9 @@ def checkpoints_text(run: RunSummary) -> str:
     return "; ".join(parts) or "-"
 
 
-def load_run(folder: Path) -> RunSummary:
-    """One folder's summary, read from disk; a broken record is a note, not an error."""
+def load_run(folder: Path, *, full: bool = False) -> RunSummary:
+    """One folder's summary, read from disk; a broken record is a note, not an error.
+    ``full``: the whole loss series (to plot it); else the metrics' tail only."""
     problem = ""
     try:
         record = read_record(folder)
@@ -133,7 +134,7 @@ def load_run(folder: Path) -> RunSummary:
     if record is not None and record.status == RUNNING:
         alive = _launcher_alive(record)
     try:
-        series = read_series(folder / METRICS_FILE)
+        series = read_series(folder / METRICS_FILE, tail_bytes=None if full else TAIL_BYTES)
     except RunRecordError as exc:
         series, problem = None, "; ".join(x for x in (problem, str(exc)) if x)
     return summarize(

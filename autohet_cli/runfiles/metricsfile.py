@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,10 +102,24 @@ def parse_lines(lines: Iterable[str]) -> LossSeries:
     return LossSeries(train=tuple(sorted(train.items())), eval=tuple(sorted(evals.items())))
 
 
-def read_series(path: Path) -> LossSeries | None:
-    """``path``'s loss series; None when the file does not exist."""
+TAIL_BYTES = 256 * 1024  # enough for the last few hundred steps' lines
+
+
+def read_series(path: Path, *, tail_bytes: int | None = None) -> LossSeries | None:
+    """``path``'s loss series; None when the file does not exist. ``tail_bytes``: only
+    the file's end (its last whole lines): the last step and loss of a long run
+    without reading its whole history (500k steps are ~130 MB of lines)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if tail_bytes is None:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        else:
+            with path.open("rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - tail_bytes))
+                raw = fh.read()
+            if size > tail_bytes:
+                raw = raw.partition(b"\n")[2]  # a cut first line is not a line
+            text = raw.decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
     except OSError as exc:  # a directory, another user's file: one run's problem

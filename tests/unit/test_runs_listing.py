@@ -213,3 +213,22 @@ def test_a_record_whose_launcher_process_ended_reads_as_unfinished(tmp_path: Pat
     rec_alive = record(run_id="B", launcher_host=socket.gethostname(), launcher_pid=os.getpid())
     plant(tmp_path, rec_alive)
     assert resolve(tmp_path, "B").status == "running"
+
+
+def test_a_long_runs_listing_reads_the_tail_and_show_the_whole_curve(tmp_path: Path) -> None:
+    """500k steps are ~130 MB of lines: the list reads the file's end for the last
+    step and loss; `runs show` (load_run full) reads the whole series to plot it."""
+    from autohet_cli.runfiles.listing import load_run
+    from autohet_cli.runfiles.metricsfile import TAIL_BYTES, read_series
+
+    losses = [8.0 - i * 1e-5 for i in range(40_000)]  # ~1 MB of lines, past the tail
+    folder = plant(tmp_path / "runs", record(status="finished"), losses)
+    assert (folder / "metrics.jsonl").stat().st_size > 3 * TAIL_BYTES
+    tail = read_series(folder / "metrics.jsonl", tail_bytes=TAIL_BYTES)
+    assert tail is not None and tail.last_step == 39_999
+    assert tail.train[0][0] > 0 and len(tail.train) < 40_000  # only the end was read
+    assert tail.last_loss == pytest.approx(losses[-1])
+    listed = load_run(folder)
+    assert listed.last_step == 39_999 and listed.last_loss == pytest.approx(losses[-1])
+    full = load_run(folder, full=True)
+    assert full.series is not None and len(full.series.train) == 40_000
