@@ -85,6 +85,18 @@ def first_line(text: str) -> str:
     return stripped.splitlines()[0] if stripped else ""
 
 
+MAX_MESSAGE_CHARS = 500
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` within ``limit`` characters, its start and its end kept: a refusal
+    names the file first and says what to do last (``--init-from``'s likely cause)."""
+    if len(text) <= limit:
+        return text
+    tail = limit * 2 // 5
+    return f"{text[: limit - tail - 5]} ... {text[-tail:]}"
+
+
 def write_error(
     run_dir: Path | None,
     *,
@@ -105,7 +117,7 @@ def write_error(
         "host": host or os.environ.get("AUTOHET_HOST", ""),
         "place": place,
         "kind": kind,
-        "message": first_line(message)[:500],
+        "message": clip(first_line(message)),
         "detail": detail[-MAX_DETAIL_CHARS:],
         "time": round(time.time(), 3),
     }

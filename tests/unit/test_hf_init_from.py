@@ -255,3 +255,13 @@ def test_a_base_model_save_like_the_hubs_gpt2_loads_the_same_weights(
         assert torch.equal(got[name], want[name]), name
     assert "saved from the base model: names read with 'transformer.' before them" in said[0]
     assert "none missing, none unused" in said[0]
+
+
+def test_a_long_refusal_keeps_its_likely_cause_in_the_record() -> None:
+    from autohet_cli.runtime.records import MAX_MESSAGE_CHARS, clip
+
+    said = "/a/long/snapshot/path/" * 30 + ": 9 tensors missing: x; another model's weights?"
+    kept = clip(said)
+    assert len(kept) <= MAX_MESSAGE_CHARS and kept.startswith("/a/long/snapshot/path/")
+    assert kept.endswith("another model's weights?") and " ... " in kept
+    assert clip("short") == "short"
