@@ -22,6 +22,7 @@ from autohet_cli.ckpt.format import (
 )
 from autohet_cli.ckpt.state import checkpoint_failure, rename_optimizer
 from autohet_cli.errors import ConfigError
+from autohet_cli.runtime.optim import materialize_state
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ def _load(ckpt: Checkpointer, step: int, source: int) -> None:
     reader = VerifyingReader(
         local, metadata=metadata, manifest=manifest, rank=ckpt.rank, fetch=fetch
     )
+    # DCP loads into existing tensors; torch would make the optimizer's by running a
+    # whole step on zero gradients (see materialize_state)
+    materialize_state(getattr(ckpt.trainer, "optimizer", None))
     state, aliases = ckpt.state()
     if "run" not in getattr(metadata, "state_dict_metadata", {"run": None}):
         state.pop("run")  # written before checkpoints held the schedule and data

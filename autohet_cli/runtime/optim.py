@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import (
@@ -109,7 +110,10 @@ def optimizer_for(
 ) -> torch.optim.Optimizer | None:
     """The optimizer over (parameter, takes weight decay) pairs: a decay group, then
     a no-decay group, each only where it has parameters (DCP's optimizer state dict
-    cannot load an empty group); None without parameters."""
+    cannot load an empty group); None without parameters. AdamW is torch's fused
+    kernel wherever the installed torch has one for the parameters' device and dtype
+    (CPU and CUDA since 2.4) and no parameter is a DTensor, else torch's default; its
+    state and checkpoints are the same either way."""
     groups = [
         {"params": [p for p, d in params if d], "weight_decay": weight_decay},
         {"params": [p for p, d in params if not d], "weight_decay": 0.0},
@@ -119,7 +123,57 @@ def optimizer_for(
         return None
     if kind == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+    # One kernel over all parameters: 120 ms against 700 ms for 173M on 2 cores. Not
+    # over DTensors (TP stages): DTensor's dispatch of the fused kernel refuses the
+    # plain tensors beside them (norm weights; step counts after a resume).
+    if not any(isinstance(p, DTensor) for p, _ in params):
+        try:
+            return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
+        except RuntimeError:  # a device or dtype this torch has no fused kernel for
+            pass
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+def materialize_state(optimizer: torch.optim.Optimizer | None) -> bool:
+    """Give an Adam/AdamW without state its state tensors (zeros), as its first step
+    would; True when it did. Before a checkpoint load: DCP loads into existing
+    tensors, and torch's ``get_state_dict`` makes them by running a whole optimizer
+    step on zero gradients (``_init_optim_state``: a zero gradient per parameter, then
+    the update over every parameter): 5.5 s of a 9.3 s load for a 200M model on this
+    2-core machine, against about 0.5 s here. Other optimizers are left to torch.
+    The layout (step a 0-d tensor, on the parameter's device when fused or
+    capturable; moments like the parameter, DTensor included) is Adam's own
+    ``_init_group``'s; ``test_optimizer_state_init`` holds it to torch's result."""
+    if optimizer is None or optimizer.state:
+        return False
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    from torch.optim import optimizer as torch_optimizer
+
+    scalar_dtype: Any = torch_optimizer._get_scalar_dtype  # untyped in torch
+    for group in optimizer.param_groups:
+        on_device = bool(group.get("capturable") or group.get("fused"))
+        keys = (
+            ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+            if group.get("amsgrad")
+            else (
+                "exp_avg",
+                "exp_avg_sq",
+            )
+        )
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            step = (
+                torch.zeros((), dtype=scalar_dtype(is_fused=group.get("fused")), device=p.device)
+                if on_device
+                else torch.tensor(0.0, dtype=scalar_dtype())
+            )
+            state: dict[str, Any] = {"step": step}
+            for key in keys:
+                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            optimizer.state[p] = state
+    return True
 
 
 def counted_parameters(

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 from autohet_cli.ckpt.state import nested_optimizer
 from autohet_cli.runtime import run_state
 
+# param_groups entries that pick torch's implementation, not the training's numbers
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
 if TYPE_CHECKING:
     from autohet_cli.runtime.trainer import Trainer
 
@@ -77,12 +80,19 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
     if trainer.optimizer is None:
         set_model_state_dict(trainer.stage, state["model"])
     else:
+        built = [
+            {k: g[k] for k in IMPLEMENTATION if k in g} for g in trainer.optimizer.param_groups
+        ]
         set_state_dict(
             trainer.stage,
             trainer.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=nested_optimizer(optim) if flat else optim,
         )
+        # The saver's kernel choice is not this rank's: a TP stage's optimizer takes no
+        # fused kernel (runtime.optim), whatever the checkpoint's param_groups say.
+        for group, flags in zip(trainer.optimizer.param_groups, built, strict=True):
+            group.update(flags)
     trainer.step = int(state["step"])
     if trainer.scaler is not None and state.get("loss_scale"):
         trainer.scaler.scale = float(state["loss_scale"])

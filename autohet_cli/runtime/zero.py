@@ -259,8 +259,13 @@ class ZeroState:
                     k: v[offset : offset + hi - lo].to(piece.dtype).clone()
                     for k, v in states.items()
                 }
-                if self.kind == "adam":
-                    st["step"] = torch.tensor(float(step.item()), dtype=torch.float32)
+                if self.kind == "adam":  # where Adam keeps it: on the device when fused
+                    fused = optimizer is not None and optimizer.defaults.get("fused")
+                    st["step"] = torch.tensor(
+                        float(step.item()),
+                        dtype=torch.float32,
+                        device=piece.device if fused else "cpu",
+                    )
                 assert optimizer is not None  # a rank with slices has their optimizer
                 optimizer.state[piece] = st
                 offset += hi - lo
