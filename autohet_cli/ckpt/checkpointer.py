@@ -274,9 +274,10 @@ class Checkpointer:
     def _aliases(self, optimizer: Mapping[str, Any]) -> dict[str, str]:
         return tied_aliases(list(optimizer), self.trainer.parts.tied)
 
-    def state(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """The trainer's state as checkpoints name it, and the tied-name aliases used."""
-        state = self.trainer.state_dict(flat_optimizer=True)
+    def state(self, *, template: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+        """The trainer's state as checkpoints name it, and the tied-name aliases used;
+        ``template``: the entries a load fills (``train_state.state_dict``)."""
+        state = self.trainer.state_dict(flat_optimizer=True, template=template)
         aliases = self._aliases(state["optimizer"])
         state["optimizer"] = rename_optimizer(state["optimizer"], aliases)
         return state, aliases

@@ -118,7 +118,7 @@ def _load(ckpt: Checkpointer, step: int, source: int) -> None:
     # DCP loads into existing tensors; torch would make the optimizer's by running a
     # whole step on zero gradients (see materialize_state)
     materialize_state(getattr(ckpt.trainer, "optimizer", None))
-    state, aliases = ckpt.state()
+    state, aliases = ckpt.state(template=True)
     if "run" not in getattr(metadata, "state_dict_metadata", {"run": None}):
         state.pop("run")  # written before checkpoints held the schedule and data
     try:

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from autohet_cli.runtime.trainer import Trainer
 
 
-def state_dict(trainer: Trainer, *, flat_optimizer: bool = False) -> dict[str, Any]:
+def state_dict(
+    trainer: Trainer, *, flat_optimizer: bool = False, template: bool = False
+) -> dict[str, Any]:
     """This rank's training state, model and optimizer keyed by full parameter names.
 
     ``torch.distributed.checkpoint.state_dict.get_state_dict`` maps the optimizer
@@ -43,8 +45,12 @@ def state_dict(trainer: Trainer, *, flat_optimizer: bool = False) -> dict[str, A
     if trainer.zero is not None:
         if not flat_optimizer:
             raise ValueError("a ZeRO-1 plan's optimizer state exists flat only")
-        entries = trainer.zero.state_entries(
-            trainer.zero_optimizer, trainer._zero_groups, trainer.lr
+        entries = (
+            trainer.zero.load_template()
+            if template
+            else trainer.zero.state_entries(
+                trainer.zero_optimizer, trainer._zero_groups, trainer.lr
+            )
         )
         optimizer = {**optimizer, **entries}
     return {

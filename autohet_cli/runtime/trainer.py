@@ -425,9 +425,9 @@ class Trainer:
         """What a checkpoint records beside model and optimizer (``run_state``)."""
         return run_state.describe(self)
 
-    def state_dict(self, *, flat_optimizer: bool = False) -> dict[str, Any]:
+    def state_dict(self, *, flat_optimizer: bool = False, template: bool = False) -> dict[str, Any]:
         """This rank's training state (``runtime.train_state.state_dict``)."""
-        return train_state.state_dict(self, flat_optimizer=flat_optimizer)
+        return train_state.state_dict(self, flat_optimizer=flat_optimizer, template=template)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of ``state_dict``; ``fit`` then continues at ``state["step"]``."""

@@ -31,7 +31,8 @@ Checkpoints stay per parameter (``state.<name>.exp_avg``, full tensors in the
 parameter's own layout), so they load under any plan, with or without ZeRO: the
 state of parameter j of a bucket is written by member ``j mod P``, each state
 tensor assembled by one all-gather of the bucket's slices (transient memory: one
-fp32 bucket, what its gradient took during the step).
+fp32 bucket, what its gradient took during the step). A load reads every
+parameter's full state on each member and keeps its slices (``load_template``).
 """
 
 from __future__ import annotations
@@ -228,47 +229,55 @@ class ZeroState:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=b.group)
         return torch.tensor(float(t.item()), dtype=torch.float32)
 
+    def load_template(self) -> dict[str, Any]:
+        """The entries a checkpoint load fills: the full state of every parameter of
+        this rank's buckets (not only those it writes), so that each member cuts its
+        slices from what it read itself, with no collective (``load_entries``).
+
+        Before, members loaded what they write and summed full buckets over the group:
+        on 2 CPU ranks of a 200M model, 18.8 s of loading against 6.5 s without ZeRO-1.
+        Plain tensors are made in host memory, so the device never holds a stage's
+        full moments; a TP-sharded parameter's stay on its device (its DTensor layout
+        is the parameter's). Uninitialised: the load writes every entry or fails."""
+        out: dict[str, Any] = {}
+        for b in self.buckets:
+            for name, p in zip(b.names, b.params, strict=True):
+                local = local_tensor(p)
+                for key in STATE_KEYS.get(self.kind, ()):
+                    if isinstance(p, DTensor):
+                        value = _like(torch.empty_like(local), p)
+                    else:
+                        value = torch.empty(local.shape, dtype=p.dtype, device="cpu")
+                    out[f"state.{name}.{key}"] = value
+                if self.kind == "adam":
+                    out[f"state.{name}.step"] = torch.zeros((), dtype=torch.float32)
+        return out
+
     def load_entries(
         self, optimizer: torch.optim.Optimizer | None, flat: Mapping[str, Any]
     ) -> None:
-        """Inverse of ``state_entries``: the writers' full tensors (loaded by DCP into
-        the entries ``state_entries`` returned) summed over the group, each member
-        keeping its slices' part."""
+        """Inverse of ``state_entries``, from what ``load_template`` asked DCP for:
+        each slice's state cut from its parameter's full tensor."""
+        fused = optimizer is not None and optimizer.defaults.get("fused")
         for b in self.buckets:
-            device = local_tensor(b.params[0]).device
-            total = b.chunk * b.members
-            states: dict[str, Tensor] = {}
-            for key in STATE_KEYS.get(self.kind, ()):
-                full = torch.zeros(total, dtype=REDUCE_DTYPE, device=device)
-                offset = 0
-                for j, (name, n) in enumerate(zip(b.names, b.numels, strict=True)):
-                    if b.writer(j) == b.index:
-                        value = flat[f"state.{name}.{key}"]
-                        full[offset : offset + n] = local_tensor(value).reshape(-1)
-                    offset += n
-                dist.all_reduce(full, group=b.group)
-                states[key] = full
-            step = torch.zeros(1, dtype=torch.float64, device=device)
-            for j, name in enumerate(b.names):
-                if b.writer(j) == b.index and f"state.{name}.step" in flat:
-                    step[0] = float(flat[f"state.{name}.step"])
-            dist.all_reduce(step, op=dist.ReduceOp.MAX, group=b.group)
-            offset = b.start
-            for _, lo, hi, piece in b.slices:
+            steps = [float(flat[k]) for n in b.names if (k := f"state.{n}.step") in flat]
+            for j, lo, hi, piece in b.slices:
+                name = b.names[j]
                 st: dict[str, Any] = {
-                    k: v[offset : offset + hi - lo].to(piece.dtype).clone()
-                    for k, v in states.items()
+                    key: local_tensor(flat[f"state.{name}.{key}"])
+                    .reshape(-1)[lo:hi]
+                    .to(device=piece.device, dtype=piece.dtype)
+                    .clone()
+                    for key in STATE_KEYS.get(self.kind, ())
                 }
                 if self.kind == "adam":  # where Adam keeps it: on the device when fused
-                    fused = optimizer is not None and optimizer.defaults.get("fused")
                     st["step"] = torch.tensor(
-                        float(step.item()),
+                        max(steps, default=0.0),
                         dtype=torch.float32,
                         device=piece.device if fused else "cpu",
                     )
                 assert optimizer is not None  # a rank with slices has their optimizer
                 optimizer.state[piece] = st
-                offset += hi - lo
 
     def names(self) -> set[str]:
         return {name for b in self.buckets for name in b.names}

@@ -403,6 +403,13 @@ def test_resume_under_zero1_continues_the_loss_curve(saved: Saved) -> None:
     _resumes_from_the_saved_run(saved, plan, "zero-in")
 
 
+def test_resume_under_zero1_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
+    """ZeRO-1 slices of TP-sharded parameters (DTensors) cut from a load that reads
+    every parameter's full state on each member, with no collective."""
+    plan = make_plan(NAME, [(4, [(0, NUM_LAYERS)])] * 2, tp=2, optimizer="adam", zero1=True)
+    _resumes_from_the_saved_run(saved, plan, "zero-tp")
+
+
 def test_zero1_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
     """ZeRO-1 slices are written per parameter, in full, by one member each."""
     plan = make_plan("ckpt-zero", ZERO_LAYOUT, optimizer="adam", zero1=True)
