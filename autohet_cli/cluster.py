@@ -74,6 +74,7 @@ class Cluster:
     # "slurm" (one heterogeneous batch job; host names are node names).
     backend: str = "ssh"
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    _by_name: Mapping[str, Host] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -82,12 +83,14 @@ class Cluster:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"cluster {self.name!r}: duplicate host names {sorted(dup)}")
+        object.__setattr__(self, "_by_name", {h.name: h for h in self.hosts})
 
     def host(self, name: str) -> Host:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise UnknownNameError(f"cluster {self.name!r} has no host {name!r}")
+        # A dict, not a scan: the planner looks hosts up millions of times on 1024 GPUs.
+        found = self._by_name.get(name)
+        if found is None:
+            raise UnknownNameError(f"cluster {self.name!r} has no host {name!r}")
+        return found
 
     @property
     def num_gpus(self) -> int:

@@ -125,72 +125,168 @@ def ring_allreduce_ms(nbytes: float, participants: int, gbps: float) -> float:
 
 
 def evaluate(
-    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, micro_batch_size: int
+    pipelines: Sequence[Pipeline],
+    cluster: Cluster,
+    tables: CostTables,
+    micro_batch_size: int,
+    *,
+    detail: bool = True,
 ) -> PlanEval:
-    """Predict a plan's iteration time, throughput and per-GPU memory."""
-    costs = [
-        [_stage_cost(s, cluster, tables, micro_batch_size) for s in p.stages] for p in pipelines
-    ]
-    sync = _grad_sync_ms(pipelines, cluster, tables, micro_batch_size)
-    sharded = zero_sharded(pipelines, cluster, tables, micro_batch_size)
-    costs = [
-        [_without_sharded(c, sharded[pi][si]) for si, c in enumerate(pc)]
-        for pi, pc in enumerate(costs)
-    ]
-    evals = []
-    for pi, (p, pcosts) in enumerate(zip(pipelines, costs, strict=True)):
-        sends = [
-            _send_ms(p.stages[s], p.stages[s + 1], pcosts[s].output_bytes, cluster, tables)
-            for s in range(len(p.stages) - 1)
-        ]
-        sim, closed = _pipeline_time(
-            tuple(c.fwd_ms for c in pcosts),
-            tuple(c.bwd_ms for c in pcosts),
-            p.num_microbatches,
-            tuple(sends),
-        )
-        stages = tuple(
-            StageEval(
-                cost=c,
-                send_ms=sends[s] if s < len(sends) else 0.0,
-                grad_sync_ms=sync[pi][s],
-                mem_bytes=stage_memory_bytes(
-                    c, tables, p.stages[s].gpu_type, s, len(p.stages), p.num_microbatches
-                )
-                - int(sharded[pi][s] * tables.training.optimizer_bytes_per_param),
-                mem_capacity_bytes=cluster.host(p.stages[s].host).gpu_mem_bytes,
-            )
-            for s, c in enumerate(pcosts)
-        )
-        idle = sum(sim.idle_fraction) / len(sim.idle_fraction)
-        evals.append(
-            PipelineEval(
-                stages=stages, time_ms=sim.makespan_ms, closed_form_ms=closed, idle_fraction=idle
-            )
-        )
-    pipeline_ms = max(e.time_ms for e in evals)
-    sync_ms = max(st.grad_sync_ms for e in evals for st in e.stages)
-    opt_ms = max(st.cost.update_ms for e in evals for st in e.stages)
+    """Predict a plan's iteration time, throughput and per-GPU memory.
+
+    ``detail`` False leaves ``PlanEval.pipelines`` empty: the totals alone, for the
+    planner's local search, which scores thousands of neighbours and keeps few."""
+    memo = _memo(cluster, tables)
+    parts = [memo.pipeline(p, micro_batch_size) for p in pipelines]
+    segments = _segments(pipelines)
+    sync = _grad_sync_ms(pipelines, cluster, tables, micro_batch_size, memo, segments)
+    sharded = zero_sharded(pipelines, cluster, tables, micro_batch_size, segments)
+    opt_bytes = tables.training.optimizer_bytes_per_param
+    pipeline_ms = max(part.sim.makespan_ms for part in parts)
+    sync_ms = max(t for row in sync for t in row)
+    update_ms = 0.0
+    peak = 0.0
+    for pi, part in enumerate(parts):
+        for s, c in enumerate(part.costs):
+            off = sharded[pi][s]
+            update_ms = max(update_ms, _update_ms(c, off))
+            mem = part.mem_bytes[s] - int(off * opt_bytes)
+            peak = max(peak, mem / part.capacity_bytes[s])
     # The fixed per-step cost every rank pays (calibrated per GPU type, else measured
     # by the probe or the catalog's, with the step's world all-reduces).
     world = sum(s.tensor_parallel for p in pipelines for s in p.stages)
-    overhead_ms = max(
-        tables.step_overhead_ms(s.gpu_type, s.tensor_parallel, world)
-        for p in pipelines
-        for s in p.stages
-    )
-    opt_ms += overhead_ms
+    kinds = {(s.gpu_type, s.tensor_parallel) for p in pipelines for s in p.stages}
+    opt_ms = update_ms + max(memo.overhead(tables, gpu, tp, world) for gpu, tp in kinds)
     iteration = pipeline_ms + sync_ms + opt_ms
     tokens = micro_batch_size * sum(p.num_microbatches for p in pipelines) * tables.training.seq_len
     return PlanEval(
-        pipelines=tuple(evals),
+        pipelines=_pipeline_evals(parts, sync, sharded, opt_bytes) if detail else (),
         pipeline_ms=pipeline_ms,
         grad_sync_ms=sync_ms,
         optimizer_ms=opt_ms,
         iteration_ms=iteration,
-        closed_form_iteration_ms=max(e.closed_form_ms for e in evals) + sync_ms + opt_ms,
+        closed_form_iteration_ms=max(part.closed_ms for part in parts) + sync_ms + opt_ms,
         tokens_per_s=tokens / (iteration / 1e3),
-        memory_peak_fraction=max(st.mem_fraction for e in evals for st in e.stages),
+        memory_peak_fraction=peak,
+    )
+
+
+def _pipeline_evals(
+    parts: Sequence[_PipelinePart],
+    sync: Sequence[Sequence[float]],
+    sharded: Sequence[Sequence[float]],
+    opt_bytes: float,
+) -> tuple[PipelineEval, ...]:
+    return tuple(
+        PipelineEval(
+            stages=tuple(
+                StageEval(
+                    cost=_without_sharded(c, sharded[pi][s]),
+                    send_ms=part.sends[s] if s < len(part.sends) else 0.0,
+                    grad_sync_ms=sync[pi][s],
+                    mem_bytes=part.mem_bytes[s] - int(sharded[pi][s] * opt_bytes),
+                    mem_capacity_bytes=part.capacity_bytes[s],
+                )
+                for s, c in enumerate(part.costs)
+            ),
+            time_ms=part.sim.makespan_ms,
+            closed_form_ms=part.closed_ms,
+            idle_fraction=part.idle_fraction,
+        )
+        for pi, part in enumerate(parts)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PipelinePart:
+    """What a pipeline's evaluation owes to the pipeline alone (not to the others)."""
+
+    costs: tuple[StageCost, ...]
+    sends: tuple[float, ...]
+    sim: SimResult
+    closed_ms: float
+    idle_fraction: float
+    mem_bytes: tuple[int, ...]  # before ZeRO-1 takes its share of the optimizer state
+    capacity_bytes: tuple[int, ...]
+
+
+class _Memo:
+    """Evaluations of one (cluster, tables) pair, kept for the next one.
+
+    The planner evaluates thousands of plans that differ from the last in one
+    pipeline (refinement moves a boundary or a micro-batch) and shares the rest;
+    so each pipeline's own part, each sync segment and each ring's link are
+    computed once. Pure: every entry is a function of its key and the pair."""
+
+    MAX_ENTRIES = 200_000  # then cleared: a long search's memory stays bounded
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster  # held: the memo is found by its id
+        self.parts: dict[tuple[Pipeline, int], _PipelinePart] = {}
+        self.segments: dict[tuple[object, ...], float] = {}
+        self.rings: dict[tuple[str, ...], float] = {}
+        self.overheads: dict[tuple[str, int, int], float] = {}
+
+    def pipeline(self, p: Pipeline, mbs: int) -> _PipelinePart:
+        key = (p, mbs)
+        found = self.parts.get(key)
+        if found is None:
+            if len(self.parts) >= self.MAX_ENTRIES:
+                self.parts.clear()
+            found = self.parts[key] = _pipeline_part(p, self.cluster, self.tables, mbs)
+        return found
+
+    def overhead(self, tables: CostTables, gpu: str, tp: int, world: int) -> float:
+        key = (gpu, tp, world)
+        found = self.overheads.get(key)
+        if found is None:
+            found = self.overheads[key] = tables.step_overhead_ms(gpu, tp, world)
+        return found
+
+    def ring_gbps(self, stages: Sequence[Stage]) -> float:
+        names = tuple(sorted({s.host for s in stages}))
+        found = self.rings.get(names)
+        if found is None:
+            if len(self.rings) >= self.MAX_ENTRIES:
+                self.rings.clear()
+            found = self.rings[names] = _ring_gbps(stages, self.cluster)
+        return found
+
+    tables: CostTables  # set by _memo
+
+
+def _memo(cluster: Cluster, tables: CostTables) -> _Memo:
+    memos = tables.evaluate_memos
+    held = memos.get(id(cluster))
+    if held is None or held.cluster is not cluster:
+        if len(memos) >= 8:
+            memos.clear()
+        held = memos[id(cluster)] = _Memo(cluster)
+        held.tables = tables
+    return held
+
+
+def _pipeline_part(p: Pipeline, cluster: Cluster, tables: CostTables, mbs: int) -> _PipelinePart:
+    costs = tuple(_stage_cost(s, cluster, tables, mbs) for s in p.stages)
+    sends = tuple(
+        _send_ms(p.stages[s], p.stages[s + 1], costs[s].output_bytes, cluster, tables)
+        for s in range(len(p.stages) - 1)
+    )
+    sim, closed = _pipeline_time(
+        tuple(c.fwd_ms for c in costs), tuple(c.bwd_ms for c in costs), p.num_microbatches, sends
+    )
+    n = len(p.stages)
+    return _PipelinePart(
+        costs=costs,
+        sends=sends,
+        sim=sim,
+        closed_ms=closed,
+        idle_fraction=sum(sim.idle_fraction) / len(sim.idle_fraction),
+        mem_bytes=tuple(
+            stage_memory_bytes(c, tables, st.gpu_type, i, n, p.num_microbatches)
+            for i, (c, st) in enumerate(zip(costs, p.stages, strict=True))
+        ),
+        capacity_bytes=tuple(cluster.host(st.host).gpu_mem_bytes for st in p.stages),
     )
 
 
@@ -223,25 +319,65 @@ def send_copies(a: int, b: int) -> int:
     return max(-(-b // a), -(-a // b))
 
 
+Segment = tuple[int, int, list[tuple[int, int]]]  # [a, b) and its (pipeline, stage) holders
+
+
+def _segments(pipelines: Sequence[Pipeline]) -> list[Segment]:
+    """The layer range cut at every stage boundary of every pipeline: each segment
+    with the stage of each pipeline that holds it (one walk per pipeline)."""
+    cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
+    holders: list[list[tuple[int, int]]] = [[] for _ in cuts[1:]]
+    for pi, p in enumerate(pipelines):
+        si = 0
+        for k, a in enumerate(cuts[:-1]):
+            while p.stages[si].layer_end <= a:
+                si += 1
+            holders[k].append((pi, si))
+    return [(a, b, h) for a, b, h in zip(cuts, cuts[1:], holders, strict=False)]
+
+
 def _grad_sync_ms(
-    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, mbs: int
+    pipelines: Sequence[Pipeline],
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    memo: _Memo | None = None,
+    segments: Sequence[Segment] | None = None,
 ) -> list[list[float]]:
     """Per (pipeline, stage): time to all-reduce the gradients of its layers."""
     out = [[0.0] * len(p.stages) for p in pipelines]
     if len(pipelines) < 2:
         return out
-    cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        holders = [(pi, _holder(p, a)) for pi, p in enumerate(pipelines)]
+    memo = memo or _memo(cluster, tables)
+    for a, b, holders in segments if segments is not None else _segments(pipelines):
         stages = [pipelines[pi].stages[si] for pi, si in holders]
-        if len({s.tensor_parallel for s in stages}) == 1:
-            t = _sharded_sync_ms(stages, a, b, cluster, tables, mbs, len(pipelines))
-        else:
-            t = _full_sync_ms(stages, a, b, cluster, tables, mbs, len(pipelines))
-        t *= max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
+        # what the sync of a segment depends on: cheaper to hash than the stages
+        key = (a, b, mbs, tuple((s.gpu_type, s.tensor_parallel, s.host) for s in stages))
+        t = memo.segments.get(key)
+        if t is None:
+            if len(memo.segments) >= memo.MAX_ENTRIES:
+                memo.segments.clear()
+            t = memo.segments[key] = _segment_sync_ms(stages, a, b, cluster, tables, mbs, memo)
         for pi, si in holders:
             out[pi][si] += t
     return out
+
+
+def _segment_sync_ms(
+    stages: Sequence[Stage],
+    a: int,
+    b: int,
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    memo: _Memo,
+) -> float:
+    """One segment [a, b) synced among its holders (one stage per pipeline)."""
+    if len({s.tensor_parallel for s in stages}) == 1:
+        t = _sharded_sync_ms(stages, a, b, cluster, tables, mbs, len(stages), memo)
+    else:
+        t = _full_sync_ms(stages, a, b, cluster, tables, mbs, len(stages), memo)
+    return t * max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
 
 
 def _sharded_sync_ms(
@@ -252,6 +388,7 @@ def _sharded_sync_ms(
     tables: CostTables,
     mbs: int,
     participants: int,
+    memo: _Memo,
 ) -> float:
     """Holders of one degree t: t rings, TP rank k with TP rank k."""
     nbytes = _segment_bytes(stages[0], a, b, cluster, tables, mbs)
@@ -261,7 +398,7 @@ def _sharded_sync_ms(
             return measured
     else:
         nbytes *= stages[0].tensor_parallel  # the TP group's rings share the host NIC
-    return ring_allreduce_ms(nbytes, participants, _ring_gbps(stages, cluster)) + _ring_latency(
+    return ring_allreduce_ms(nbytes, participants, memo.ring_gbps(stages)) + _ring_latency(
         stages, tables, participants
     )
 
@@ -274,6 +411,7 @@ def _full_sync_ms(
     tables: CostTables,
     mbs: int,
     participants: int,
+    memo: _Memo,
 ) -> float:
     """Holders of different degrees: gather in each TP group, one ring over the
     stages' TP rank 0, broadcast back in each TP group."""
@@ -288,7 +426,7 @@ def _full_sync_ms(
         ),
         default=0.0,
     )
-    ring = ring_allreduce_ms(full, participants, _ring_gbps(stages, cluster))
+    ring = ring_allreduce_ms(full, participants, memo.ring_gbps(stages))
     return inside + ring + _ring_latency(stages, tables, participants)
 
 
@@ -316,7 +454,11 @@ def _ring_gbps(stages: Sequence[Stage], cluster: Cluster) -> float:
 
 
 def zero_sharded(
-    pipelines: Sequence[Pipeline], cluster: Cluster, tables: CostTables, mbs: int
+    pipelines: Sequence[Pipeline],
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    segments: Sequence[Segment] | None = None,
 ) -> list[list[float]]:
     """Per (pipeline, stage): parameters per GPU whose optimizer state ZeRO-1 takes
     off it (each holder of a sharded segment keeps 1/P of the state)."""
@@ -328,9 +470,7 @@ def zero_sharded(
     kinds = [layer.kind for layer in model.layers()]
     tied = {i for i, k in enumerate(kinds) if k in ("embedding", "head")}
     tied = tied if model.tied_embeddings else set()
-    cuts = sorted({s.layer_end for p in pipelines for s in p.stages} | {0})
-    for a, b in zip(cuts, cuts[1:], strict=False):
-        holders = [(pi, _holder(p, a)) for pi, p in enumerate(pipelines)]
+    for a, b, holders in segments if segments is not None else _segments(pipelines):
         stages = [pipelines[pi].stages[si] for pi, si in holders]
         if len({s.tensor_parallel for s in stages}) > 1:
             continue  # synced through the full gradient, not sharded
@@ -343,12 +483,14 @@ def zero_sharded(
     return out
 
 
-def _without_sharded(c: StageCost, sharded_params: float) -> StageCost:
+def _update_ms(c: StageCost, sharded_params: float) -> float:
     """A stage's update time when ZeRO-1 steps only its share of ``sharded_params``."""
     if sharded_params <= 0 or c.num_params <= 0:
+        return c.update_ms
+    return c.update_ms * (1 - sharded_params / c.num_params)
+
+
+def _without_sharded(c: StageCost, sharded_params: float) -> StageCost:
+    if sharded_params <= 0 or c.num_params <= 0:
         return c
-    return replace(c, update_ms=c.update_ms * (1 - sharded_params / c.num_params))
-
-
-def _holder(p: Pipeline, layer: int) -> int:
-    return next(s for s, st in enumerate(p.stages) if st.layer_start <= layer < st.layer_end)
+    return replace(c, update_ms=_update_ms(c, sharded_params))

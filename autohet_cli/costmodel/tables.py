@@ -41,6 +41,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from typing import Any
 
 from autohet_cli import catalog
 from autohet_cli.catalog import GpuSpec
@@ -226,6 +227,9 @@ class CostTables:
         self.gpu_specs: Mapping[str, GpuSpec] = gpu_specs or {}
         self._cache: dict[tuple[str, int, int, float], LayerTable] = {}
         self._layers = model.layers()
+        # costmodel.evaluate's memo per cluster (keyed by its id): its entries depend
+        # on these tables' training settings, so copies start their own
+        self.evaluate_memos: dict[int, Any] = {}
 
     def with_zero1(self, zero1: bool) -> CostTables:
         """These tables under ZeRO-1 on or off, sharing the layer tables built so far
@@ -235,6 +239,7 @@ class CostTables:
             return self
         other = copy.copy(self)
         other.training = replace(self.training, zero1=zero1)
+        other.evaluate_memos = {}
         return other
 
     def spec(self, gpu_type: str) -> GpuSpec:

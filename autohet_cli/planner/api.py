@@ -23,7 +23,9 @@ from autohet_cli.plan import (
     pipelines_entry,
 )
 from autohet_cli.planner.baselines import baselines as compute_baselines
-from autohet_cli.planner.decide import decide
+from autohet_cli.planner.decide import decide, first_space, same_space
+from autohet_cli.planner.parallel import Pending
+from autohet_cli.planner.phases import phase
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
@@ -87,22 +89,32 @@ def make_plan(
     if measured_only and not any(tables.is_measured(*c) for c in usable_combinations(req)):
         raise InfeasibleError(measured_only_message(req, None, model_ref))
     skipped: list[str] = []
+    zero1_first = True if zero1 is None and tables.training.zero1 else zero1
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):
+        # The baselines in the space the search starts in, on another core meanwhile
+        # (planner.parallel); again below if the search settles in another space.
+        guess = first_space(req, recompute=recompute, zero1=zero1_first)
+        early = Pending(lambda: _baselines(guess)) if with_baselines else None
         try:
-            result, req, zero1_note = decide(
-                req,
-                progress,
-                recompute=recompute,
-                zero1=True if zero1 is None and tables.training.zero1 else zero1,
-            )
-        except TimeLimitReached:
-            raise
-        except InfeasibleError as exc:
-            if not measured_only:
+            try:
+                result, req, zero1_note = decide(
+                    req, progress, recompute=recompute, zero1=zero1_first
+                )
+            except TimeLimitReached:
                 raise
-            raise InfeasibleError(measured_only_message(req, str(exc), model_ref)) from None
-        base = compute_baselines(req, skipped) if with_baselines else {}
-        if_lost = contingency_plans(req, skipped) if contingency else {}
+            except InfeasibleError as exc:
+                if not measured_only:
+                    raise
+                raise InfeasibleError(measured_only_message(req, str(exc), model_ref)) from None
+            base: dict[str, Candidate | None] = {}
+            if early is not None:
+                base, missed = early.result() if same_space(guess, req) else _baselines(req)
+                skipped += missed
+        finally:
+            if early is not None:
+                early.cancel()
+        with phase("contingency"):
+            if_lost = contingency_plans(req, skipped) if contingency else {}
     best = result.best
     notes = [zero1_note] if zero1_note else []
     if measured_only:
@@ -141,6 +153,12 @@ def make_plan(
     if contingency:
         plan = replace(plan, contingency=if_lost)
     return PlanOutcome(plan=plan, eval=best.eval, result=result, baselines=base)
+
+
+def _baselines(req: SearchRequest) -> tuple[dict[str, Candidate | None], list[str]]:
+    skipped: list[str] = []
+    with phase("baselines"):
+        return compute_baselines(req, skipped), skipped
 
 
 def to_plan(

@@ -120,14 +120,15 @@ def refine(
         for cand in _neighbours(pipelines, best):
             if time.monotonic() >= deadline:
                 break
-            try:
-                ev = evaluate(cand, cluster, tables, mbs)
+            try:  # totals only: the stages' details of the one kept, below
+                ev = evaluate(cand, cluster, tables, mbs, detail=False)
+                if ev.fits and score(ev) < best_score * (1 - 1e-9):
+                    best = evaluate(cand, cluster, tables, mbs)
+                    pipelines, best_score = cand, score(best)
+                    improved = True
+                    break
             except TimeLimitReached:  # the planner's hard deadline (costmodel/budget.py)
                 return pipelines, best
-            if ev.fits and score(ev) < best_score * (1 - 1e-9):
-                pipelines, best, best_score = cand, ev, score(ev)
-                improved = True
-                break
     return pipelines, best
 
 

@@ -37,6 +37,7 @@ from dataclasses import replace
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate, zero_sharded
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.plan import Pipeline
+from autohet_cli.planner.phases import phase
 from autohet_cli.planner.recompute import memory_binds, relax
 from autohet_cli.planner.search import (
     Candidate,
@@ -69,9 +70,7 @@ def decide(
     the request it was found under (for baselines and contingency plans: its tables
     carry the ZeRO-1 decision) and a note saying what ZeRO-1 did, if it was decided."""
     start = time.monotonic()
-    first = replace(
-        _zero1(req, bool(zero1)), recompute=bool(recompute), recompute_types=frozenset()
-    )
+    first = first_space(req, recompute=recompute, zero1=zero1)
     found: SearchResult | None = None
     failure: Exception | None = None
     try:
@@ -90,10 +89,12 @@ def decide(
 
     result, space, note = found, first, None
     if zero1 is None:
-        result, space, note = _choose_zero1(first, found, progress, budget(ZERO1_SPACE_TIMES))
+        with phase("zero1"):
+            result, space, note = _choose_zero1(first, found, progress, budget(ZERO1_SPACE_TIMES))
     if recompute is None and memory_binds(result.best if result else None):
         try:
-            result, space = recompute_spaces(result, space, progress, budget())
+            with phase("recompute"):
+                result, space = recompute_spaces(result, space, progress, budget())
         except (InfeasibleError, TimeLimitReached) as exc:
             raise (failure or exc) from None
     if result is None:
@@ -109,6 +110,21 @@ def decide(
     if result is not found:
         result.time_s = time.monotonic() - start
     return result, space, note
+
+
+def first_space(req: SearchRequest, *, recompute: bool | None, zero1: bool | None) -> SearchRequest:
+    """The space the plain search runs in (step 1): the user's flags, None as off."""
+    return replace(_zero1(req, bool(zero1)), recompute=bool(recompute), recompute_types=frozenset())
+
+
+def same_space(a: SearchRequest, b: SearchRequest) -> bool:
+    """Whether two requests search the same space (baselines in one serve the other)."""
+    return (
+        a.tables.training == b.tables.training
+        and a.recompute == b.recompute
+        and a.recompute_types == b.recompute_types
+        and a.cluster is b.cluster
+    )
 
 
 def _zero1(req: SearchRequest, on: bool) -> SearchRequest:

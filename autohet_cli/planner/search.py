@@ -52,6 +52,7 @@ from autohet_cli.planner.groups import (
     min_depth,
 )
 from autohet_cli.planner.milp import SplitInputs, SplitResult, solve_shares, solve_split
+from autohet_cli.planner.phases import phase
 
 Progress = Callable[[float, str], None]
 HOPELESS = 1.15  # estimates this far behind the best estimate are not solved
@@ -174,7 +175,7 @@ def scorer(cluster: Cluster, objective: str) -> Callable[[list[Pipeline], PlanEv
 def search(req: SearchRequest, progress: Progress | None = None) -> SearchResult:
     """The best plan found within ``req.time_limit_s``: solving stops at the limit,
     and refinement and simulation stop at most ``overrun_s`` after it."""
-    with deadline_in(req.time_limit_s + overrun_s(req.time_limit_s)):
+    with deadline_in(req.time_limit_s + overrun_s(req.time_limit_s)), phase("search"):
         return _search(req, progress)
 
 
@@ -183,8 +184,47 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     deadline = start + req.time_limit_s
     note = progress or (lambda _f, _m: None)
     score = scorer(req.cluster, req.objective)
-    queue: list[tuple[float, int, Grouping, _Context]] = []
-    solves = {False: 0, True: 0}  # groupings solved: one degree, per-type degrees
+    with phase("enumerate"):
+        queue, incomplete = _enumerate(req, start, note)
+    if not queue:
+        raise InfeasibleError(_shortfall(req))
+    with phase("solve"):
+        solved = _solve_queue(req, queue, deadline, score, note)
+    best, found, bounds, milp_gaps, (explored, pruned, hopeless), timed_out = solved
+    if best is None:
+        raise TimeLimitReached(_too_slow(req)) if timed_out else InfeasibleError(_shortfall(req))
+    with phase("refine"):
+        best = _refine_best(req, found, score, start)
+    lb = min([best.score, *bounds]) if req.objective == "time" else best.score
+    search_gap = max(0.0, (best.score - lb) / best.score)
+    if timed_out:
+        status = "time_limit"
+    elif best.solver_gap <= 1e-3 and hopeless == 0 and not incomplete:
+        status = "optimal"  # every grouping solved or pruned by its lower bound
+    else:
+        status = "heuristic"  # some groupings were judged hopeless by estimate
+    note(1.0, "done")
+    return SearchResult(
+        best=best,
+        status=status,
+        gap=best.solver_gap,
+        search_gap=search_gap,
+        time_s=time.monotonic() - start,
+        explored=explored,
+        pruned=pruned,
+        hopeless=hopeless,
+        milp_gaps=milp_gaps,
+        runners_up=[c for c in sorted(found, key=lambda c: c.score) if c is not best][:RUNNERS_UP],
+    )
+
+
+Queue = list[tuple[float, int, Grouping, "_Context"]]
+
+
+def _enumerate(req: SearchRequest, start: float, note: Progress) -> tuple[Queue, bool]:
+    """Every grouping of every context with its bound and estimate, as a heap by
+    estimate; and whether some degree combinations were left out."""
+    queue: Queue = []
     uniform = mixed = 0  # groupings enumerated in one-degree and per-type contexts
     contexts, incomplete = _contexts(req)  # incomplete: some degree combinations left out
     for n, (ctx, per_type) in enumerate(contexts):
@@ -222,8 +262,25 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
         if queue and time.monotonic() > start + ENUMERATE_SHARE * req.time_limit_s:
             note(0.0, "time limit: stopped enumerating groupings early")
             break
-    if not queue:
-        raise InfeasibleError(_shortfall(req))
+    return queue, incomplete
+
+
+Solved = tuple[
+    "Candidate | None", list["Candidate"], list[float], list[float], tuple[int, int, int], bool
+]
+
+
+def _solve_queue(
+    req: SearchRequest,
+    queue: Queue,
+    deadline: float,
+    score: Callable[[list[Pipeline], PlanEval], float],
+    note: Progress,
+) -> Solved:
+    """SCIP on the groupings, best estimate first, pruning by bound: (best, all
+    solved, bounds of what was not solved, MILP gaps, (explored, pruned, hopeless),
+    whether the deadline cut it short)."""
+    solves = {False: 0, True: 0}  # groupings solved: one degree, per-type degrees
     best: Candidate | None = None
     explored = pruned = hopeless = 0
     found: list[Candidate] = []
@@ -268,30 +325,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
             if best is None or cand.score < best.score:
                 best = cand
             milp_gaps.append(cand.solver_gap)
-    if best is None:
-        raise TimeLimitReached(_too_slow(req)) if timed_out else InfeasibleError(_shortfall(req))
-    best = _refine_best(req, found, score, start)
-    lb = min([best.score, *bounds]) if req.objective == "time" else best.score
-    search_gap = max(0.0, (best.score - lb) / best.score)
-    if timed_out:
-        status = "time_limit"
-    elif best.solver_gap <= 1e-3 and hopeless == 0 and not incomplete:
-        status = "optimal"  # every grouping solved or pruned by its lower bound
-    else:
-        status = "heuristic"  # some groupings were judged hopeless by estimate
-    note(1.0, "done")
-    return SearchResult(
-        best=best,
-        status=status,
-        gap=best.solver_gap,
-        search_gap=search_gap,
-        time_s=time.monotonic() - start,
-        explored=explored,
-        pruned=pruned,
-        hopeless=hopeless,
-        milp_gaps=milp_gaps,
-        runners_up=[c for c in sorted(found, key=lambda c: c.score) if c is not best][:RUNNERS_UP],
-    )
+    return best, found, bounds, milp_gaps, (explored, pruned, hopeless), timed_out
 
 
 def _misaligned(cand: Candidate) -> bool:

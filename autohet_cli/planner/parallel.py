@@ -1,0 +1,110 @@
+"""Planner work in a second process, on the user's other core (effects at the edge).
+
+SCIP solves one model on one thread, and the planner's searches are pure Python
+besides; so on a machine with two or more cores, independent work (the baselines'
+searches beside the plan's own search) runs in a forked child while this process
+goes on. Forked, not spawned: the child starts with the parent's inputs, cost
+tables and deadline (``costmodel.budget``) without pickling them, in milliseconds;
+only its result comes back, pickled through a pipe, with the child's planner phases
+(``planner.phases``).
+
+Without ``fork`` (not Linux), on one core, or with ``AUTOHET_PLANNER_PROCESSES=1``,
+the work runs here when its result is asked for: the same result, later.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import traceback
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from autohet_cli.errors import AutohetError
+from autohet_cli.planner import phases
+
+T = TypeVar("T")
+PROCESSES_ENV = "AUTOHET_PLANNER_PROCESSES"
+
+
+def cores() -> int:
+    """Processes the planner may use: the cores this process may run on, or
+    ``AUTOHET_PLANNER_PROCESSES`` (an integer >= 1) when set."""
+    raw = os.environ.get(PROCESSES_ENV, "").strip()
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Pending(Generic[T]):
+    """``fn()``, started now in a forked child where that helps, else run at ``result``."""
+
+    def __init__(self, fn: Callable[[], T]) -> None:
+        self._fn = fn
+        self._proc: Any = None
+        self._conn: Any = None
+        if cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+            return
+        ctx = multiprocessing.get_context("fork")
+        here, there = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, args=(fn, there), daemon=True)
+        self._proc.start()
+        there.close()
+        self._conn = here
+
+    @property
+    def forked(self) -> bool:
+        return self._proc is not None
+
+    def result(self) -> T:
+        """The value, or the exception ``fn`` raised (a domain error as itself)."""
+        if self._proc is None:
+            return self._fn()
+        try:
+            kind, payload, spent = pickle.loads(self._conn.recv_bytes())
+        except EOFError:  # the child died without a word (killed, out of memory)
+            self._proc.join()
+            raise AutohetError(
+                f"a planner process ended with exit code {self._proc.exitcode} before "
+                f"answering; rerun with {PROCESSES_ENV}=1 to plan in one process"
+            ) from None
+        finally:
+            self._conn.close()
+        self._proc.join()
+        phases.add(spent)
+        if kind == "error":
+            raise payload
+        if kind == "crash":
+            raise RuntimeError(f"a planner process failed:\n{payload}")
+        return payload  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        """Stop the child (the caller no longer wants its result)."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _child(fn: Callable[[], Any], conn: Any) -> None:
+    before = phases.snapshot()
+    try:
+        out: tuple[str, Any] = ("ok", fn())
+    except AutohetError as exc:  # the domain's errors travel as themselves
+        out = ("error", exc)
+    except BaseException:  # anything else: its traceback, for the parent to raise
+        out = ("crash", traceback.format_exc())
+    try:
+        data = pickle.dumps((*out, phases.since(before)))
+    except Exception:  # an unpicklable result or error
+        data = pickle.dumps(("crash", traceback.format_exc(), phases.since(before)))
+    conn.send_bytes(data)
+    conn.close()

@@ -1,0 +1,140 @@
+"""The planner's speed-ups change no result (issue 32): evaluate's memo and its
+totals-only form, baselines planned in a forked process, and the phases that say
+where planning time goes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.errors import InfeasibleError, UnknownNameError
+from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.planner import parallel, phases
+from autohet_cli.planner.api import make_plan, training_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "profiles" / "clusters" / "small-mix.yaml"
+OPT_PROFILE = ROOT / "profiles" / "sailor" / "OPT-350M.yaml"
+
+
+def _inputs():  # type: ignore[no-untyped-def]
+    return load_inputs(str(CLUSTER), "OPT-350M", [str(OPT_PROFILE)])
+
+
+def _make(processes: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(parallel.PROCESSES_ENV, processes)
+    inp = _inputs()
+    training = training_for(32, inp.model.default_seq_len, "bf16", "adam")
+    return make_plan(
+        name="speed",
+        cluster=inp.cluster,
+        model=inp.model,
+        tables=tables_for(inp, training),
+        global_batch_size=32,
+        time_limit_s=20.0,
+    )
+
+
+def test_two_processes_plan_what_one_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    one, two = _make("1", monkeypatch), _make("2", monkeypatch)
+    assert one.plan.pipelines == two.plan.pipelines
+    assert one.eval.iteration_ms == two.eval.iteration_ms
+    assert set(one.baselines) == set(two.baselines) and len(one.baselines) >= 3
+    for name, cand in one.baselines.items():
+        other = two.baselines[name]
+        assert (cand is None) == (other is None), name
+        if cand is not None and other is not None:
+            assert cand.eval.iteration_ms == other.eval.iteration_ms, name
+
+
+def test_the_memo_and_the_totals_only_form_change_no_figure() -> None:
+    out_inputs = _inputs()
+    training = training_for(32, out_inputs.model.default_seq_len, "bf16", "adam")
+    tables = tables_for(out_inputs, training)
+    os.environ.pop(parallel.PROCESSES_ENV, None)
+    out = make_plan(
+        name="memo",
+        cluster=out_inputs.cluster,
+        model=out_inputs.model,
+        tables=tables,
+        global_batch_size=32,
+        time_limit_s=20.0,
+        with_baselines=False,
+    )
+    pipelines, mbs = list(out.plan.pipelines), out.plan.training.micro_batch_size
+    # stripped of the artifact's predictions, as the planner evaluates them
+    fresh = tables_for(out_inputs, training)  # no memo yet
+    for zero1 in (False, True):
+        a = evaluate(pipelines, out_inputs.cluster, fresh.with_zero1(zero1), mbs)
+        b = evaluate(pipelines, out_inputs.cluster, tables.with_zero1(zero1), mbs)  # memo'd
+        c = evaluate(pipelines, out_inputs.cluster, tables.with_zero1(zero1), mbs, detail=False)
+        assert a == b
+        assert c.pipelines == () and len(a.pipelines) == len(pipelines)
+        for field in ("iteration_ms", "pipeline_ms", "grad_sync_ms", "optimizer_ms"):
+            assert getattr(c, field) == getattr(a, field), field
+        assert c.memory_peak_fraction == a.memory_peak_fraction
+        assert c.tokens_per_s == a.tokens_per_s
+
+
+def test_an_unknown_host_is_still_named() -> None:
+    cluster = _inputs().cluster
+    assert cluster.host(cluster.hosts[-1].name) is cluster.hosts[-1]
+    with pytest.raises(UnknownNameError, match="no host 'nowhere'"):
+        cluster.host("nowhere")
+
+
+def _slow_value() -> int:
+    with phases.phase("child-work"):
+        time.sleep(0.05)
+    return os.getpid()
+
+
+def _refuses() -> None:
+    raise InfeasibleError("nothing fits: raised in the child")
+
+
+def _crashes() -> None:
+    raise ZeroDivisionError("a bug in the child")
+
+
+def test_a_forked_child_returns_its_value_and_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    before = phases.snapshot()
+    job = parallel.Pending(_slow_value)
+    assert job.forked
+    assert job.result() != os.getpid()  # it ran in another process
+    spent, count = phases.since(before)["child-work"]
+    assert count == 1 and spent >= 0.04
+
+
+def test_one_process_runs_the_work_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "1")
+    job = parallel.Pending(_slow_value)
+    assert not job.forked
+    assert job.result() == os.getpid()
+
+
+def test_a_childs_errors_reach_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    with pytest.raises(InfeasibleError, match="raised in the child"):
+        parallel.Pending(_refuses).result()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError: a bug in the child"):
+        parallel.Pending(_crashes).result()
+
+
+def test_a_cancelled_child_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    job = parallel.Pending(lambda: time.sleep(30))
+    job.cancel()
+    assert job._proc is not None and not job._proc.is_alive()
+
+
+def test_a_bad_processes_setting_means_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "many")
+    assert parallel.cores() == 1
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "0")
+    assert parallel.cores() == 1
