@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
+from functools import partial
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import check_deadline, deadline_in, overrun_s
@@ -60,6 +61,9 @@ def make_plan(
     recompute: bool | None = None,
     zero1: bool | None = None,
     measured_only: bool = False,
+    incumbent: tuple[tuple[Pipeline, ...], int] | None = None,
+    tp_candidates: Sequence[int] | None = None,
+    mbs_candidates: Sequence[int] | None = None,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
     short overrun (budget.overrun_s): what the deadline cuts off is left out of
@@ -70,7 +74,10 @@ def make_plan(
     whether to shard the optimizer state (``planner.decide``) unless
     ``tables.training.zero1`` already asks for it, True or False sets it;
     ``measured_only`` lets all of them use
-    only the (GPU type, TP, micro-batch size) combinations the profile measured."""
+    only the (GPU type, TP, micro-batch size) combinations the profile measured;
+    ``incumbent`` seeds the search with a plan known to run (``SearchRequest``);
+    ``tp_candidates`` and ``mbs_candidates`` narrow the degrees and micro-batch sizes
+    searched (recover: the old plan's, for a replan in seconds)."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
     req = SearchRequest(
@@ -81,9 +88,13 @@ def make_plan(
         objective=objective,
         time_limit_s=time_limit_s,
         # Only degrees the model's heads, MLP and padded vocabulary split into.
-        tp_candidates=tuple(t for t in (1, 2, 4, 8) if not model.tensor_parallel_problems(t)),
+        tp_candidates=tuple(
+            t for t in (tp_candidates or (1, 2, 4, 8)) if not model.tensor_parallel_problems(t)
+        ),
+        mbs_candidates=tuple(mbs_candidates or (1, 2, 4, 8)),
         recompute=bool(recompute),
         measured_only=measured_only,
+        incumbent=incumbent,
     )
     model_ref = (inputs or {}).get("model", {}).get("path") or model.name  # for --model
     if measured_only and not any(tables.is_measured(*c) for c in usable_combinations(req)):
@@ -91,10 +102,13 @@ def make_plan(
     skipped: list[str] = []
     zero1_first = True if zero1 is None and tables.training.zero1 else zero1
     with deadline_in(time_limit_s + overrun_s(time_limit_s)):
-        # The baselines in the space the search starts in, on another core meanwhile
-        # (planner.parallel); again below if the search settles in another space.
-        guess = first_space(req, recompute=recompute, zero1=zero1_first)
-        early = Pending(lambda: _baselines(guess)) if with_baselines else None
+        # The baselines on another core meanwhile (planner.parallel): in the space the
+        # search starts in, then in the sharded one the planner may choose; again
+        # below if the search settles in neither (recomputation).
+        guesses = [first_space(req, recompute=recompute, zero1=zero1_first)]
+        if zero1 is None and not zero1_first:
+            guesses.append(first_space(req, recompute=recompute, zero1=True))
+        early = Pending(*(partial(_baselines, g) for g in guesses)) if with_baselines else None
         try:
             try:
                 result, req, zero1_note = decide(
@@ -108,7 +122,8 @@ def make_plan(
                 raise InfeasibleError(measured_only_message(req, str(exc), model_ref)) from None
             base: dict[str, Candidate | None] = {}
             if early is not None:
-                base, missed = early.result() if same_space(guess, req) else _baselines(req)
+                hit = next((i for i, g in enumerate(guesses) if same_space(g, req)), None)
+                base, missed = _baselines(req) if hit is None else early.result(hit)
                 skipped += missed
         finally:
             if early is not None:

@@ -159,8 +159,19 @@ def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]
                     assert moved is not None
                     cand[i] = replace(pipelines[i], stages=moved)
                 out.append(cand)
-    # Boundaries: shift each boundary of each pipeline by one layer either way.
+    # Boundaries: shift each boundary of each pipeline by one layer either way; of
+    # copies alike in layers, types and micro-batches, the first only (the others'
+    # moves differ from its own by links alone: on 256 GPUs, 80 copies made
+    # refinement the planner's longest phase).
+    seen: set[tuple[object, ...]] = set()
     for i in order:
+        key = (
+            pipelines[i].num_microbatches,
+            tuple((s.layer_start, s.layer_end, s.gpu_type) for s in pipelines[i].stages),
+        )
+        if key in seen:
+            continue
+        seen.add(key)
         stages = pipelines[i].stages
         for b in range(len(stages) - 1):
             for delta in (-1, 1):

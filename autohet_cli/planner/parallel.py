@@ -44,17 +44,20 @@ def cores() -> int:
 
 
 class Pending(Generic[T]):
-    """``fn()``, started now in a forked child where that helps, else run at ``result``."""
+    """``fns`` run one after the other, started now in a forked child where that
+    helps (each result sent back as soon as it is done), else each run here when
+    its result is asked for."""
 
-    def __init__(self, fn: Callable[[], T]) -> None:
-        self._fn = fn
+    def __init__(self, *fns: Callable[[], T]) -> None:
+        self._fns = fns
+        self._got: dict[int, tuple[str, Any]] = {}
         self._proc: Any = None
         self._conn: Any = None
         if cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return
         ctx = multiprocessing.get_context("fork")
         here, there = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(fn, there), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(fns, there), daemon=True)
         self._proc.start()
         there.close()
         self._conn = here
@@ -63,22 +66,22 @@ class Pending(Generic[T]):
     def forked(self) -> bool:
         return self._proc is not None
 
-    def result(self) -> T:
-        """The value, or the exception ``fn`` raised (a domain error as itself)."""
+    def result(self, index: int = 0) -> T:
+        """``fns[index]()``, or the exception it raised (a domain error as itself)."""
         if self._proc is None:
-            return self._fn()
-        try:
-            kind, payload, spent = pickle.loads(self._conn.recv_bytes())
-        except EOFError:  # the child died without a word (killed, out of memory)
-            self._proc.join()
-            raise AutohetError(
-                f"a planner process ended with exit code {self._proc.exitcode} before "
-                f"answering; rerun with {PROCESSES_ENV}=1 to plan in one process"
-            ) from None
-        finally:
-            self._conn.close()
-        self._proc.join()
-        phases.add(spent)
+            return self._fns[index]()
+        while index not in self._got:
+            try:
+                i, kind, payload, spent = pickle.loads(self._conn.recv_bytes())
+            except EOFError:  # the child died without a word (killed, out of memory)
+                self._proc.join()
+                raise AutohetError(
+                    f"a planner process ended with exit code {self._proc.exitcode} before "
+                    f"answering; rerun with {PROCESSES_ENV}=1 to plan in one process"
+                ) from None
+            phases.add(spent)
+            self._got[i] = (kind, payload)
+        kind, payload = self._got[index]
         if kind == "error":
             raise payload
         if kind == "crash":
@@ -86,25 +89,27 @@ class Pending(Generic[T]):
         return payload  # type: ignore[no-any-return]
 
     def cancel(self) -> None:
-        """Stop the child (the caller no longer wants its result)."""
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
+        """Stop the child (its remaining results are not wanted)."""
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
             self._proc.join()
         if self._conn is not None:
             self._conn.close()
 
 
-def _child(fn: Callable[[], Any], conn: Any) -> None:
-    before = phases.snapshot()
-    try:
-        out: tuple[str, Any] = ("ok", fn())
-    except AutohetError as exc:  # the domain's errors travel as themselves
-        out = ("error", exc)
-    except BaseException:  # anything else: its traceback, for the parent to raise
-        out = ("crash", traceback.format_exc())
-    try:
-        data = pickle.dumps((*out, phases.since(before)))
-    except Exception:  # an unpicklable result or error
-        data = pickle.dumps(("crash", traceback.format_exc(), phases.since(before)))
-    conn.send_bytes(data)
+def _child(fns: tuple[Callable[[], Any], ...], conn: Any) -> None:
+    for i, fn in enumerate(fns):
+        before = phases.snapshot()
+        try:
+            out: tuple[str, Any] = ("ok", fn())
+        except AutohetError as exc:  # the domain's errors travel as themselves
+            out = ("error", exc)
+        except BaseException:  # anything else: its traceback, for the parent to raise
+            out = ("crash", traceback.format_exc())
+        try:
+            data = pickle.dumps((i, *out, phases.since(before)))
+        except Exception:  # an unpicklable result or error
+            data = pickle.dumps((i, "crash", traceback.format_exc(), phases.since(before)))
+        conn.send_bytes(data)
     conn.close()

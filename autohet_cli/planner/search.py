@@ -33,7 +33,7 @@ from autohet_cli.costmodel.evaluate import (
     transfer_ms,
 )
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import InfeasibleError, TimeLimitReached
+from autohet_cli.errors import InfeasibleError, TimeLimitReached, UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline
 from autohet_cli.planner.build import place, refine
@@ -98,6 +98,11 @@ class SearchRequest:
     # (CostTables.is_measured): a class without a measurement at a context's
     # (TP, mbs) is left out of that context, as if the cluster lacked it.
     measured_only: bool = False
+    # A plan known to run here (recover: the old plan's survivors kept in place):
+    # (pipelines, micro-batch size). It seeds the search as its first incumbent, so
+    # groupings whose bound or estimate cannot beat it are never solved; the result
+    # is never worse than it.
+    incumbent: tuple[tuple[Pipeline, ...], int] | None = None
 
     def recomputes(self, gpu_type: str) -> bool:
         """Whether the stages this request plans on ``gpu_type`` recompute."""
@@ -189,7 +194,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     if not queue:
         raise InfeasibleError(_shortfall(req))
     with phase("solve"):
-        solved = _solve_queue(req, queue, deadline, score, note)
+        solved = _solve_queue(req, queue, deadline, score, note, _seed(req, score))
     best, found, bounds, milp_gaps, (explored, pruned, hopeless), timed_out = solved
     if best is None:
         raise TimeLimitReached(_too_slow(req)) if timed_out else InfeasibleError(_shortfall(req))
@@ -276,14 +281,15 @@ def _solve_queue(
     deadline: float,
     score: Callable[[list[Pipeline], PlanEval], float],
     note: Progress,
+    seed: Candidate | None = None,
 ) -> Solved:
     """SCIP on the groupings, best estimate first, pruning by bound: (best, all
     solved, bounds of what was not solved, MILP gaps, (explored, pruned, hopeless),
     whether the deadline cut it short)."""
     solves = {False: 0, True: 0}  # groupings solved: one degree, per-type degrees
-    best: Candidate | None = None
+    best: Candidate | None = seed
     explored = pruned = hopeless = 0
-    found: list[Candidate] = []
+    found: list[Candidate] = [seed] if seed is not None else []
     bounds: list[float] = []
     milp_gaps: list[float] = []
     total = len(queue)
@@ -326,6 +332,23 @@ def _solve_queue(
                 best = cand
             milp_gaps.append(cand.solver_gap)
     return best, found, bounds, milp_gaps, (explored, pruned, hopeless), timed_out
+
+
+def _seed(
+    req: SearchRequest, score: Callable[[list[Pipeline], PlanEval], float]
+) -> Candidate | None:
+    """``req.incumbent`` as a candidate of this search's space, if it fits in it."""
+    if req.incumbent is None or req.measured_only:
+        return None
+    pipelines, mbs = list(req.incumbent[0]), req.incumbent[1]
+    try:
+        ev = evaluate(pipelines, req.cluster, req.tables, mbs)
+    except (UnknownNameError, KeyError, ValueError):  # a host or type this cluster lacks
+        return None
+    if not ev.fits:
+        return None
+    tp = max(s.tensor_parallel for p in pipelines for s in p.stages)
+    return Candidate(pipelines=pipelines, tp=tp, mbs=mbs, eval=ev, score=score(pipelines, ev))
 
 
 def _misaligned(cand: Candidate) -> bool:

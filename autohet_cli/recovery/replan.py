@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import AutohetError, InfeasibleError
+from autohet_cli.errors import AutohetError, InfeasibleError, TimeLimitReached
 from autohet_cli.limits import size_text
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import (
@@ -77,6 +77,11 @@ class Planner(Protocol):
         inputs: Mapping[str, Mapping[str, str]] | None = None,
         contingency: bool = False,
         recompute: bool | None = None,
+        with_baselines: bool = True,
+        incumbent: tuple[tuple[Pipeline, ...], int] | None = None,
+        zero1: bool | None = None,
+        tp_candidates: Sequence[int] | None = None,
+        mbs_candidates: Sequence[int] | None = None,
     ) -> PlanOutcome: ...
 
 
@@ -251,6 +256,7 @@ def replan(
         aligned = _with_idle(align_devices(old, near, layer_bytes), survivors)
         candidates.append(_candidate(CONTINGENCY, old, aligned, cont[1], layer_bytes))
     infeasible: InfeasibleError | None = None
+    kept = keep_survivors(old, survivors, set(lost_t), tables) if tables is not None else None
     if cont is None:
         if tables is None:
             raise RecoveryError(
@@ -259,20 +265,7 @@ def replan(
                 "plan's inputs (cluster, model, profile)"
             )
         try:
-            outcome = planner(
-                name=old.name,
-                cluster=survivors,
-                model=tables.model,
-                tables=tables,
-                global_batch_size=old.training.global_batch_size,
-                objective=_objective(old),
-                time_limit_s=time_limit_s,
-                inputs=dict(old.inputs),
-                contingency=contingency,
-                # The planner decides where memory binds, per stage and GPU type (an
-                # old plan's flags were for other GPUs).
-                recompute=None,
-            )
+            outcome = _solve(old, survivors, tables, planner, time_limit_s, contingency, kept)
         except InfeasibleError as exc:
             infeasible = exc
             notes.append(f"no plan solved on the survivors: {exc}")
@@ -284,7 +277,6 @@ def replan(
             time_s = aligned.prediction.iteration_time_s
             candidates.append(_candidate(SOLVED, old, aligned, time_s, layer_bytes))
     if tables is not None:
-        kept = keep_survivors(old, survivors, set(lost_t), tables)
         if kept is not None:
             assert kept.prediction is not None
             time_s = kept.prediction.iteration_time_s
@@ -513,6 +505,57 @@ def _plan_from_entry(old: Plan, entry: Mapping[str, Any], where: str) -> tuple[P
     )
     plan.validate(where)
     return plan, float(time_s)
+
+
+def _solve(
+    old: Plan,
+    survivors: Cluster,
+    tables: CostTables,
+    planner: Planner,
+    time_limit_s: float,
+    contingency: bool,
+    kept: Plan | None,
+) -> PlanOutcome:
+    """The planner on the survivors, first in the old plan's space, then in full.
+
+    Recovery time is solve time (issue 32: a replan in 2 s). The survivors are
+    the old plan's hardware minus the lost hosts, so the old plan's choices, its
+    TP degrees, micro-batch size, ZeRO-1 and whether any stage recomputes, still
+    fit them best unless memory says otherwise: the first search keeps them, with
+    no baselines, seeded with the survivors kept in place. Only when nothing fits
+    that space does the full search run (every degree and size, ZeRO-1 and
+    recomputation decided anew). ``autohet plan`` on the survivors' cluster
+    searches everything, for a plan to move to at the next restart."""
+    common: dict[str, Any] = {
+        "name": old.name,
+        "cluster": survivors,
+        "model": tables.model,
+        "tables": tables,
+        "global_batch_size": old.training.global_batch_size,
+        "objective": _objective(old),
+        "time_limit_s": time_limit_s,
+        "inputs": dict(old.inputs),
+        "contingency": contingency,
+        "with_baselines": False,
+        "incumbent": None
+        if kept is None
+        else (tuple(kept.pipelines), kept.training.micro_batch_size),
+    }
+    recomputes = any(s.recompute for p in old.pipelines for s in p.stages)
+    try:
+        return planner(
+            **common,
+            recompute=None if recomputes else False,
+            zero1=old.training.zero1,
+            tp_candidates=sorted({s.tensor_parallel for p in old.pipelines for s in p.stages}),
+            mbs_candidates=[old.training.micro_batch_size],
+        )
+    except TimeLimitReached:
+        raise  # out of time, not of memory: a wider search would not be faster
+    except InfeasibleError:
+        # The planner decides where memory binds, per stage and GPU type (an old
+        # plan's flags were for other GPUs).
+        return planner(**common, recompute=None)
 
 
 def keep_survivors(

@@ -138,3 +138,32 @@ def test_a_bad_processes_setting_means_one(monkeypatch: pytest.MonkeyPatch) -> N
     assert parallel.cores() == 1
     monkeypatch.setenv(parallel.PROCESSES_ENV, "0")
     assert parallel.cores() == 1
+
+
+def _first() -> str:
+    return "first"
+
+
+def _second() -> str:
+    with phases.phase("second-work"):
+        time.sleep(0.05)
+    return "second"
+
+
+def test_a_child_sends_each_result_when_done_and_the_rest_can_be_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    job = parallel.Pending(_first, _refuses, _second)
+    assert job.result(2) == "second"  # later results wait for the earlier ones' messages
+    assert job.result(0) == "first"
+    with pytest.raises(InfeasibleError, match="raised in the child"):
+        job.result(1)
+    job.cancel()
+    slow = parallel.Pending(_first, lambda: time.sleep(30))
+    assert slow.result(0) == "first"
+    slow.cancel()  # the second is not waited for
+    assert slow._proc is not None and not slow._proc.is_alive()
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "1")
+    here = parallel.Pending(_first, _second)
+    assert here.result(1) == "second" and here.result(0) == "first"

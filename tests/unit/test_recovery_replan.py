@@ -244,7 +244,10 @@ def test_contingency_that_does_not_apply_calls_the_planner(
     old = old_with_contingency() if contingency is None else make_old(OLD_PIPES, contingency)
     rec = Recording(raises=InfeasibleError("stub: no plan"))
     r = replan(old, inputs().cluster, lost, old_path=OLD_PATH, tables=tables(), planner=rec)
-    assert len(rec.calls) == 1
+    # the old plan's space first, then (nothing fit there) everything
+    assert len(rec.calls) == 2
+    assert rec.calls[0]["mbs_candidates"] == [old.training.micro_batch_size]
+    assert "mbs_candidates" not in rec.calls[1] and rec.calls[1]["recompute"] is None
     assert r.chosen == "kept"  # the stub planner found nothing; what survived remains
     assert any(note in n for n in r.plan.notes), r.plan.notes
     assert any("no plan solved on the survivors: stub: no plan" in n for n in r.plan.notes)
@@ -259,7 +262,7 @@ def test_added_hosts_are_solved_for_instead_of_the_contingency() -> None:
         old_with_contingency(), bigger, ["v100-0"], old_path=OLD_PATH, tables=tables(), planner=rec
     )
     assert r.added == ("a100-1",)
-    assert len(rec.calls) == 1
+    assert len(rec.calls) == 2  # the old plan's space, then the full one
     assert {h.name for h in rec.calls[0]["cluster"].hosts} == {"a100-0", "rtx3090-0", "a100-1"}
     assert "hosts were added (a100-1): solved to use them" in r.plan.notes
     assert "(hosts added: a100-1)" in r.plan.notes[0]
@@ -281,6 +284,16 @@ def test_replan_solves_on_the_survivors(tmp_path: Path) -> None:
     )
     assert r.solved and len(rec.calls) == 1
     call = rec.calls[0]
+    # issue 32: a replan in the old plan's space, seeded with the survivors kept in
+    # place, without baselines
+    assert call["tp_candidates"] == sorted(
+        {s.tensor_parallel for p in old.pipelines for s in p.stages}
+    )
+    assert call["mbs_candidates"] == [old.training.micro_batch_size]
+    assert call["zero1"] is old.training.zero1 and call["with_baselines"] is False
+    pipelines, mbs = call["incumbent"]
+    assert mbs == old.training.micro_batch_size
+    assert {s.host for p in pipelines for s in p.stages} <= {"a100-0", "v100-0"}
     assert {h.name for h in call["cluster"].hosts} == {"a100-0", "v100-0"}
     assert call["global_batch_size"] == 32
     assert call["model"].name == "OPT-350M"
@@ -591,4 +604,7 @@ def test_the_planner_decides_recomputation_on_the_survivors(
     )
     rec = Recording(raises=InfeasibleError("stub"))
     replan(old, inputs().cluster, ["v100-0"], old_path=OLD_PATH, tables=tables(), planner=rec)
-    assert rec.calls[0]["recompute"] is asked
+    # in the old plan's space first (recomputation as the old plan had it: decided
+    # where it had any, off where it had none), then decided anew
+    assert rec.calls[0]["recompute"] is (None if recompute else False)
+    assert rec.calls[-1]["recompute"] is asked
