@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import heapq
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain, product
+from itertools import accumulate, chain, product
+from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import deadline_in, overrun_s
@@ -154,6 +156,9 @@ class _Context:
         default_factory=dict
     )
     sends: dict[Template, list[float]] = field(default_factory=dict)  # _sends, memoised
+    # what every grouping of this context asks again (_estimate, _sync_rate): per
+    # template, per class, per cluster; computed once (10^5 groupings on 1024 GPUs)
+    memo: dict[object, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -630,31 +635,47 @@ def _sync_rate(
     for tpl, k in parts:
         for c in tpl.classes:
             used[c] += k
-    hosts = 0
-    for cls, need in zip(ctx.classes, used, strict=True):
-        for per_host in cls.groups_per_host:
-            if need <= 0:
-                break
-            hosts += 1
-            need -= per_host
-    intra = max(
-        _allreduce_gbps(req, cls.gpu_type, cls.intra_node_gbps)
-        for cls, n in zip(ctx.classes, used, strict=True)
-        if n
+    fixed = _context_rates(req, ctx)
+    hosts = sum(  # the hosts a class's groups fill, in order, to hold ``need`` of them
+        min(bisect_left(cum, need) + 1, len(cum))
+        for cum, need in zip(fixed["cumulative"], used, strict=True)
+        if need > 0
     )
+    intra = max(g for g, n in zip(fixed["intra"], used, strict=True) if n)
     if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
-        slowest_intra = min(
-            _allreduce_gbps(req, req.cluster.host(h).gpu_type, req.cluster.host(h).intra_node_gbps)
-            for tpl, _ in parts
-            for h in tpl.hosts
-        )
+        slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
         return ring_allreduce_ms(nbytes, d, slowest_intra), False
     if optimistic:
-        fastest = max([intra, req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()])
-        return ring_allreduce_ms(nbytes, d, fastest), False
+        return ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"])), False
     if hosts > 1:
-        return ring_allreduce_ms(nbytes, d, _slowest_link(req.cluster)), True
+        return ring_allreduce_ms(nbytes, d, fixed["slowest"]), True
     return ring_allreduce_ms(nbytes, d, intra), False
+
+
+def _context_rates(req: SearchRequest, ctx: _Context) -> dict[str, Any]:
+    """Per class: its all-reduce rate inside a host and the running count of its
+    groups host by host; the cluster's fastest and slowest links (memoised)."""
+    got = ctx.memo.get("rates")
+    if got is None:
+        got = ctx.memo["rates"] = {
+            "intra": [_allreduce_gbps(req, c.gpu_type, c.intra_node_gbps) for c in ctx.classes],
+            "cumulative": [list(accumulate(c.groups_per_host)) for c in ctx.classes],
+            "fastest": max([req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()]),
+            "slowest": _slowest_link(req.cluster),
+        }
+    return got
+
+
+def _hosts_intra(req: SearchRequest, ctx: _Context, tpl: Template) -> float:
+    """The slowest one-host all-reduce rate among a host-aligned template's hosts."""
+    key = ("hosts_intra", tpl)
+    got = ctx.memo.get(key)
+    if got is None:
+        got = ctx.memo[key] = min(
+            _allreduce_gbps(req, req.cluster.host(h).gpu_type, req.cluster.host(h).intra_node_gbps)
+            for h in tpl.hosts
+        )
+    return float(got)
 
 
 def _allreduce_gbps(req: SearchRequest, gpu_type: str, nominal_gbps: float) -> float:
@@ -670,24 +691,20 @@ def _estimate(
 ) -> float:
     """Balanced continuous split per template; micro-batches shared so that all
     pipelines finish together, then rounded (cheap enough for 10^5 groupings)."""
-    a, b = block_range(req.model)
+    got = ctx.memo.get("blocks")
+    if got is None:
+        got = ctx.memo["blocks"] = block_range(req.model)
+    a, b = got
     n = b - a
     upd = 0.0
     params = 0.0
     shapes = []
     rate, per_full = _sync_rate(req, ctx, parts)
     for tpl, k in parts:
-        st = [ctx.stats[c] for c in tpl.classes]
-        inv = sum(1.0 / s.block_ms for s in st)
-        fixed = (st[0].head_ms / st[0].block_ms) + (st[-1].tail_ms / st[-1].block_ms)
-        sends = _sends(req, ctx, tpl)
-        c_ms = max((n + fixed) / inv, 2 * max(sends, default=0.0))
-        shapes.append((k, c_ms, c_ms * tpl.num_stages + 2 * sum(sends)))
-        upd = max(upd, max(s.total_upd_ms for s in st) / tpl.num_stages)
-        held = [
-            ctx.stats[c].block_params * (ctx.classes[c].tp if per_full else 1) for c in tpl.classes
-        ]
-        params = max(params, max(held) * n / tpl.num_stages)
+        c_ms, fill_ms, tpl_upd, tpl_params = _shape(req, ctx, tpl, n, per_full)
+        shapes.append((k, c_ms, fill_ms))
+        upd = max(upd, tpl_upd)
+        params = max(params, tpl_params)
     pipes = sum(k for k, _, _ in shapes)
     t_ms = (M - pipes + sum(k * f / c for k, c, f in shapes)) / sum(k / c for k, c, _ in shapes)
     t_ms = max(t_ms, max(f for _, _, f in shapes))
@@ -704,6 +721,32 @@ def _estimate(
         price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
         return total * max(price, 1e-9)
     return total
+
+
+def _shape(
+    req: SearchRequest, ctx: _Context, tpl: Template, n: int, per_full: bool
+) -> tuple[float, float, float, float]:
+    """A template's balanced continuous split (``_estimate``): its bottleneck and
+    fill ms per micro-batch, its update ms and the parameters its fullest stage
+    syncs; memoised per context (groupings share their few templates)."""
+    key = ("shape", tpl, per_full)
+    got = ctx.memo.get(key)
+    if got is None:
+        st = [ctx.stats[c] for c in tpl.classes]
+        inv = sum(1.0 / s.block_ms for s in st)
+        fixed = (st[0].head_ms / st[0].block_ms) + (st[-1].tail_ms / st[-1].block_ms)
+        sends = _sends(req, ctx, tpl)
+        c_ms = max((n + fixed) / inv, 2 * max(sends, default=0.0))
+        held = [
+            ctx.stats[c].block_params * (ctx.classes[c].tp if per_full else 1) for c in tpl.classes
+        ]
+        got = ctx.memo[key] = (
+            c_ms,
+            c_ms * tpl.num_stages + 2 * sum(sends),
+            max(s.total_upd_ms for s in st) / tpl.num_stages,
+            max(held) * n / tpl.num_stages,
+        )
+    return got
 
 
 def _solve_grouping(
