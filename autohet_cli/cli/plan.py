@@ -109,7 +109,9 @@ def plan(
 
     Minimises iteration time (or cost per token) over tensor-parallel degree,
     micro-batch size, pipelines and their uneven stages, and writes
-    plans/NAME.vN.yaml, a new version each time.
+    plans/NAME.vN.yaml, a new version each time. Uses a second process for the
+    baselines where the machine has two cores or more
+    (AUTOHET_PLANNER_PROCESSES=1: one process).
 
     Example (Sailor's measured OPT-350M on the paper's A100/V100/RTX 3090 mix):
 
