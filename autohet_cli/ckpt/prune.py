@@ -55,6 +55,7 @@ from autohet_cli.ckpt.retention import (
     prune_message,
 )
 from autohet_cli.errors import ConfigError
+from autohet_cli.pids import process_gone
 from autohet_cli.runtime.records import say
 
 # How long a reader's pin lasts where its death cannot be seen (another machine on NFS).
@@ -62,16 +63,9 @@ READ_PIN_TTL_S = 12 * 3600.0
 
 
 def writer_gone(pin: Pin, machine: str | None = None) -> bool:
-    """Whether the pin's writer ran on this machine and its process has ended."""
-    if pin.machine != (machine or socket.gethostname()) or pin.pid <= 0:
-        return False
-    try:
-        os.kill(pin.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    return False
+    """Whether the pin's writer ran on this machine (``machine``, default the host
+    name) and its process has ended."""
+    return process_gone(pin.pid, pin.machine, here=machine)
 
 
 def read_pins(

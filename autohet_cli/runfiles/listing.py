@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.errors import AutohetError
+from autohet_cli.pids import process_gone
 from autohet_cli.runfiles.metricsfile import METRICS_FILE, TAIL_BYTES, LossSeries, read_series
 from autohet_cli.runfiles.record import RECORD_FILE, RUNNING, RunRecord, RunRecordError, read_record
 
@@ -215,15 +214,7 @@ def _events(folder: Path) -> dict[str, Any] | None:
 
 def _launcher_alive(record: RunRecord) -> bool:
     """False only when the launcher ran on this machine and its process is gone."""
-    if not record.launcher_pid or record.launcher_host != socket.gethostname():
-        return True
-    try:
-        os.kill(record.launcher_pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True
+    return not process_gone(record.launcher_pid, record.launcher_host)
 
 
 def _iso(unix_s: float) -> str:
