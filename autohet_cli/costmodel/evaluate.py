@@ -41,15 +41,18 @@ backward, and its backward includes the re-run forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TypeVar
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.fixed import ring_latency_ms
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables, StageCost
 from autohet_cli.plan import Pipeline, Stage
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,7 +159,7 @@ def evaluate(
     # by the probe or the catalog's, with the step's world all-reduces).
     world = sum(s.tensor_parallel for p in pipelines for s in p.stages)
     kinds = {(s.gpu_type, s.tensor_parallel) for p in pipelines for s in p.stages}
-    opt_ms = update_ms + max(memo.overhead(tables, gpu, tp, world) for gpu, tp in kinds)
+    opt_ms = update_ms + max(memo.overhead(gpu, tp, world) for gpu, tp in kinds)
     iteration = pipeline_ms + sync_ms + opt_ms
     tokens = micro_batch_size * sum(p.num_microbatches for p in pipelines) * tables.training.seq_len
     return PlanEval(
@@ -215,44 +218,46 @@ class _Memo:
 
     The planner evaluates thousands of plans that differ from the last in one
     pipeline (refinement moves a boundary or a micro-batch) and shares the rest;
-    so each pipeline's own part, each sync segment and each ring's link are
-    computed once. Pure: every entry is a function of its key and the pair."""
+    so each pipeline's own part, each sync segment, each ring's link and each step
+    overhead are computed once. Pure: every entry is a function of its key and
+    the pair."""
 
-    MAX_ENTRIES = 200_000  # then cleared: a long search's memory stays bounded
+    MAX_ENTRIES = 200_000  # per store, then cleared: a long search's memory stays bounded
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, tables: CostTables) -> None:
         self.cluster = cluster  # held: the memo is found by its id
-        self.parts: dict[tuple[Pipeline, int], _PipelinePart] = {}
-        self.segments: dict[tuple[object, ...], float] = {}
-        self.rings: dict[tuple[str, ...], float] = {}
-        self.overheads: dict[tuple[str, int, int], float] = {}
+        self.tables = tables
+        self.parts: dict[object, _PipelinePart] = {}
+        self.segments: dict[object, float] = {}
+        self.rings: dict[object, float] = {}
+        self.overheads: dict[object, float] = {}
+
+    def _get(self, store: dict[object, T], key: object, make: Callable[[], T]) -> T:
+        found = store.get(key)
+        if found is None:
+            if len(store) >= self.MAX_ENTRIES:
+                store.clear()
+            found = store[key] = make()
+        return found
 
     def pipeline(self, p: Pipeline, mbs: int) -> _PipelinePart:
-        key = (p, mbs)
-        found = self.parts.get(key)
-        if found is None:
-            if len(self.parts) >= self.MAX_ENTRIES:
-                self.parts.clear()
-            found = self.parts[key] = _pipeline_part(p, self.cluster, self.tables, mbs)
-        return found
+        return self._get(
+            self.parts, (p, mbs), lambda: _pipeline_part(p, self.cluster, self.tables, mbs)
+        )
 
-    def overhead(self, tables: CostTables, gpu: str, tp: int, world: int) -> float:
-        key = (gpu, tp, world)
-        found = self.overheads.get(key)
-        if found is None:
-            found = self.overheads[key] = tables.step_overhead_ms(gpu, tp, world)
-        return found
+    def overhead(self, gpu: str, tp: int, world: int) -> float:
+        return self._get(
+            self.overheads, (gpu, tp, world), lambda: self.tables.step_overhead_ms(gpu, tp, world)
+        )
 
     def ring_gbps(self, stages: Sequence[Stage]) -> float:
         names = tuple(sorted({s.host for s in stages}))
-        found = self.rings.get(names)
-        if found is None:
-            if len(self.rings) >= self.MAX_ENTRIES:
-                self.rings.clear()
-            found = self.rings[names] = _ring_gbps(stages, self.cluster)
-        return found
+        return self._get(self.rings, names, lambda: _ring_gbps(stages, self.cluster))
 
-    tables: CostTables  # set by _memo
+    def segment_sync_ms(self, stages: Sequence[Stage], a: int, b: int, mbs: int) -> float:
+        # what the sync of a segment depends on: cheaper to hash than the stages
+        key = (a, b, mbs, tuple((s.gpu_type, s.tensor_parallel, s.host) for s in stages))
+        return self._get(self.segments, key, lambda: _segment_sync_ms(stages, a, b, mbs, self))
 
 
 def _memo(cluster: Cluster, tables: CostTables) -> _Memo:
@@ -261,8 +266,7 @@ def _memo(cluster: Cluster, tables: CostTables) -> _Memo:
     if held is None or held.cluster is not cluster:
         if len(memos) >= 8:
             memos.clear()
-        held = memos[id(cluster)] = _Memo(cluster)
-        held.tables = tables
+        held = memos[id(cluster)] = _Memo(cluster, tables)
     return held
 
 
@@ -350,47 +354,22 @@ def _grad_sync_ms(
         return out
     memo = memo or _memo(cluster, tables)
     for a, b, holders in segments if segments is not None else _segments(pipelines):
-        stages = [pipelines[pi].stages[si] for pi, si in holders]
-        # what the sync of a segment depends on: cheaper to hash than the stages
-        key = (a, b, mbs, tuple((s.gpu_type, s.tensor_parallel, s.host) for s in stages))
-        t = memo.segments.get(key)
-        if t is None:
-            if len(memo.segments) >= memo.MAX_ENTRIES:
-                memo.segments.clear()
-            t = memo.segments[key] = _segment_sync_ms(stages, a, b, cluster, tables, mbs, memo)
+        t = memo.segment_sync_ms([pipelines[pi].stages[si] for pi, si in holders], a, b, mbs)
         for pi, si in holders:
             out[pi][si] += t
     return out
 
 
-def _segment_sync_ms(
-    stages: Sequence[Stage],
-    a: int,
-    b: int,
-    cluster: Cluster,
-    tables: CostTables,
-    mbs: int,
-    memo: _Memo,
-) -> float:
+def _segment_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:
     """One segment [a, b) synced among its holders (one stage per pipeline)."""
-    if len({s.tensor_parallel for s in stages}) == 1:
-        t = _sharded_sync_ms(stages, a, b, cluster, tables, mbs, len(stages), memo)
-    else:
-        t = _full_sync_ms(stages, a, b, cluster, tables, mbs, len(stages), memo)
-    return t * max(tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
+    sync = _sharded_sync_ms if len({s.tensor_parallel for s in stages}) == 1 else _full_sync_ms
+    t = sync(stages, a, b, mbs, memo)
+    return t * max(memo.tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
 
 
-def _sharded_sync_ms(
-    stages: Sequence[Stage],
-    a: int,
-    b: int,
-    cluster: Cluster,
-    tables: CostTables,
-    mbs: int,
-    participants: int,
-    memo: _Memo,
-) -> float:
+def _sharded_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:
     """Holders of one degree t: t rings, TP rank k with TP rank k."""
+    cluster, tables, participants = memo.cluster, memo.tables, len(stages)
     nbytes = _segment_bytes(stages[0], a, b, cluster, tables, mbs)
     if len({s.host for s in stages}) == 1:
         measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, participants)
@@ -403,18 +382,10 @@ def _sharded_sync_ms(
     )
 
 
-def _full_sync_ms(
-    stages: Sequence[Stage],
-    a: int,
-    b: int,
-    cluster: Cluster,
-    tables: CostTables,
-    mbs: int,
-    participants: int,
-    memo: _Memo,
-) -> float:
+def _full_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:
     """Holders of different degrees: gather in each TP group, one ring over the
     stages' TP rank 0, broadcast back in each TP group."""
+    cluster, tables, participants = memo.cluster, memo.tables, len(stages)
     full = max(_segment_bytes(s, a, b, cluster, tables, mbs) * s.tensor_parallel for s in stages)
     inside = max(
         (

@@ -51,11 +51,13 @@ def test_two_processes_plan_what_one_plans(monkeypatch: pytest.MonkeyPatch) -> N
             assert cand.eval.iteration_ms == other.eval.iteration_ms, name
 
 
-def test_the_memo_and_the_totals_only_form_change_no_figure() -> None:
+def test_the_memo_and_the_totals_only_form_change_no_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(parallel.PROCESSES_ENV, raising=False)
     out_inputs = _inputs()
     training = training_for(32, out_inputs.model.default_seq_len, "bf16", "adam")
     tables = tables_for(out_inputs, training)
-    os.environ.pop(parallel.PROCESSES_ENV, None)
     out = make_plan(
         name="memo",
         cluster=out_inputs.cluster,
