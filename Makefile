@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 PLANS ?= plans
 DATA ?= build
 
-.PHONY: install demo test test-torch unit lint bench clean
+.PHONY: install demo test test-torch print-torch-floor-tests unit lint bench clean
 
 install: $(STAMP)
 
@@ -48,9 +48,16 @@ test: install lint
 TORCH ?=
 # More pins for that venv, e.g. 'transformers<5' (5.x needs torch 2.6).
 TORCH_CONSTRAINTS ?=
-TORCH_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py \
+TORCH_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py \
   tests/unit/test_recovery_*.py tests/dist tests/e2e/test_launch.py tests/e2e/test_recover.py \
   tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
+
+TORCH_FLOOR_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py tests/dist \
+  tests/e2e/test_recover.py::test_kill_a_host_then_recover_resumes_on_the_survivors \
+  tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
+
+print-torch-floor-tests:
+	@echo $(TORCH_FLOOR_TESTS)
 
 .venv-torch-%/.installed-stamp: pyproject.toml
 	python3 -m venv .venv-torch-$*
