@@ -82,6 +82,13 @@ class FixedCosts:
     12 ops per parameter tensor (torch's Adam steps CPU tensors one by one, the clip
     visits each). ``autohet profile run`` measures the real figures
     (``DeviceFacts.op_us``, the all-reduce fit, the step cost), which replace these.
+    - ``zero1_sync_factor``: ZeRO-1's gradient reduce-scatter plus parameter
+      all-gather against the all-reduce they replace. NCCL's ring runs both halves of
+      its all-reduce as exactly these two collectives (1.0). gloo has no ring
+      reduce-scatter or all-gather for CPU tensors: two processes on the development
+      machine took 0.40 + 0.31 s for a 200 MB bucket against 0.20 s for its
+      all-reduce, 3.5x (40 MB: 3.7x, 4 MB: 2.1x), so the planner no longer picks ZeRO-1
+      on CPU devices for a "free" sync that runs 3.5 times as long.
     """
 
     op_us: float
@@ -90,6 +97,7 @@ class FixedCosts:
     step_us: float
     optimizer_ops_per_tensor: float
     overlapped: bool
+    zero1_sync_factor: float = 1.0
 
 
 GPU_FIXED = FixedCosts(
@@ -112,6 +120,7 @@ CPU_FIXED = FixedCosts(
     step_us=3000.0 * SHARED,
     optimizer_ops_per_tensor=12.0,
     overlapped=False,
+    zero1_sync_factor=3.5,
 )
 
 

@@ -28,8 +28,9 @@ directions, so it charges the larger (``send_copies``).
 ZeRO-1 (``training.zero1``, runtime.zero): the optimizer state of a segment held
 at one TP degree by P > 1 pipelines is split over them, so each holder keeps
 1/P of it and steps 1/P of its update; the gradient reduce-scatter and the
-parameter all-gather move the bytes of the all-reduce they replace, so the sync
-time is unchanged. Tied weights (embedding and head) stay replicated.
+parameter all-gather move the bytes of the all-reduce they replace, so on NCCL the
+sync time is unchanged; gloo's pair takes 3.5x its all-reduce
+(``FixedCosts.zero1_sync_factor``). Tied weights (embedding and head) stay replicated.
 
 Memory of a GPU: (weights + grads + optimizer state) of its layers / TP, the
 activations of the micro-batches in flight (stage s of S holds min(S - s, m)
@@ -362,9 +363,25 @@ def _grad_sync_ms(
 
 def _segment_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:
     """One segment [a, b) synced among its holders (one stage per pipeline)."""
-    sync = _sharded_sync_ms if len({s.tensor_parallel for s in stages}) == 1 else _full_sync_ms
-    t = sync(stages, a, b, mbs, memo)
+    sharded = len({s.tensor_parallel for s in stages}) == 1
+    t = (_sharded_sync_ms if sharded else _full_sync_ms)(stages, a, b, mbs, memo)
+    if sharded and memo.tables.training.zero1 and len(stages) > 1:
+        t *= _zero1_sync_factor(stages, a, b, memo.tables)
     return t * max(memo.tables.sync_factor(st.gpu_type) for st in stages)  # calibrated, else 1
+
+
+def _zero1_sync_factor(stages: Sequence[Stage], a: int, b: int, tables: CostTables) -> float:
+    """ZeRO-1's reduce-scatter + all-gather against the all-reduce, for the share of
+    [a, b)'s parameters it shards (tied weights stay all-reduced; ``zero_sharded``)."""
+    f = max(tables.spec(s.gpu_type).fixed.zero1_sync_factor for s in stages)
+    if f == 1.0:
+        return 1.0
+    model = tables.model
+    layers = model.layers()
+    tied = ("embedding", "head") if model.tied_embeddings else ()
+    total = sum(layers[i].num_params for i in range(a, b))
+    kept = sum(layers[i].num_params for i in range(a, b) if layers[i].kind not in tied)
+    return 1.0 + (f - 1.0) * (kept / total if total > 0 else 1.0)
 
 
 def _sharded_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:

@@ -642,14 +642,19 @@ def _sync_rate(
         if need > 0
     )
     intra = max(g for g, n in zip(fixed["intra"], used, strict=True) if n)
+    if optimistic:  # no ZeRO-1 factor either: it is 1 for a tied layer's share
+        if all(tpl.hosts for tpl, _ in parts):
+            slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
+            return ring_allreduce_ms(nbytes, d, slowest_intra), False
+        return ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"])), False
+    # ZeRO-1's reduce-scatter + all-gather against the all-reduce (costmodel.evaluate)
+    f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 else 1.0
     if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
         slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
-        return ring_allreduce_ms(nbytes, d, slowest_intra), False
-    if optimistic:
-        return ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"])), False
+        return f * ring_allreduce_ms(nbytes, d, slowest_intra), False
     if hosts > 1:
-        return ring_allreduce_ms(nbytes, d, fixed["slowest"]), True
-    return ring_allreduce_ms(nbytes, d, intra), False
+        return f * ring_allreduce_ms(nbytes, d, fixed["slowest"]), True
+    return f * ring_allreduce_ms(nbytes, d, intra), False
 
 
 def _context_rates(req: SearchRequest, ctx: _Context) -> dict[str, Any]:
@@ -662,6 +667,12 @@ def _context_rates(req: SearchRequest, ctx: _Context) -> dict[str, Any]:
             "cumulative": [list(accumulate(c.groups_per_host)) for c in ctx.classes],
             "fastest": max([req.cluster.inter_node_gbps, *req.cluster.pair_gbps.values()]),
             "slowest": _slowest_link(req.cluster),
+            "zero1": [
+                req.tables.spec(c.gpu_type).fixed.zero1_sync_factor
+                if req.tables.training.zero1
+                else 1.0
+                for c in ctx.classes
+            ],
         }
     return got
 

@@ -170,3 +170,42 @@ def test_a_sharded_plan_that_is_slower_is_not_called_faster() -> None:
     assert unused_note(0.023) == "ZeRO-1 not used: it would make this plan only 2.3% faster"
     for gain in (-0.013, 0.0, 0.0004):  # printed "-1.3% faster" before
         assert unused_note(gain) == "ZeRO-1 not used: it would not make this plan faster"
+
+
+@pytest.mark.parametrize(("gpu", "model_name"), [("cpu", "gpt-small"), ("A100-80", "GPT-1.3B")])
+def test_zero1_sync_costs_what_the_backend_runs(gpu: str, model_name: str) -> None:
+    """Stop 38's recovery: the planner chose ZeRO-1 on CPU devices as if its
+    reduce-scatter + all-gather cost what the all-reduce does; on gloo they take 3.5x
+    (catalog.FixedCosts.zero1_sync_factor), and the first resumed step took 12 s
+    instead of 6. NCCL's pair is the all-reduce's two halves: unchanged."""
+    from autohet_cli.plan import Device, Pipeline, Stage
+
+    model = get_model(model_name)
+    hosts = [f"{gpu}-0", f"{gpu}-1"]
+    cluster = tiny_cluster(tuple((h, gpu, 1, None) for h in hosts), name="two")
+    training = training_for(8, 256, "fp32" if gpu == "cpu" else "bf16", "adam")
+    whole = model.num_layers
+    pipes = [  # two data-parallel replicas, one per host: something to shard and to sync
+        Pipeline(
+            num_microbatches=4,
+            stages=(
+                Stage(
+                    layer_start=0,
+                    layer_end=whole,
+                    gpu_type=gpu,
+                    tensor_parallel=1,
+                    devices=(Device(host=h, gpu=0),),
+                ),
+            ),
+        )
+        for h in hosts
+    ]
+    sharded, plain = (
+        evaluate(pipes, cluster, CostTables(model, None, replace(training, zero1=z)), 1)
+        for z in (True, False)
+    )
+    ratio = sharded.grad_sync_ms / plain.grad_sync_ms
+    if gpu == "cpu":
+        assert 2.0 < ratio <= 3.5
+    else:
+        assert ratio == pytest.approx(1.0)
