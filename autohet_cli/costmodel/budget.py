@@ -28,6 +28,20 @@ def overrun_s(time_limit_s: float) -> float:
     return max(2.0, 0.1 * time_limit_s)
 
 
+# Below this a --time-limit is not kept: a first plan needs a moment, and a plan
+# late is better than none (the CLI's tests plan tiny clusters with --time-limit 1).
+MIN_WHOLE_CALL_S = 1.0
+
+
+def whole_call(left_s: float) -> tuple[float, float]:
+    """(the search's limit, the call's deadline) for a call that must end within
+    ``left_s`` (issue 32: ``--time-limit`` bounds the command): the search gets the
+    limit less the clean-up that follows it (refinement, the ZeRO-1 and
+    recomputation decisions, the baselines), which ``overrun_s`` otherwise adds."""
+    total = max(left_s, MIN_WHOLE_CALL_S)
+    return total - min(overrun_s(total), 0.25 * total), total
+
+
 @contextmanager
 def deadline_in(seconds: float) -> Iterator[float]:
     """Run the block under a deadline ``seconds`` from now, never later than the

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from functools import partial
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.budget import check_deadline, deadline_in, overrun_s
+from autohet_cli.costmodel.budget import check_deadline, deadline_in, overrun_s, whole_call
 from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ConfigError, InfeasibleError, TimeLimitReached
@@ -64,6 +65,7 @@ def make_plan(
     incumbent: tuple[tuple[Pipeline, ...], int] | None = None,
     tp_candidates: Sequence[int] | None = None,
     mbs_candidates: Sequence[int] | None = None,
+    ends_by: float | None = None,
 ) -> PlanOutcome:
     """Search, baselines and contingency plans, all within ``time_limit_s`` plus a
     short overrun (budget.overrun_s): what the deadline cuts off is left out of
@@ -77,9 +79,13 @@ def make_plan(
     only the (GPU type, TP, micro-batch size) combinations the profile measured;
     ``incumbent`` seeds the search with a plan known to run (``SearchRequest``);
     ``tp_candidates`` and ``mbs_candidates`` narrow the degrees and micro-batch sizes
-    searched (recover: the old plan's, for a replan in seconds)."""
+    searched (recover: the old plan's, for a replan in seconds); ``ends_by`` (a
+    ``time.monotonic()`` instant) bounds the whole call instead (``budget.whole_call``)."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
+    outer_s = time_limit_s + overrun_s(time_limit_s)
+    if ends_by is not None:
+        time_limit_s, outer_s = whole_call(min(time_limit_s, ends_by - time.monotonic()))
     req = SearchRequest(
         cluster=cluster,
         model=model,
@@ -101,7 +107,7 @@ def make_plan(
         raise InfeasibleError(measured_only_message(req, None, model_ref))
     skipped: list[str] = []
     zero1_first = True if zero1 is None and tables.training.zero1 else zero1
-    with deadline_in(time_limit_s + overrun_s(time_limit_s)):
+    with deadline_in(outer_s) as ends:
         # The baselines on another core meanwhile (planner.parallel): in the space the
         # search starts in, then in the sharded one the planner may choose; again
         # below if the search settles in neither (recomputation).
@@ -123,7 +129,14 @@ def make_plan(
             base: dict[str, Candidate | None] = {}
             if early is not None:
                 hit = next((i for i, g in enumerate(guesses) if same_space(g, req)), None)
-                base, missed = _baselines(req) if hit is None else early.result(hit)
+                try:
+                    base, missed = (
+                        _baselines(req)
+                        if hit is None
+                        else early.result(hit, timeout_s=ends - time.monotonic())
+                    )
+                except TimeLimitReached:  # still planning them at the deadline
+                    base, missed = {}, ["the baselines"]
                 skipped += missed
         finally:
             if early is not None:

@@ -460,6 +460,7 @@ def summary_json(
         "dollars_per_million_tokens": dollars_per_million_tokens(plan, cluster, ev.tokens_per_s),
         "binding": binding_constraints(plan, ev),
         "idle": [dict(x) for x in plan.idle],
+        "notes": list(plan.notes),  # what was decided, and what the time limit left out
         **(sources_json(plan, sources) if sources is not None else {}),
     }
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from autohet_cli.errors import AutohetError
+from autohet_cli.errors import AutohetError, TimeLimitReached
 from autohet_cli.planner import phases
 
 T = TypeVar("T")
@@ -66,11 +67,16 @@ class Pending(Generic[T]):
     def forked(self) -> bool:
         return self._proc is not None
 
-    def result(self, index: int = 0) -> T:
-        """``fns[index]()``, or the exception it raised (a domain error as itself)."""
+    def result(self, index: int = 0, *, timeout_s: float | None = None) -> T:
+        """``fns[index]()``, or the exception it raised (a domain error as itself);
+        TimeLimitReached if the child has not sent it within ``timeout_s`` (run
+        here, without a child, the call is not cut short: its own deadline holds)."""
         if self._proc is None:
             return self._fns[index]()
+        until = None if timeout_s is None else time.monotonic() + timeout_s
         while index not in self._got:
+            if until is not None and not self._conn.poll(max(0.0, until - time.monotonic())):
+                raise TimeLimitReached("the planner's second process did not answer in time")
             try:
                 i, kind, payload, spent = pickle.loads(self._conn.recv_bytes())
             except EOFError:  # the child died without a word (killed, out of memory)
