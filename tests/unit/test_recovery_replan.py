@@ -31,6 +31,7 @@ from autohet_cli.plan import (
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.replan import (
+    FIRST_SPACE_S,
     Candidate,
     Stability,
     align_devices,
@@ -291,6 +292,8 @@ def test_replan_solves_on_the_survivors(tmp_path: Path) -> None:
     )
     assert call["mbs_candidates"] == [old.training.micro_batch_size]
     assert call["zero1"] is old.training.zero1 and call["with_baselines"] is False
+    # anytime, seeded: seconds at most whatever the limit (a replan is recovery time)
+    assert call["time_limit_s"] == FIRST_SPACE_S
     pipelines, mbs = call["incumbent"]
     assert mbs == old.training.micro_batch_size
     assert {s.host for p in pipelines for s in p.stages} <= {"a100-0", "v100-0"}
