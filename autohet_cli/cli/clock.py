@@ -5,7 +5,9 @@ user's clock starts when they press enter: the interpreter and the imports
 (pyscipopt, yaml, typer: about half a second on a small machine) count. Linux
 keeps each process's start time in ``/proc/self/stat`` (field 22, clock ticks
 since boot) beside the time since boot in ``/proc/uptime``; elsewhere the clock
-starts at the first call here, which undercounts only the imports.
+starts at the first call here, which undercounts only the imports. The kernel's
+start time is the fork's, not the exec's: a wrapper that runs a while and then
+execs autohet is charged its own time too.
 """
 
 from __future__ import annotations

@@ -58,10 +58,12 @@ def plan(
     time_limit: Annotated[
         float,
         typer.Option(
-            help="Seconds the whole command may take, from start to the plan written: "
+            help="Seconds the whole command may take, from start to the plan written "
+            "(kept to a fraction of a second: the planner's checks are cooperative): "
             "the best plan found by then, with its proven gap; what the time left no "
             "room for (baselines, contingency plans) is named in the plan's notes. "
-            "Below 1 s the first plan may take a little longer"
+            "With under 2 s left after reading the inputs, the first plan takes up "
+            "to 3 s more"
         ),
     ] = 60.0,
     contingency: Annotated[

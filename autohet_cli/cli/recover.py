@@ -66,7 +66,15 @@ def recover(
     train_arg: Annotated[
         list[str] | None, typer.Option(help="Extra worker argument (repeatable).")
     ] = None,
-    time_limit: Annotated[float, typer.Option(help="Seconds for re-planning.", min=0.1)] = 30.0,
+    time_limit: Annotated[
+        float,
+        typer.Option(
+            help="Seconds for re-planning. The search in the old plan's space, seeded "
+            "with the survivors kept in place, takes at most 1.5 s of it (a replan is "
+            "recovery time); the rest is for when nothing fits that space",
+            min=0.1,
+        ),
+    ] = 30.0,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print the plan change and the transfers; move nothing."),

@@ -68,10 +68,11 @@ _EMPTY_SHA = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 def reserve_bytes(total_bytes: int) -> int:
     """What replicas leave free on a checkpoint file system besides the host's own next
-    save (counted apart, see ``_room_locked``): 5% of a small disk, at most 2 GiB. A
-    percentage alone starved replication on big, busy disks (12.6 GB held back on a
-    252 GB disk with 10 GB free) for no gain: the own save is already reserved."""
-    return min(2 << 30, total_bytes // 20)
+    save (counted apart, see ``_room_locked``): 5% of the disk, at least 256 MiB and
+    at most 2 GiB. A percentage alone starved replication on big, busy disks (12.6 GB
+    held back on a 252 GB disk with 10 GB free) for no gain: the own save is already
+    reserved."""
+    return min(2 << 30, max(256 << 20, total_bytes // 20))
 
 
 @dataclass(slots=True)

@@ -37,6 +37,8 @@ from autohet_cli.planner.search import (
 )
 from autohet_cli.settings import TrainingSettings
 
+CHILD_MARGIN_S = 0.3  # the baselines' child ends this long before the call's deadline
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOutcome:
@@ -114,7 +116,11 @@ def make_plan(
         guesses = [first_space(req, recompute=recompute, zero1=zero1_first)]
         if zero1 is None and not zero1_first:
             guesses.append(first_space(req, recompute=recompute, zero1=True))
-        early = Pending(*(partial(_baselines, g) for g in guesses)) if with_baselines else None
+        # The child inherits a deadline a little before this call's: what it finished
+        # by then (its baselines past the deadline named as skipped) reaches this
+        # process before it stops waiting, instead of just after (review).
+        with deadline_in(max(0.1, outer_s - CHILD_MARGIN_S)):
+            early = Pending(*(partial(_baselines, g) for g in guesses)) if with_baselines else None
         try:
             try:
                 result, req, zero1_note = decide(

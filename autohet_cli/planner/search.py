@@ -26,7 +26,7 @@ from itertools import accumulate, chain, product
 from typing import Any
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.budget import deadline_in, overrun_s
+from autohet_cli.costmodel.budget import deadline_in, overrun_s, seconds_left
 from autohet_cli.costmodel.evaluate import (
     PlanEval,
     evaluate,
@@ -647,8 +647,10 @@ def _sync_rate(
             slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
             return ring_allreduce_ms(nbytes, d, slowest_intra), False
         return ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"])), False
-    # ZeRO-1's reduce-scatter + all-gather against the all-reduce (costmodel.evaluate)
-    f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 else 1.0
+    # ZeRO-1's reduce-scatter + all-gather against the all-reduce (costmodel.evaluate);
+    # segments held at two degrees sync the full gradient, unsharded: no factor
+    uniform = len({c.tp for c, n in zip(ctx.classes, used, strict=True) if n}) == 1
+    f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 and uniform else 1.0
     if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
         slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
         return f * ring_allreduce_ms(nbytes, d, slowest_intra), False
@@ -771,7 +773,8 @@ def _solve_grouping(
     shares found, place on devices, refine on the exact model."""
     a, b = block_range(req.model)
     M = req.global_batch_size // g.mbs
-    cap = min(remaining, max(0.2, req.time_limit_s / 40))
+    # the call's deadline too (costmodel.budget): SCIP is not interrupted by it
+    cap = max(0.05, min(remaining, seconds_left(), max(0.2, req.time_limit_s / 40)))
     sync, per_full = _sync_rate(req, ctx, g.parts)
     rates = [
         k * tpl.num_stages / min(ctx.stats[c].total_ms for c in tpl.classes) for tpl, k in g.parts

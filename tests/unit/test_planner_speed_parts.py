@@ -181,22 +181,24 @@ def test_a_child_not_done_by_the_deadline_is_not_waited_for(
 
     monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
     job = parallel.Pending(_first, lambda: time.sleep(30))
-    t0 = time.monotonic()
-    assert job.result(0, timeout_s=10.0) == "first"
-    with pytest.raises(TimeLimitReached):
-        job.result(1, timeout_s=0.3)
-    assert time.monotonic() - t0 < 5.0
-    job.cancel()
+    try:
+        t0 = time.monotonic()
+        assert job.result(0, timeout_s=10.0) == "first"
+        with pytest.raises(TimeLimitReached):
+            job.result(1, timeout_s=0.3)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        job.cancel()
 
 
 def test_a_whole_call_budget_leaves_the_clean_up_inside_the_limit() -> None:
-    from autohet_cli.costmodel.budget import MIN_WHOLE_CALL_S, whole_call
+    from autohet_cli.costmodel.budget import LATE_SEARCH_S, MIN_WHOLE_CALL_S, overrun_s, whole_call
 
     assert whole_call(10.0) == (8.0, 10.0)  # search 8 s, clean-up 2 s, the call 10 s
-    search_s, call_s = whole_call(2.0)
-    assert call_s == 2.0 and search_s == 1.5
-    # below the floor the first plan still gets its moment
-    assert whole_call(-3.0) == (MIN_WHOLE_CALL_S * 0.75, MIN_WHOLE_CALL_S)
+    assert whole_call(MIN_WHOLE_CALL_S) == (0.75 * MIN_WHOLE_CALL_S, MIN_WHOLE_CALL_S)
+    # below the floor (or past the deadline) a first plan still gets its moment: late
+    late = (LATE_SEARCH_S, LATE_SEARCH_S + overrun_s(LATE_SEARCH_S))
+    assert whole_call(1.0) == late and whole_call(-3.0) == late
 
 
 def test_make_plan_ends_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -215,10 +217,10 @@ def test_make_plan_ends_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None
         global_batch_size=256,
         time_limit_s=60.0,
         contingency=True,
-        ends_by=t0 + 2.0,
+        ends_by=t0 + 3.0,
     )
     spent = time.monotonic() - t0
-    assert spent < 2.0 + 0.5, spent  # cooperative checks: a SCIP call may end late
+    assert spent < 3.0 + 0.75, spent  # cooperative checks: a SCIP call may end late
     assert out.plan.pipelines  # the best plan found by then
     assert any("not computed within the time limit" in n for n in out.plan.notes)
 
@@ -246,9 +248,8 @@ def test_the_time_limit_bounds_the_whole_command(tmp_path: Path) -> None:
     )
     wall_s = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
-    assert wall_s < limit_s + 1.0, wall_s  # cooperative checks: a solve may end late
+    # cooperative checks: a solve may end late (the old code took 8.5 s and more here)
+    assert wall_s < limit_s + 1.5, (wall_s, proc.stderr[-2000:])
     [written] = list(tmp_path.glob("*.yaml"))
     notes = json.loads(proc.stdout)["notes"]
-    assert notes == list(load_plan(written).notes)
-    # the contingency plans for its 3 spot hosts do not all fit: named, not waited for
-    assert any("not computed within the time limit" in n for n in notes), notes
+    assert notes == list(load_plan(written).notes)  # what was left out, for scripts too

@@ -611,3 +611,31 @@ def test_the_planner_decides_recomputation_on_the_survivors(
     # where it had any, off where it had none), then decided anew
     assert rec.calls[0]["recompute"] is (None if recompute else False)
     assert rec.calls[-1]["recompute"] is asked
+
+
+def test_the_short_first_search_needs_a_seed_and_falls_back_to_the_whole_limit() -> None:
+    """Review of issue 32 item 5: the 1.5 s cap is safe only when the survivors could
+    be kept (the seed); without one, or when the short search found nothing in time,
+    the old plan's space gets the whole --time-limit."""
+    from autohet_cli.errors import TimeLimitReached
+    from autohet_cli.recovery.replan import _solve
+
+    old = make_old(OLD_PIPES)
+    calls: list[dict[str, Any]] = []
+
+    def stub(fail_first: bool) -> Any:
+        def planner(**kw: Any) -> Any:
+            calls.append(kw)
+            if fail_first and len(calls) == 1:
+                raise TimeLimitReached("stub: nothing in time")
+            return "outcome"
+
+        return planner
+
+    assert _solve(old, inputs().cluster, tables(), stub(False), 30.0, False, None) == "outcome"
+    assert [c["time_limit_s"] for c in calls] == [30.0]  # unseeded: the whole limit
+    calls.clear()
+    assert _solve(old, inputs().cluster, tables(), stub(True), 30.0, False, old) == "outcome"
+    assert [c["time_limit_s"] for c in calls] == [FIRST_SPACE_S, 30.0]
+    assert calls[1]["mbs_candidates"] == [old.training.micro_batch_size]  # the same space
+    assert calls[0]["incumbent"] is not None
