@@ -51,6 +51,7 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.fixed import ring_latency_ms
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables, StageCost
+from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline, Stage
 
 T = TypeVar("T")
@@ -376,12 +377,17 @@ def _zero1_sync_factor(stages: Sequence[Stage], a: int, b: int, tables: CostTabl
     f = max(tables.spec(s.gpu_type).fixed.zero1_sync_factor for s in stages)
     if f == 1.0:
         return 1.0
-    model = tables.model
-    layers = model.layers()
-    tied = ("embedding", "head") if model.tied_embeddings else ()
+    layers = tables.model.layers()
     total = sum(layers[i].num_params for i in range(a, b))
-    kept = sum(layers[i].num_params for i in range(a, b) if layers[i].kind not in tied)
+    kept = total - sum(layers[i].num_params for i in _tied_layers(tables.model) if a <= i < b)
     return 1.0 + (f - 1.0) * (kept / total if total > 0 else 1.0)
+
+
+def _tied_layers(model: ModelSpec) -> set[int]:
+    """The layers ZeRO-1 leaves replicated: a tied embedding and head."""
+    if not model.tied_embeddings:
+        return set()
+    return {i for i, layer in enumerate(model.layers()) if layer.kind in ("embedding", "head")}
 
 
 def _sharded_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo) -> float:
@@ -454,10 +460,7 @@ def zero_sharded(
     P = len(pipelines)
     if not tables.training.zero1 or P < 2:
         return out
-    model = tables.model
-    kinds = [layer.kind for layer in model.layers()]
-    tied = {i for i, k in enumerate(kinds) if k in ("embedding", "head")}
-    tied = tied if model.tied_embeddings else set()
+    tied = _tied_layers(tables.model)
     # per (type, degree, link, segment): recover's refinement evaluates 200 pipelines'
     # plans ~1,600 times, and a sum per holder per layer was half of its time
     kept: dict[tuple[str, int, float, int, int], int] = {}

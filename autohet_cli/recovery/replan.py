@@ -561,16 +561,14 @@ def _solve(
     }
     capped = kept is not None and time_limit_s > FIRST_SPACE_S  # a seed: anytime is safe
     try:
-        return planner(**({**first, "time_limit_s": FIRST_SPACE_S} if capped else first))
-    except TimeLimitReached:
-        if not capped:
-            raise  # out of time, not of memory: a wider search would not be faster
-        try:  # the short search found nothing better in time: the whole limit
-            return planner(**first)
+        try:
+            return planner(**({**first, "time_limit_s": FIRST_SPACE_S} if capped else first))
         except TimeLimitReached:
-            raise
-        except InfeasibleError:
-            return planner(**common, recompute=None)
+            if not capped:
+                raise
+            return planner(**first)  # the short search found nothing in time: the whole limit
+    except TimeLimitReached:
+        raise  # out of time, not of memory: a wider search would not be faster
     except InfeasibleError:
         # The planner decides where memory binds, per stage and GPU type (an old
         # plan's flags were for other GPUs).

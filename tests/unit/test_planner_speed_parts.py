@@ -29,15 +29,20 @@ def _inputs():  # type: ignore[no-untyped-def]
 
 def _make(processes: str, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv(parallel.PROCESSES_ENV, processes)
-    inp = _inputs()
-    training = training_for(32, inp.model.default_seq_len, "bf16", "adam")
+    return _plan_opt(CLUSTER, 32, time_limit_s=20.0)
+
+
+def _plan_opt(cluster: Path, batch: int, **kw: object):  # type: ignore[no-untyped-def]
+    """make_plan for Sailor's OPT-350M on ``cluster`` (``kw``: make_plan's options)."""
+    inp = load_inputs(str(cluster), "OPT-350M", [str(OPT_PROFILE)])
+    training = training_for(batch, inp.model.default_seq_len, "bf16", "adam")
     return make_plan(
         name="speed",
         cluster=inp.cluster,
         model=inp.model,
         tables=tables_for(inp, training),
-        global_batch_size=32,
-        time_limit_s=20.0,
+        global_batch_size=batch,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -204,17 +209,10 @@ def test_a_whole_call_budget_leaves_the_clean_up_inside_the_limit() -> None:
 def test_make_plan_ends_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ends_by`` bounds the whole call: search, decisions, baselines, contingency."""
     monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
-    inp = load_inputs(
-        str(ROOT / "profiles" / "clusters" / "mix-64.yaml"), "OPT-350M", [str(OPT_PROFILE)]
-    )
-    training = training_for(256, inp.model.default_seq_len, "bf16", "adam")
     t0 = time.monotonic()
-    out = make_plan(
-        name="bounded",
-        cluster=inp.cluster,
-        model=inp.model,
-        tables=tables_for(inp, training),
-        global_batch_size=256,
+    out = _plan_opt(
+        ROOT / "profiles" / "clusters" / "mix-64.yaml",
+        256,
         time_limit_s=60.0,
         contingency=True,
         ends_by=t0 + 3.0,
