@@ -8,10 +8,13 @@ measured profiles are keyed by, so its shape follows the measured data: LLaMA
 keeps the final norm as its own layer, models with tied embeddings fold the
 final norm into the head.
 
-Activation sizes follow Korthikanti et al. 2022 ("Reducing activation
-recomputation") for a block with flash attention and no dropout: the parts
-outside the tensor-parallel region are kept whole on every TP rank, the rest is
-divided by the TP degree.
+Activation sizes are what our runtime keeps (``LayerSpec``), laid out as in
+Korthikanti et al. 2022 ("Reducing activation recomputation") for a block with
+flash attention and no dropout: the parts outside the tensor-parallel region
+are kept whole on every TP rank, the rest is divided by the TP degree. Under
+autocast that is more than the paper's 16-bit count (fp32 residual and norms, a
+16-bit input copy per projection): the analytic model once said 62 GiB for a run
+that peaked at 72 on an H100.
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ from autohet_cli.errors import ConfigError, UnknownNameError
 from autohet_cli.limits import MODEL_BOUNDS, at_most, within
 
 VOCAB_MULTIPLE = 128
+IGNORE_INDEX = -100  # torch's cross_entropy default: a target that adds no loss
+# The runtime's head takes its loss in chunks of tokens whose fp32 logits hold at most
+# this much (runtime.models.loss), so no micro-batch's whole logits are ever held.
+CHUNK_LOGIT_BYTES = 256 * 2**20
+
+
+def loss_chunk_tokens(tokens: int, vocab_rows: int) -> int:
+    """Tokens per chunk of the head's loss: fp32 logits within ``CHUNK_LOGIT_BYTES``."""
+    return max(1, min(tokens, CHUNK_LOGIT_BYTES // (4 * max(1, vocab_rows))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,7 +152,15 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerSpec:
-    """One partitionable layer. Per-token quantities; element counts, not bytes."""
+    """One partitionable layer. Per-token quantities; element counts, not bytes.
+
+    What a layer keeps for backward is counted as our runtime keeps it (measured
+    with ``saved_tensors_hooks``, tests/unit/test_memory_model.py): the residual
+    stream and the norms' saved tensors in fp32 whatever the precision; under
+    16-bit autocast a 16-bit copy of a norm's output for *each* projection that
+    reads it (autocast casts per op: q, k and v each keep their own), under fp32
+    the norm's output once; the rest in the compute dtype, split by TP.
+    """
 
     index: int
     name: str
@@ -149,9 +169,13 @@ class LayerSpec:
     shared_params: int = 0  # a tied copy of the embedding: costs memory, counted once in totals
     matmul_flops_per_token: float = 0.0  # forward, 2 * GEMM parameters
     attn_flops_per_token_per_pos: float = 0.0  # forward, times sequence length
-    act_elems_per_token_whole: float = 0.0  # kept for backward, on every TP rank
-    act_elems_per_token_split: float = 0.0  # kept for backward, divided by TP
-    act_fp32_elems_per_token_split: float = 0.0  # fp32 logits for the loss, divided by TP
+    act_fp32_elems_per_token_whole: float = 0.0  # kept in fp32 on every TP rank
+    act_cast_elems_per_token_whole: float = 0.0  # 16-bit input copies (autocast), every rank
+    act_norm_out_elems_per_token_whole: float = 0.0  # what those copies are under fp32
+    act_elems_per_token_split: float = 0.0  # kept in the compute dtype, divided by TP
+    act_fp32_elems_per_token_split: float = 0.0  # kept in fp32, divided by TP
+    loss_vocab_rows: int = 0  # head: logits' rows (padded vocabulary); 0 for other layers
+    loss_width: int = 0  # head: the width entering the head's matmul
     output_elems_per_token: float = 0.0  # sent to the next stage
 
     def fwd_flops(self, seq_len: int, micro_batch_size: int) -> float:
@@ -159,12 +183,50 @@ class LayerSpec:
         return per_token * seq_len * micro_batch_size
 
     def act_bytes(self, seq_len: int, micro_batch_size: int, tp: int, dtype_bytes: int) -> float:
+        """Bytes kept for backward per micro-batch, and for the head its loss's own
+        (``loss_bytes``: the head sits on the last stage, one micro-batch in flight)."""
         tokens = seq_len * micro_batch_size
-        elems = self.act_elems_per_token_whole + self.act_elems_per_token_split / tp
-        return tokens * (elems * dtype_bytes + self.act_fp32_elems_per_token_split / tp * 4)
+        mixed = dtype_bytes < 4
+        whole = self.act_fp32_elems_per_token_whole * 4 + (
+            self.act_cast_elems_per_token_whole * dtype_bytes
+            if mixed
+            else self.act_norm_out_elems_per_token_whole * 4
+        )
+        split = (
+            self.act_elems_per_token_split * dtype_bytes + self.act_fp32_elems_per_token_split * 4
+        ) / tp
+        return tokens * (whole + split) + self.loss_bytes(tokens, tp, dtype_bytes)
+
+    def loss_bytes(self, tokens: int, tp: int, dtype_bytes: int) -> float:
+        """The head's chunked loss (``runtime.models.loss``), the larger of its two ways.
+
+        Gradients formed in the forward (TP 1, no fp16): one fp32 weight gradient
+        kept to backward, the weight cast once for the call, and per chunk the
+        16-bit logits, their fp32 copy and the 16-bit gradient. Recomputed chunks
+        (TP, fp16): in backward one chunk's logits again in 16 and 32 bits, the
+        log-softmax output and the gradient in both.
+        """
+        if not self.loss_vocab_rows:
+            return 0.0
+        rows = self.loss_vocab_rows / tp
+        chunk = loss_chunk_tokens(tokens, int(rows)) * rows
+        recomputed = chunk * (2 * dtype_bytes + 3 * 4)
+        if tp > 1:
+            return recomputed
+        weight = self.loss_vocab_rows * self.loss_width
+        cast = weight * dtype_bytes if dtype_bytes < 4 else 0
+        in_forward = weight * 4 + cast + chunk * (2 * dtype_bytes + 4)
+        return max(in_forward, recomputed)
 
     def output_bytes(self, seq_len: int, micro_batch_size: int, dtype_bytes: int) -> float:
         return seq_len * micro_batch_size * self.output_elems_per_token * dtype_bytes
+
+
+def _norm_saved(m: ModelSpec) -> float:
+    """fp32 elements per token one norm keeps: RMSNorm (written out by torch) its
+    input, input * rstd and rstd; LayerNorm its input, mean and rstd."""
+    h = m.hidden_size
+    return 2.0 * h + 1 if m.norm == "rmsnorm" else h + 2.0
 
 
 def _norm_params(m: ModelSpec) -> int:
@@ -180,7 +242,6 @@ def _block(m: ModelSpec, index: int) -> LayerSpec:
     mlp = (3 if m.gated_mlp else 2) * h * f
     mlp_bias = (f + h) if m.bias else 0
     params = attn + attn_bias + mlp + mlp_bias + 2 * _norm_params(m)
-    mlp_hidden = (3 if m.gated_mlp else 2) * f
     return LayerSpec(
         index=index,
         name=f"block.{index - 1}",
@@ -188,10 +249,16 @@ def _block(m: ModelSpec, index: int) -> LayerSpec:
         num_params=params,
         matmul_flops_per_token=2.0 * (attn + mlp),
         attn_flops_per_token_per_pos=4.0 * h,
-        # LN inputs and outputs and the residual stream stay whole on every rank.
-        act_elems_per_token_whole=4.0 * h,
-        # q, k, v, attention output, out-proj input, MLP hidden activations.
-        act_elems_per_token_split=(h + 2 * kv) + h + h + mlp_hidden,
+        # Two norms; their outputs go to q, k, v and to gate and up (or fc).
+        act_fp32_elems_per_token_whole=2 * _norm_saved(m),
+        # (+ rotary tables cast per forward: cos and sin, counted as if per token)
+        act_cast_elems_per_token_whole=(3.0 + (2 if m.gated_mlp else 1)) * h
+        + (0 if m.num_positions else 2.0 * m.head_dim),
+        act_norm_out_elems_per_token_whole=2.0 * h,
+        # q and k (rotated), v, the attention output; MLP: gate, up, act(gate) and
+        # their product, or fc's output and its activation.
+        act_elems_per_token_split=2.0 * h + 2 * kv + (4 if m.gated_mlp else 2) * f,
+        act_fp32_elems_per_token_split=float(m.num_heads),  # attention's logsumexp
         output_elems_per_token=float(h),
     )
 
@@ -220,7 +287,7 @@ def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
                 name="final_norm",
                 kind="norm",
                 num_params=norm,
-                act_elems_per_token_whole=float(h),
+                act_fp32_elems_per_token_whole=_norm_saved(m),
                 output_elems_per_token=float(h),
             )
         )
@@ -233,8 +300,13 @@ def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
             num_params=norm + proj + vocab * e,
             shared_params=vocab * e if m.tied_embeddings else 0,
             matmul_flops_per_token=2.0 * (proj + vocab * e),
-            act_elems_per_token_whole=2.0 * h,
-            act_fp32_elems_per_token_split=2.0 * vocab,
+            # A folded final norm's, then the gradient of the head's input (or, with
+            # the loss recomputed per chunk, that input itself).
+            act_fp32_elems_per_token_whole=(_norm_saved(m) if norm else 0.0) + e,
+            act_cast_elems_per_token_whole=float(h if proj else 0),
+            act_norm_out_elems_per_token_whole=float(h if proj else 0),
+            loss_vocab_rows=vocab,
+            loss_width=e,
         )
     )
     return tuple(layers)

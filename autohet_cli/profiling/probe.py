@@ -606,7 +606,9 @@ class _Embedding(nn.Module):
 
 
 class _Head(nn.Module):
-    """Final norm (if part of the head), projection, vocab-parallel logits and fp32 loss."""
+    """Final norm (if part of the head), projection, vocab-parallel logits and fp32 loss,
+    the loss in chunks of tokens with its gradients formed in the forward, as the
+    runtime's head takes it (``_ChunkedLoss``)."""
 
     def __init__(self, s: dict[str, Any], tp: int) -> None:
         super().__init__()
@@ -621,8 +623,43 @@ class _Head(nn.Module):
             x = self.norm(x)
         if self.proj is not None:
             x = self.proj(x)
-        logits = self.out(x).float()
-        return F.cross_entropy(logits.view(-1, self.rows), targets.view(-1))
+        flat = x.flatten(0, 1)
+        step = max(1, min(flat.shape[0], CHUNK_LOGIT_BYTES // (4 * self.rows)))
+        total = _ChunkedLoss.apply(flat, self.out.weight, targets.flatten(), step)  # type: ignore[no-untyped-call]
+        return torch.as_tensor(total) / flat.shape[0]
+
+
+# A copy of the runtime's head loss (runtime/models/loss.py, _FusedHeadLoss), because
+# this file runs alone on hosts that need not have autohet installed; the two are
+# checked equal in tests/unit/test_chunked_loss.py.
+CHUNK_LOGIT_BYTES = 256 * 2**20
+
+
+class _ChunkedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: Any, weight: Any, targets: Any, step: int) -> Any:
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, targets.numel(), step):
+            h, t = hidden[start : start + step], targets[start : start + step]
+            logits = h @ weight.t()
+            real = logits.float()
+            lse = torch.logsumexp(real, dim=-1)
+            total += (lse - real.gather(1, t[:, None]).squeeze(1)).sum()
+            grad = real.sub_(lse[:, None]).exp_()
+            grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
+            g = grad.to(logits.dtype)
+            del logits, real, grad
+            grad_h[start : start + step] = g @ weight
+            grad_w += g.t() @ h
+        ctx.save_for_backward(grad_h, grad_w)
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any) -> Any:
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_out.to(grad_h.dtype), (grad_w * grad_out).to(grad_h.dtype), None, None
 
 
 def shard_problem(kind: str, s: dict[str, Any], tp: int) -> str | None:
@@ -675,7 +712,8 @@ def _rough_bytes(kind: str, s: dict[str, Any], tp: int, mbs: int, seq: int, nbyt
         return tokens * width * nbytes * 3 + attn + params * nbytes * 3
     if kind in ("embedding", "head"):
         rows = int(s["vocab_size"]) / tp
-        logits = tokens * rows * 12 if kind == "head" else 0.0
+        chunk = max(1, min(tokens, CHUNK_LOGIT_BYTES // (4 * rows)))
+        logits = chunk * rows * 12 + rows * int(s["embed_dim"]) * 4 if kind == "head" else 0.0
         return rows * int(s["embed_dim"]) * nbytes * 3 + tokens * h * nbytes * 4 + logits
     return tokens * h * nbytes * 4
 
@@ -747,8 +785,9 @@ def time_layer(
         return torch.as_tensor(module(x, targets) if kind == "head" else module(x))
 
     def rc_forward() -> torch.Tensor:
-        args = (x, targets) if kind == "head" else (x,)
-        return torch.as_tensor(checkpoint(module, *args, use_reentrant=False))
+        if kind == "head":  # the runtime's head keeps no logits: it is never recomputed
+            return forward()
+        return torch.as_tensor(checkpoint(module, x, use_reentrant=False))
 
     grad: list[torch.Tensor] = []
 

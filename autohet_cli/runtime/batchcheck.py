@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from autohet_cli.errors import AutohetError
+from autohet_cli.models import IGNORE_INDEX as IGNORE_INDEX  # a label that adds no loss
 
-IGNORE_INDEX = -100  # torch's cross_entropy default: a label that adds no loss
 MIN_LOSS_SCALE = 2.0**-8  # fp16: below it, every step overflows; training has diverged
 
 

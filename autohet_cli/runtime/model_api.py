@@ -36,6 +36,10 @@ LLaMA family, see ``runtime.models``). The contract:
   over the stage's TP mesh. A head whose plan leaves logits sharded on the class
   dimension (``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``)
   has its loss computed under ``loss_parallel()``.
+- Optional, the last layer's ``loss(x, targets)``: its forward and ``loss_fn`` in one
+  (the same value as ``loss_fn(layer(x), targets)``), for a head that never holds a
+  whole micro-batch's logits (the built-in head's, ``runtime.models.loss``); the
+  runtime calls it, under autocast and ``loss_parallel()``, instead of the two.
 
 Full parameter names are ``layers.<layer index>.<name inside the layer>``: the
 names the whole model would have as ``nn.ModuleList`` attribute ``layers``. Every

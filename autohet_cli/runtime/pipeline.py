@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from autohet_cli.runtime.stage import StageModule
 from autohet_cli.runtime.timing import StepMarks
 from autohet_cli.runtime.topology import BACKWARD, FORWARD, RankInfo
 from autohet_cli.settings import COMPUTE_DTYPES
@@ -248,13 +249,13 @@ class PipelineSchedule:
         for inputs, targets in microbatches:
             received = self.p2p.recv_forward()
             stage_input = inputs.to(self.device) if self.info.is_first_stage else received
-            with self.autocast():
-                out = self.stage(stage_input)
             if not self.info.is_last_stage:
+                with self.autocast():
+                    out = self.stage(stage_input)
                 self.p2p.send_forward(out)
                 continue
-            with self.loss_context():
-                loss = self.loss_fn(out, targets.to(self.device)) / self.global_batch_size
+            assert stage_input is not None
+            loss = self._stage_loss(stage_input, targets) / self.global_batch_size
             loss_sum += _plain(loss.detach()).float()
         return loss_sum
 
@@ -287,14 +288,30 @@ class PipelineSchedule:
             assert received is not None
             x = received.requires_grad_()
             stage_input = x
-        with self.autocast():
-            out = self.stage(stage_input)
         if not self.info.is_last_stage:
+            with self.autocast():
+                out = self.stage(stage_input)
             return x, out, out.detach()
-        with self.loss_context():
-            loss = self.loss_fn(out, targets.to(self.device)) / self.global_batch_size
+        loss = self._stage_loss(stage_input, targets) / self.global_batch_size
         self._loss_sum += _plain(loss.detach())
         return x, loss, None
+
+    def _stage_loss(self, stage_input: Tensor, targets: Tensor) -> Tensor:
+        """The last stage's forward and summed loss: through its last layer's fused
+        ``loss`` when it has one (under autocast, as that layer's forward would run),
+        else ``loss_fn`` on the output, outside autocast."""
+        targets = targets.to(self.device)
+        fused: Callable[[Tensor, Tensor], Tensor] | None = None
+        if isinstance(self.stage, StageModule):
+            fused = self.stage.fused_loss()
+        with self.autocast():
+            out = self.stage(stage_input, but_last=True) if fused else self.stage(stage_input)
+        if fused is not None:
+            with self.autocast(), self.loss_context():
+                return fused(out, targets)
+        with self.loss_context():
+            loss: Tensor = self.loss_fn(out, targets)
+            return loss
 
     def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
         index = self._record(BACKWARD)

@@ -18,7 +18,7 @@ A model function that builds on the CPU gets its layers moved to the device.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,13 +56,23 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleDict({str(i): layers[i] for i in sorted(layers)})
         self.recompute = recompute
 
-    def forward(self, x: Tensor) -> Tensor:
-        for layer in self.layers.values():
+    def forward(self, x: Tensor, *, but_last: bool = False) -> Tensor:
+        """The layers in order; ``but_last``: all but the last, whose ``loss`` (see
+        ``fused_loss``) then takes their output."""
+        layers = list(self.layers.values())
+        for layer in layers[:-1] if but_last else layers:
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(layer, x, use_reentrant=False)
             else:
                 x = layer(x)
         return x
+
+    def fused_loss(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+        """The last layer's ``loss(x, targets)``, its forward and the loss in one (the
+        built-in head's never holds whole logits, ``models.loss``), or None."""
+        last = list(self.layers.values())[-1] if len(self.layers) else None
+        loss = getattr(last, "loss", None)
+        return loss if callable(loss) else None
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Whole (TP-gathered) tensors on CPU, keyed by full names.

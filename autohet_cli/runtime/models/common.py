@@ -18,6 +18,10 @@ Vocabulary padding: embedding and head have ``spec.padded_vocab_size`` rows (a
 multiple of 128, see ``ModelSpec``), so any TP degree up to 8 splits them; the
 loss masks the padded logits to -inf, so they take no probability and their head
 rows get no gradient. Data never contain the padded ids.
+
+The head's ``loss`` runs head and cross-entropy in chunks of tokens
+(``loss.head_loss``); ``lm_loss`` on whole logits stays the ``loss_fn`` for
+callers that run the head's forward.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from torch import Tensor, nn
 
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.model_api import ModelParts, ModelRequest, local_block, write_full
+from autohet_cli.runtime.models.loss import head_loss, lm_loss
 
 INIT_STD = 0.02
 
@@ -178,10 +183,16 @@ class Head(nn.Module):
         fold_norm = spec.final_norm and not spec.separate_final_norm
         self.ln_f = make_norm(spec) if fold_norm else nn.Identity()
         self.lm_head = nn.Linear(spec.hidden_size, spec.padded_vocab_size, bias=False)
+        self.vocab_size = spec.vocab_size
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.lm_head(self.ln_f(x))
         return out
+
+    def loss(self, x: Tensor, targets: Tensor) -> Tensor:
+        """``lm_loss(self(x), targets)`` in chunks of tokens, never holding the whole
+        logits (``loss.head_loss``); the runtime calls it on the last stage."""
+        return head_loss(self.ln_f(x), self.lm_head.weight, targets, self.vocab_size, self.lm_head)
 
     def tp_plan(self) -> dict[str, object]:
         from torch.distributed.tensor import Shard
@@ -189,29 +200,6 @@ class Head(nn.Module):
 
         # Logits stay sharded over the vocabulary; the loss runs under loss_parallel().
         return {"lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
-
-
-def lm_loss(logits: Tensor, targets: Tensor, vocab_size: int | None = None) -> Tensor:
-    """Sum over the micro-batch's samples of each sample's mean token cross-entropy.
-
-    Logits of padded vocabulary rows (``vocab_size`` and up) are masked to -inf.
-    """
-    flat = logits.flatten(0, 1).float()
-    if vocab_size is not None and flat.shape[-1] > vocab_size:
-        flat = flat + _padding_mask(flat, vocab_size)
-    return F.cross_entropy(flat, targets.flatten(), reduction="sum") / targets.shape[-1]
-
-
-def _padding_mask(logits: Tensor, vocab_size: int) -> Tensor:
-    """0 for real classes, -inf for padding; a replicated DTensor when logits are sharded."""
-    mask = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
-    mask[vocab_size:] = float("-inf")
-    from torch.distributed.tensor import DTensor, Replicate
-
-    if isinstance(logits, DTensor):
-        # Every TP rank builds the same mask: no communication, sliced to the shard.
-        return DTensor.from_local(mask, logits.device_mesh, [Replicate()], run_check=False)
-    return mask
 
 
 # --------------------------------------------------------------------- init

@@ -1,0 +1,173 @@
+"""The LM head and its cross-entropy in chunks of tokens: never a whole micro-batch's logits.
+
+Why hand-written: a 128k vocabulary makes one micro-batch's fp32 logits the
+largest tensor of the step (LLaMA-3 1.2B at 8 x 2048 tokens: 7.8 GiB, then as
+much again for their gradient, beside the 16-bit logits), which torch's
+``cross_entropy`` needs whole. torch has no fused linear + cross-entropy (Liger
+Kernel's is Triton-only, GPU-only and takes no DTensor), so ``head_loss`` runs
+the head and the loss over chunks of at most ``CHUNK_LOGIT_BYTES`` of fp32
+logits, in one of two ways:
+
+- **Gradients in the forward** (``_FusedHeadLoss``; plain tensors, fp32 or bf16):
+  each chunk's logits give their loss and, while they are at hand, the gradients
+  of the head's input and weight (softmax minus the one-hot target, through the
+  same 16-bit matmuls autograd would run); backward only scales what forward
+  kept: the input's gradient (one hidden state per token) and one fp32 weight
+  gradient. The same three matmuls as unfused, nothing run twice.
+- **Recomputed chunks** (``torch.utils.checkpoint`` per chunk): for a TP head
+  (DTensor logits sharded over the vocabulary, the loss under ``loss_parallel``)
+  and for fp16, whose gradients must be formed after the loss scale multiplies
+  them or they underflow. Costs one more head forward per step.
+
+The value is ``lm_loss``'s: the sum over samples of each sample's mean token
+cross-entropy, padded vocabulary rows excluded, ``IGNORE_INDEX`` targets adding
+nothing. The cost model counts what each way keeps (``models.head_loss_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from autohet_cli.models import IGNORE_INDEX, loss_chunk_tokens
+
+__all__ = ["head_loss", "lm_loss"]
+
+Project = Callable[[Tensor], Tensor]
+
+
+def lm_loss(logits: Tensor, targets: Tensor, vocab_size: int | None = None) -> Tensor:
+    """Sum over the micro-batch's samples of each sample's mean token cross-entropy.
+
+    Logits of padded vocabulary rows (``vocab_size`` and up) are masked to -inf.
+    """
+    return _sum_loss(logits.flatten(0, 1), targets.flatten(), vocab_size) / targets.shape[-1]
+
+
+def head_loss(
+    hidden: Tensor, weight: Tensor, targets: Tensor, vocab_size: int, project: Project
+) -> Tensor:
+    """``lm_loss(project(hidden), targets, vocab_size)`` without whole logits.
+
+    ``hidden`` (batch, seq, h) enters ``project``, the head's bias-free matmul
+    whose weight is ``weight`` (padded vocabulary rows, h); ``targets`` (batch, seq).
+    """
+    from torch.distributed.tensor import DTensor
+
+    seq = targets.shape[-1]
+    flat_h, flat_t = hidden.flatten(0, 1), targets.flatten()
+    rows = weight.to_local().shape[0] if isinstance(weight, DTensor) else weight.shape[0]
+    step = loss_chunk_tokens(flat_t.numel(), rows)
+    if not _fused_ok(flat_h, weight):
+        total: Tensor | None = None
+        for start in range(0, flat_t.numel(), step):
+            h, t = flat_h[start : start + step], flat_t[start : start + step]
+            if torch.is_grad_enabled():
+                part = checkpoint(_chunk_loss, project, h, t, vocab_size, use_reentrant=False)
+            else:
+                part = _chunk_loss(project, h, t, vocab_size)
+            total = part if total is None else total + part
+        assert total is not None
+        return total / seq
+    out: Tensor = _FusedHeadLoss.apply(flat_h, weight, flat_t, vocab_size, step)  # type: ignore[no-untyped-call]
+    return out / seq
+
+
+def _fused_ok(hidden: Tensor, weight: Tensor) -> bool:
+    """Gradients may be formed in the forward: plain tensors, no fp16 (see module doc)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(weight, DTensor) or isinstance(hidden, DTensor):
+        return False
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+        return False
+    return torch.float16 not in (hidden.dtype, weight.dtype)
+
+
+def _chunk_loss(project: Project, h: Tensor, t: Tensor, vocab_size: int) -> Tensor:
+    return _sum_loss(project(h), t, vocab_size)
+
+
+def _sum_loss(flat: Tensor, targets: Tensor, vocab_size: int | None) -> Tensor:
+    flat = flat.float()
+    if vocab_size is not None and flat.shape[-1] > vocab_size:
+        flat = flat + _padding_mask(flat, vocab_size)
+    return F.cross_entropy(flat, targets, reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+def _padding_mask(logits: Tensor, vocab_size: int) -> Tensor:
+    """0 for real classes, -inf for padding; a replicated DTensor when logits are sharded."""
+    mask = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+    mask[vocab_size:] = float("-inf")
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if isinstance(logits, DTensor):
+        # Every TP rank builds the same mask: no communication, sliced to the shard.
+        return DTensor.from_local(mask, logits.device_mesh, [Replicate()], run_check=False)
+    return mask
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    """Summed token cross-entropy of ``hidden @ weight.T``, gradients formed chunk by chunk.
+
+    The matmuls run in autocast's dtype when autocast is on, as the unfused head
+    would (the weight cast once per call rather than through autocast's cache,
+    which holds its copy for the whole step); the loss is taken in fp32 from the
+    16-bit logits, as ``lm_loss`` does; the logits' gradient is rounded to the
+    logits' dtype before the two gradient matmuls, as autograd's cast would. The
+    weight's gradient is summed over chunks in fp32.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, vocab_size: int, step: int
+    ) -> Tensor:
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        device = hidden.device.type
+        dtype = (
+            torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        )
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        with torch.autocast(device, enabled=False):
+            w = weight.to(dtype)
+            for start in range(0, targets.numel(), step):
+                h = hidden[start : start + step].to(dtype)
+                t = targets[start : start + step]
+                logits = h @ w.t()
+                real = logits[:, :vocab_size].float()
+                lse = torch.logsumexp(real, dim=-1)
+                keep = t != IGNORE_INDEX
+                safe = torch.where(keep, t, 0)
+                picked = real.gather(1, safe[:, None]).squeeze(1)
+                total += torch.where(keep, lse - picked, 0.0).sum()
+                if grad_h is None and grad_w is None:
+                    continue
+                # d(summed CE)/d logits = softmax - one_hot; zero on ignored tokens, padding
+                grad = real.sub_(lse[:, None]).exp_()
+                grad[torch.arange(t.numel(), device=t.device), safe] -= 1.0
+                grad *= keep[:, None]
+                g = torch.zeros_like(logits)
+                g[:, :vocab_size] = grad
+                del logits, real, grad
+                if grad_h is not None:
+                    grad_h[start : start + step] = g @ w
+                if grad_w is not None:
+                    grad_w += g.t() @ h
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
+        gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
+        return gh, gw, None, None, None

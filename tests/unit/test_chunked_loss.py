@@ -1,0 +1,141 @@
+"""The head's loss in chunks of tokens: lm_loss's value and gradients, never whole logits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autohet_cli import models
+from autohet_cli.models import IGNORE_INDEX, get_model
+from autohet_cli.runtime.model_api import ModelRequest
+from autohet_cli.runtime.models import build
+from autohet_cli.runtime.models.loss import head_loss, lm_loss
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements any op made while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def _case(
+    vocab: int, rows: int, seed: int = 0
+) -> tuple[torch.nn.Parameter, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.nn.Parameter(torch.randn(rows, 32, generator=g) * 0.2)
+    hidden = torch.randn(3, 20, 32, generator=g).requires_grad_()
+    targets = torch.randint(0, vocab, (3, 20), generator=g)
+    targets[0, :4] = IGNORE_INDEX  # e.g. a document boundary: adds nothing
+    return weight, hidden, targets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_tokens", [7, 60, 1000])
+def test_chunked_loss_equals_lm_loss_value_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, chunk_tokens: int
+) -> None:
+    vocab, rows = 500, 512  # 12 padded rows: no probability, no gradient
+    weight, hidden, targets = _case(vocab, rows)
+    project = lambda h: F.linear(h, weight)  # noqa: E731
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32)
+    with autocast:
+        ref = lm_loss(project(hidden), targets, vocab)
+    ref.backward()
+    ref_h, ref_w = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", chunk_tokens * rows * 4)
+    with autocast:
+        out = head_loss(hidden, weight, targets, vocab, project)
+    (out * 3.0).backward()  # a scale on the loss (1 / global batch, loss scaling) reaches both
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(hidden.grad, 3.0 * ref_h, rtol=tol, atol=tol * ref_h.abs().max())
+    assert torch.allclose(weight.grad, 3.0 * ref_w, rtol=tol, atol=tol * ref_w.abs().max())
+    assert weight.grad[vocab:].abs().max() == 0  # padding rows learn nothing
+    assert weight.grad.dtype == weight.dtype and hidden.grad.dtype == hidden.dtype
+
+
+def test_the_recomputed_way_equals_lm_loss_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TP heads and fp16 recompute each chunk in backward (checkpoint) instead."""
+    from autohet_cli.runtime.models import loss
+
+    monkeypatch.setattr(loss, "_fused_ok", lambda hidden, weight: False)
+    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", 9 * 512 * 4)
+    weight, hidden, targets = _case(500, 512, seed=1)
+    project = lambda h: F.linear(h, weight)  # noqa: E731
+    ref = lm_loss(project(hidden), targets, 500)
+    ref.backward()
+    ref_h, ref_w = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    out = head_loss(hidden, weight, targets, 500, project)
+    out.backward()
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(hidden.grad, ref_h, atol=1e-6)
+    assert torch.allclose(weight.grad, ref_w, atol=1e-6)
+
+
+def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward of the built-in head on a micro-batch whose logits are 16x
+    a chunk: no op makes a tensor as large as the micro-batch's logits."""
+    spec = get_model("llama-tiny")
+    mbs, seq = 4, 64
+    request = ModelRequest(
+        model_name=spec.name,
+        num_layers=spec.num_layers,
+        layer_start=0,
+        layer_end=spec.num_layers,
+        seed=0,
+        seq_len=seq,
+        micro_batch_size=mbs,
+        architecture=spec,
+    )
+    head = build(request).layers[-1]
+    rows = spec.padded_vocab_size
+    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", mbs * seq * rows * 4 // 16)
+    x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
+    targets = torch.randint(0, spec.vocab_size, (mbs, seq))
+    with torch.no_grad():
+        whole = lm_loss(head(x), targets, spec.vocab_size)
+    largest = LargestTensor()
+    for dtype in (torch.bfloat16, torch.float32):
+        with largest, torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss = head.loss(x, targets)
+            loss.backward()
+        assert loss.item() == pytest.approx(whole.item(), rel=2e-2)
+    # a chunk's logits, or the weight's size (its cast, its fp32 gradient): both under
+    # the micro-batch's logits
+    bound = max(mbs * seq * rows // 16, rows * spec.hidden_size)
+    assert bound < mbs * seq * rows
+    assert largest.numel <= bound
+
+
+def test_the_probes_copy_takes_the_runtimes_loss() -> None:
+    """probe.py runs alone on hosts, so it carries a copy of the head's chunked loss:
+    the same value and gradients as the runtime's (mean over tokens there)."""
+    from autohet_cli.profiling import probe
+
+    weight, hidden, targets = _case(512, 512, seed=2)  # no padding, no ignored targets
+    targets[0, :4] = 3
+    flat_h = hidden.detach().flatten(0, 1).requires_grad_()
+    out = probe._ChunkedLoss.apply(flat_h, weight, targets.flatten(), 11)
+    out.backward()
+    probe_h, probe_w = flat_h.grad.clone(), weight.grad.clone()
+    weight.grad = None
+    ref = head_loss(hidden, weight, targets, 512, lambda h: F.linear(h, weight)) * 20
+    ref.backward()
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert torch.allclose(probe_h, hidden.grad.flatten(0, 1), atol=1e-6)
+    assert torch.allclose(probe_w, weight.grad, atol=1e-6)
