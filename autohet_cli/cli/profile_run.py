@@ -201,9 +201,17 @@ def _run_line(r: dict[str, object]) -> str:
     pred, meas = r.get("predicted_step_ms"), r.get("measured_step_ms")
     if not isinstance(pred, int | float) or not isinstance(meas, int | float) or meas <= 0:
         return f"{r.get('shape')}: ran"
+    compiled = r.get("compile_s")
+    how = (
+        f"measured compiled ({compiled:.1f} s of torch.compile in its first step)"
+        if isinstance(compiled, int | float) and compiled > 0
+        else "measured compiled"
+        if compiled is not None
+        else "measured"
+    )
     return (
         f"{r.get('shape')} (micro-batch {r.get('micro_batch_size')}): step predicted by the "
-        f"probe {pred:.1f} ms, measured {meas:.1f} ms (x{pred / meas:.2f}); refitted"
+        f"probe {pred:.1f} ms, {how} {meas:.1f} ms (x{pred / meas:.2f}); refitted"
     )
 
 

@@ -60,6 +60,7 @@ def recover(
         ),
     ] = None,
     no_emergency_save: trainopts.NoEmergencyOpt = False,
+    no_compile: trainopts.NoCompileOpt = False,
     keep_checkpoints: trainopts.KeepOpt = None,
     replicas: trainopts.ReplicasOpt = None,
     replica_budget: trainopts.ReplicaBudgetOpt = None,
@@ -127,7 +128,9 @@ def recover(
         replica_budget=replica_budget,
         data=data,
         data_fn=data_fn,
-        train_arg=[*(train_arg or ()), *(["--no-emergency-save"] if no_emergency_save else [])],
+        train_arg=trainopts.switches(
+            train_arg, no_emergency_save=no_emergency_save, no_compile=no_compile
+        ),
     )
 
     def say(message: str) -> None:

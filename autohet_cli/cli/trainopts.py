@@ -85,6 +85,15 @@ NoEmergencyOpt = Annotated[
         "By default every rank saves the step it is on, even with --checkpoint-every 0.",
     ),
 ]
+NoCompileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-compile",
+        help="Run the model eagerly. By default each transformer block is compiled with "
+        "torch.compile on CUDA GPUs (the first step then takes a minute or so longer; "
+        "the startup line says how long); CPU devices run eagerly either way.",
+    ),
+]
 DataFnOpt = Annotated[
     str | None,
     typer.Option(
@@ -93,6 +102,16 @@ DataFnOpt = Annotated[
         help="Your batches: package.module:function (contract: autohet_cli/runtime/data_api.py).",
     ),
 ]
+
+
+def switches(
+    train_arg: list[str] | None, *, no_emergency_save: bool, no_compile: bool
+) -> list[str]:
+    """The worker flags of the command's on/off options, after ``--train-arg``s."""
+    out = list(train_arg or ())
+    out += ["--no-emergency-save"] if no_emergency_save else []
+    out += ["--no-compile"] if no_compile else []
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

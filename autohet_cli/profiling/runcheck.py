@@ -195,6 +195,9 @@ def check_host(
                     # what the step took beyond its measured stage times: the fixed
                     # per-step cost calibration absorbs (0 where noise hides it)
                     "step_overhead_ms": check.get("step_overhead_ms"),
+                    # torch.compile's seconds in the first step (None: eager); the
+                    # measured step (medians after the first two) is the compiled one
+                    "compile_s": check.get("compile_s"),
                 }
             )
     return done(current)
@@ -273,7 +276,19 @@ def _run(
         raise AutohetError(f"the {plan.name} run {outcome.status}: {outcome.detail or tail}")
     loaded: dict[str, Any] = json.loads(check_file.read_text(encoding="utf-8"))
     _clean(pool, plan, rid)
-    return {**loaded, "run_id": rid}
+    return {**loaded, "run_id": rid, "compile_s": compile_seconds(lines)}
+
+
+_COMPILED = re.compile(r"torch\.compile on(?:: ([\d.]+) s of the first step)?")
+
+
+def compile_seconds(lines: Sequence[str]) -> float | None:
+    """torch.compile's seconds in the run's first step, from rank 0's startup line
+    (``runtime.startup``); 0.0 when compiled but not timed, None when eager."""
+    for line in lines:
+        if "startup:" in line and (found := _COMPILED.search(line)):
+            return float(found.group(1) or 0.0)
+    return None
 
 
 def _clean(pool: HostPool, plan: Plan, rid: str) -> None:

@@ -16,7 +16,8 @@ build           the trainer: model, optimizer, data, sync buckets; the model is 
                 uninitialised when ``--resume`` will load it (``runtime.stage``)
 load            the checkpoint: listing, verification, DCP load (0 with no resume);
                 when ``--resume`` finds none, the initialisation the build skipped
-first_step      the first step, warm-up included
+first_step      the first step, warm-up included; with ``--compile`` the seconds
+                torch.compile spent in it are reported beside it (``compile_s``)
 
 The phases are wall-clock times of this rank; every rank waits for the slowest at
 the process group and at the load, so rank 0's view is the job's.
@@ -76,15 +77,20 @@ class StartupClock(Hook):
         if self.rank != 0:
             return
         phases = self.phases_s()
-        self.emit(
-            STARTUP_PREFIX
-            + json.dumps(
-                {"phases_s": {k: round(v, 3) for k, v in phases.items()}, "step": result.step}
-            )
-        )
+        clock = getattr(trainer, "compile_clock", None)
+        compile_s = clock.total_s() if clock is not None else None
+        record: dict[str, object] = {
+            "phases_s": {k: round(v, 3) for k, v in phases.items()},
+            "step": result.step,
+            "compiled": clock is not None,
+        }
+        if compile_s is not None:
+            record["compile_s"] = round(compile_s, 3)
+        self.emit(STARTUP_PREFIX + json.dumps(record))
         total = sum(phases.values())
-        self.say(
-            f"startup: {total:.1f} s to the first step ("
-            + ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in phases.items())
-            + ")"
-        )
+        parts = [f"{k.replace('_', ' ')} {v:.2f} s" for k, v in phases.items()]
+        if clock is not None:
+            parts.append(
+                "torch.compile on" + (f": {compile_s:.2f} s of the first step" if compile_s else "")
+            )
+        self.say(f"startup: {total:.1f} s to the first step (" + ", ".join(parts) + ")")

@@ -196,6 +196,16 @@ def _parse(
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
+        "--compile",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="torch.compile each transformer block (runtime/compiling.py); auto (default): "
+        "on CUDA only",
+    )
+    p.add_argument(
+        "--no-compile", dest="compile", action="store_const", const="off", help="--compile off"
+    )
+    p.add_argument(
         "--init-from",
         metavar="DIR",
         help="HuggingFace model directory (config.json + model.safetensors or its sharded "
@@ -402,6 +412,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         betas=(args.beta1, args.beta2),
         grad_clip=args.grad_clip,
         device=args.device,
+        compile=args.compile,
         model_fn=args.model_fn,
         init_from=args.init_from,
         data=args.data,

@@ -22,6 +22,7 @@ class TrainConfig:
     momentum: float = 0.9  # SGD
     grad_clip: float = 1.0  # max global gradient norm; 0: off
     device: str = "auto"  # auto | cpu | cuda
+    compile: str = "auto"  # torch.compile per block: auto (on CUDA) | on | off (compiling.py)
     model_fn: str = DEFAULT_MODEL_FN
     init_from: str | None = None  # HF model directory: initial weights (runtime.hf_weights)
     data: str | None = None  # token file or directory (dataset.formats); None: synthetic

@@ -34,6 +34,7 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state, train_state
 from autohet_cli.runtime.batchcheck import NonFiniteGuard, check_token_ids
+from autohet_cli.runtime.compiling import CompileClock, compile_blocks, wants_compile
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -186,6 +187,10 @@ class Trainer:
         """The stage on the device; its weights drawn unless a load will give them."""
         built = build_stage(fn, self.runtime, self.config.seed)
         self.stage, self.parts = built.stage, built.parts
+        self.compile_clock: CompileClock | None = None
+        if wants_compile(self.config.compile, self.runtime.device):
+            self.compile_clock = CompileClock().start()
+            compile_blocks(self.stage.layers, self.plan.num_layers)
         self._uninitialised = built.empty  # parameters allocated, no values yet
         loads = defer_init or bool(self.config.init_from)
         if loads and not built.empty and self.runtime.global_rank == 0:

@@ -229,3 +229,18 @@ def test_a_run_over_its_time_limit_is_stopped(
     slow = RunCheckOptions(run_timeout_s=60)
     with HostPool(CLUSTER, slow.connect) as pool, pytest.raises(AutohetError, match="interrupted"):
         runcheck._run(plan, CLUSTER, pool, tmp_path / "b", slow, lambda _m: None, stop)
+
+
+def test_compile_seconds_come_from_rank_0s_startup_line() -> None:
+    from autohet_cli.profiling.runcheck import compile_seconds
+
+    eager = ["[localhost:0] autohet runtime: startup: 3.1 s to the first step (imports 1.00 s)"]
+    timed = [
+        "step 0 loss 10.1",
+        "[localhost:0] autohet runtime: startup: 40.2 s to the first step (imports 1.00 s, "
+        "first step 38.00 s, torch.compile on: 35.20 s of the first step)",
+    ]
+    untimed = ["autohet runtime: startup: 9.0 s to the first step (torch.compile on)"]
+    assert compile_seconds(eager) is None
+    assert compile_seconds(timed) == 35.2
+    assert compile_seconds(untimed) == 0.0
