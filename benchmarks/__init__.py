@@ -31,6 +31,10 @@
   (also ``AUTOHET_BENCH_SIZES=200m-disk`` of ``recovery_e2e``).
 - ``gpu_predictions``: the same on this machine's CUDA GPUs in bf16 (GPT-1.3B by
   default; skipped without a GPU).
+- ``gpu_throughput``: on this machine's GPU, the runtime (the planner's plan,
+  torch.compile per block, chunked loss) against HF ``LlamaForCausalLM`` eager and
+  compiled on the 1.2B llama: tokens/s, MFU, peak memory, and the plan's analytic
+  memory against the measured peak (skipped without a GPU).
 """
 
 BENCHMARKS = (
@@ -48,4 +52,5 @@ BENCHMARKS = (
     "comm_dtype",
     "predictions",
     "gpu_predictions",
+    "gpu_throughput",
 )
