@@ -17,16 +17,18 @@ from autohet_cli.runtime.models.loss import head_loss, lm_loss
 
 
 class LargestTensor(TorchDispatchMode):
-    """The most elements any op made while active."""
+    """The most elements any op allocated while active (views of its inputs not counted)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.numel = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+        held = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held:
                 self.numel = max(self.numel, t.numel())
         return out
 
@@ -139,3 +141,16 @@ def test_the_probes_copy_takes_the_runtimes_loss() -> None:
     assert out.item() == pytest.approx(ref.item(), rel=1e-6)
     assert torch.allclose(probe_h, hidden.grad.flatten(0, 1), atol=1e-6)
     assert torch.allclose(probe_w, weight.grad, atol=1e-6)
+
+
+def test_evaluation_forms_no_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under no_grad (validation) the loss alone: no fp32 weight gradient is made."""
+    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", 7 * 512 * 4)
+    weight, hidden, targets = _case(500, 512, seed=3)
+    largest = LargestTensor()
+    with torch.no_grad():
+        ref = lm_loss(F.linear(hidden, weight), targets, 500)
+        with largest:
+            out = head_loss(hidden, weight, targets, 500, lambda h: F.linear(h, weight))
+    assert out.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert largest.numel <= 7 * 512 < weight.numel()

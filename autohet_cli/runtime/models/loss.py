@@ -74,7 +74,9 @@ def head_loss(
             total = part if total is None else total + part
         assert total is not None
         return total / seq
-    out: Tensor = _FusedHeadLoss.apply(flat_h, weight, flat_t, vocab_size, step)  # type: ignore[no-untyped-call]
+    # Under no_grad (evaluation) the Function still sees needs_input_grad: say it.
+    grads = torch.is_grad_enabled()
+    out: Tensor = _FusedHeadLoss.apply(flat_h, weight, flat_t, vocab_size, step, grads)  # type: ignore[no-untyped-call]
     return out / seq
 
 
@@ -126,9 +128,15 @@ class _FusedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, vocab_size: int, step: int
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        vocab_size: int,
+        step: int,
+        grads: bool,
     ) -> Tensor:
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        want_h, want_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
         device = hidden.device.type
         dtype = (
             torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
@@ -170,4 +178,4 @@ class _FusedHeadLoss(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
         gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
