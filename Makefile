@@ -49,10 +49,12 @@ TORCH ?=
 # More pins for that venv, e.g. 'transformers<5' (5.x needs torch 2.6).
 TORCH_CONSTRAINTS ?=
 TORCH_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py \
+  tests/unit/test_chunked_loss.py tests/unit/test_memory_model.py tests/unit/test_compiling.py \
   tests/unit/test_recovery_*.py tests/dist tests/e2e/test_launch.py tests/e2e/test_recover.py \
   tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
 
 TORCH_FLOOR_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py tests/dist \
+  tests/unit/test_chunked_loss.py tests/unit/test_memory_model.py tests/unit/test_compiling.py \
   tests/e2e/test_recover.py::test_kill_a_host_then_recover_resumes_on_the_survivors \
   tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
 

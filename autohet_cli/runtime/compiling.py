@@ -58,12 +58,13 @@ class CompileClock:
         self.available = False
 
     def start(self) -> CompileClock:
-        try:
+        try:  # a private module: a torch without it (or other names) is timed as None
             from torch._dynamo.callback import callback_handler
-        except ImportError:
+
+            callback_handler.register_start_callback(self._begin)
+            callback_handler.register_end_callback(self._end)
+        except (ImportError, AttributeError):
             return self
-        callback_handler.register_start_callback(self._begin)
-        callback_handler.register_end_callback(self._end)
         self.available = True
         return self
 

@@ -158,12 +158,15 @@ class _FusedHeadLoss(torch.autograd.Function):
                 total += torch.where(keep, lse - picked, 0.0).sum()
                 if grad_h is None and grad_w is None:
                     continue
-                # d(summed CE)/d logits = softmax - one_hot; zero on ignored tokens, padding
-                grad = real.sub_(lse[:, None]).exp_()
-                grad[torch.arange(t.numel(), device=t.device), safe] -= 1.0
-                grad *= keep[:, None]
-                g = torch.zeros_like(logits)
-                g[:, :vocab_size] = grad
+                # d(summed CE)/d logits = softmax - one_hot, in place over the fp32 copy;
+                # an ignored token's row is exp(-inf) = 0 (no extra pass over the chunk)
+                grad = real.sub_(torch.where(keep, lse, torch.inf)[:, None]).exp_()
+                grad[torch.arange(t.numel(), device=t.device), safe] -= keep.to(grad.dtype)
+                if vocab_size == logits.shape[1]:  # no padding rows
+                    g = grad.to(logits.dtype)
+                else:  # padding rows: zero gradient
+                    g = torch.zeros_like(logits)
+                    g[:, :vocab_size] = grad
                 del logits, real, grad
                 if grad_h is not None:
                     grad_h[start : start + step] = g @ w
