@@ -142,7 +142,7 @@ class _FusedHeadLoss(torch.autograd.Function):
             torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         )
         grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
+        grad_w: Tensor | None = None  # fp32, summed over chunks (made by the first)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
@@ -156,29 +156,41 @@ class _FusedHeadLoss(torch.autograd.Function):
                 safe = torch.where(keep, t, 0)
                 picked = real.gather(1, safe[:, None]).squeeze(1)
                 total += torch.where(keep, lse - picked, 0.0).sum()
-                if grad_h is None and grad_w is None:
+                if not (want_h or want_w):
                     continue
                 # d(summed CE)/d logits = softmax - one_hot, in place over the fp32 copy;
                 # an ignored token's row is exp(-inf) = 0 (no extra pass over the chunk)
                 grad = real.sub_(torch.where(keep, lse, torch.inf)[:, None]).exp_()
                 grad[torch.arange(t.numel(), device=t.device), safe] -= keep.to(grad.dtype)
-                if vocab_size == logits.shape[1]:  # no padding rows
+                if vocab_size == logits.shape[1]:  # no padding rows (fp32: no copy at all)
                     g = grad.to(logits.dtype)
                 else:  # padding rows: zero gradient
-                    g = torch.zeros_like(logits)
+                    g = torch.empty_like(logits)
                     g[:, :vocab_size] = grad
+                    g[:, vocab_size:] = 0
                 del logits, real, grad
-                if grad_h is not None:
-                    grad_h[start : start + step] = g @ w
-                if grad_w is not None:
-                    grad_w += g.t() @ h
+                if grad_h is not None:  # straight into its rows where the dtypes allow
+                    rows = grad_h[start : start + step]
+                    if rows.dtype == g.dtype:
+                        torch.mm(g, w, out=rows)
+                    else:
+                        rows.copy_(g @ w)
+                if want_w:
+                    if grad_w is None:
+                        grad_w = (g.t() @ h).float()
+                    elif g.dtype == torch.float32:
+                        grad_w.addmm_(g.t(), h)
+                    else:
+                        grad_w += g.t() @ h
         ctx.save_for_backward(grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return total
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        # Scaled in place: the buffers are this Function's own, and the runtime runs
+        # each micro-batch's backward once (no retain_graph), so no copy is needed.
         grad_h, grad_w = ctx.saved_tensors
-        gh = None if grad_h is None else grad_h * grad_out.to(grad_h.dtype)
-        gw = None if grad_w is None else (grad_w * grad_out).to(ctx.weight_dtype)
+        gh = None if grad_h is None else grad_h.mul_(grad_out.to(grad_h.dtype))
+        gw = None if grad_w is None else grad_w.mul_(grad_out).to(ctx.weight_dtype)
         return gh, gw, None, None, None, None
