@@ -17,6 +17,7 @@ The seconds spent compiling are summed from dynamo's own start/end callbacks
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any
@@ -40,7 +41,7 @@ def compile_blocks(layers: nn.ModuleDict, num_layers: int) -> list[int]:
     done = []
     for key, layer in layers.items():
         index = int(key)
-        if index in (0, num_layers - 1) or callable(getattr(layer, "loss", None)):
+        if index in (0, num_layers - 1) or inspect.ismethod(getattr(layer, "loss", None)):
             continue
         layer.compile()
         done.append(index)

@@ -72,7 +72,9 @@ class StageModule(nn.Module):
         built-in head's never holds whole logits, ``models.loss``), or None."""
         last = list(self.layers.values())[-1] if len(self.layers) else None
         loss = getattr(last, "loss", None)
-        return loss if callable(loss) else None
+        # a method, not any callable: a layer holding ``self.loss = nn.CrossEntropyLoss()``
+        # has a loss module, not the contract's loss(x, targets)
+        return loss if inspect.ismethod(loss) else None
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Whole (TP-gathered) tensors on CPU, keyed by full names.

@@ -73,3 +73,18 @@ def test_the_compile_clock_times_a_real_compilation() -> None:
     fn = torch.compile(lambda x: torch.sin(x) * 2, backend="eager")
     fn(torch.randn(4))
     assert clock.total_s() is not None and clock.total_s() > 0
+
+
+def test_only_a_loss_method_is_the_fused_loss() -> None:
+    """A layer holding a loss *module* (``self.loss = nn.CrossEntropyLoss()``) keeps
+    the runtime's ``loss_fn`` path; the built-in head's ``loss`` method is used."""
+    from autohet_cli.runtime.stage import StageModule
+
+    class WithModule(nn.Linear):
+        def __init__(self) -> None:
+            super().__init__(4, 4)
+            self.loss = nn.CrossEntropyLoss()
+
+    assert StageModule({0: nn.Linear(4, 4), 1: WithModule()}).fused_loss() is None
+    stage = StageModule({0: nn.Linear(4, 4), 1: Head(4, 4)})
+    assert stage.fused_loss() is not None
