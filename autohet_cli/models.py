@@ -21,21 +21,16 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from functools import lru_cache
 
 from autohet_cli.errors import ConfigError, UnknownNameError
+from autohet_cli.layerspec import CHUNK_LOGIT_BYTES as CHUNK_LOGIT_BYTES
+from autohet_cli.layerspec import IGNORE_INDEX as IGNORE_INDEX
+from autohet_cli.layerspec import LayerSpec as LayerSpec
+from autohet_cli.layerspec import loss_chunk_tokens as loss_chunk_tokens
+from autohet_cli.layerspec import model_layers
 from autohet_cli.limits import MODEL_BOUNDS, at_most, within
 
 VOCAB_MULTIPLE = 128
-IGNORE_INDEX = -100  # torch's cross_entropy default: a target that adds no loss
-# The runtime's head takes its loss in chunks of tokens whose fp32 logits hold at most
-# this much (runtime.models.loss), so no micro-batch's whole logits are ever held.
-CHUNK_LOGIT_BYTES = 256 * 2**20
-
-
-def loss_chunk_tokens(tokens: int, vocab_rows: int) -> int:
-    """Tokens per chunk of the head's loss: fp32 logits within ``CHUNK_LOGIT_BYTES``."""
-    return max(1, min(tokens, CHUNK_LOGIT_BYTES // (4 * max(1, vocab_rows))))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +133,7 @@ class ModelSpec:
         return len(self.layers())
 
     def layers(self) -> tuple[LayerSpec, ...]:
-        return _layers(self)
+        return model_layers(self)
 
     @property
     def num_params(self) -> int:
@@ -148,168 +143,6 @@ class ModelSpec:
         """
         layers = self.layers()
         return sum(x.num_params - x.shared_params for x in layers) - self.num_padding_params
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerSpec:
-    """One partitionable layer. Per-token quantities; element counts, not bytes.
-
-    What a layer keeps for backward is counted as our runtime keeps it (measured
-    with ``saved_tensors_hooks``, tests/unit/test_memory_model.py): the residual
-    stream and the norms' saved tensors in fp32 whatever the precision; under
-    16-bit autocast a 16-bit copy of a norm's output for *each* projection that
-    reads it (autocast casts per op: q, k and v each keep their own), under fp32
-    the norm's output once; the rest in the compute dtype, split by TP.
-    """
-
-    index: int
-    name: str
-    kind: str  # embedding | block | norm | head
-    num_params: int
-    shared_params: int = 0  # a tied copy of the embedding: costs memory, counted once in totals
-    matmul_flops_per_token: float = 0.0  # forward, 2 * GEMM parameters
-    attn_flops_per_token_per_pos: float = 0.0  # forward, times sequence length
-    act_fp32_elems_per_token_whole: float = 0.0  # kept in fp32 on every TP rank
-    act_cast_elems_per_token_whole: float = 0.0  # 16-bit input copies (autocast), every rank
-    act_norm_out_elems_per_token_whole: float = 0.0  # what those copies are under fp32
-    act_elems_per_token_split: float = 0.0  # kept in the compute dtype, divided by TP
-    act_fp32_elems_per_token_split: float = 0.0  # kept in fp32, divided by TP
-    loss_vocab_rows: int = 0  # head: logits' rows (padded vocabulary); 0 for other layers
-    loss_width: int = 0  # head: the width entering the head's matmul
-    output_elems_per_token: float = 0.0  # sent to the next stage
-
-    def fwd_flops(self, seq_len: int, micro_batch_size: int) -> float:
-        per_token = self.matmul_flops_per_token + self.attn_flops_per_token_per_pos * seq_len
-        return per_token * seq_len * micro_batch_size
-
-    def act_bytes(self, seq_len: int, micro_batch_size: int, tp: int, dtype_bytes: int) -> float:
-        """Bytes kept for backward per micro-batch, and for the head its loss's own
-        (``loss_bytes``: the head sits on the last stage, one micro-batch in flight)."""
-        tokens = seq_len * micro_batch_size
-        mixed = dtype_bytes < 4
-        whole = self.act_fp32_elems_per_token_whole * 4 + (
-            self.act_cast_elems_per_token_whole * dtype_bytes
-            if mixed
-            else self.act_norm_out_elems_per_token_whole * 4
-        )
-        split = (
-            self.act_elems_per_token_split * dtype_bytes + self.act_fp32_elems_per_token_split * 4
-        ) / tp
-        return tokens * (whole + split) + self.loss_bytes(tokens, tp, dtype_bytes)
-
-    def loss_bytes(self, tokens: int, tp: int, dtype_bytes: int) -> float:
-        """The head's chunked loss (``runtime.models.loss``), the larger of its two ways.
-
-        Gradients formed in the forward (TP 1, no fp16): one fp32 weight gradient
-        kept to backward, the weight cast once for the call, and per chunk the
-        16-bit logits, their fp32 copy and the 16-bit gradient. Recomputed chunks
-        (TP, fp16): in backward one chunk's logits again in 16 and 32 bits, the
-        log-softmax output and the gradient in both.
-        """
-        if not self.loss_vocab_rows:
-            return 0.0
-        rows = self.loss_vocab_rows / tp
-        chunk = loss_chunk_tokens(tokens, int(rows)) * rows
-        recomputed = chunk * (2 * dtype_bytes + 3 * 4)
-        if tp > 1:
-            return recomputed
-        weight = self.loss_vocab_rows * self.loss_width
-        cast = weight * dtype_bytes if dtype_bytes < 4 else 0
-        in_forward = weight * 4 + cast + chunk * (2 * dtype_bytes + 4)
-        return max(in_forward, recomputed)
-
-    def output_bytes(self, seq_len: int, micro_batch_size: int, dtype_bytes: int) -> float:
-        return seq_len * micro_batch_size * self.output_elems_per_token * dtype_bytes
-
-
-def _norm_saved(m: ModelSpec) -> float:
-    """fp32 elements per token one norm keeps: RMSNorm (written out by torch) its
-    input, input * rstd and rstd; LayerNorm its input, mean and rstd."""
-    h = m.hidden_size
-    return 2.0 * h + 1 if m.norm == "rmsnorm" else h + 2.0
-
-
-def _norm_params(m: ModelSpec) -> int:
-    return m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
-
-
-def _block(m: ModelSpec, index: int) -> LayerSpec:
-    h, f = m.hidden_size, m.ffn_hidden_size
-    kv = m.num_kv_heads * m.head_dim
-    qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
-    attn = h * h + 2 * h * kv + h * h
-    attn_bias = (h + 2 * kv if qkv_bias else 0) + (h if m.bias else 0)
-    mlp = (3 if m.gated_mlp else 2) * h * f
-    mlp_bias = (f + h) if m.bias else 0
-    params = attn + attn_bias + mlp + mlp_bias + 2 * _norm_params(m)
-    return LayerSpec(
-        index=index,
-        name=f"block.{index - 1}",
-        kind="block",
-        num_params=params,
-        matmul_flops_per_token=2.0 * (attn + mlp),
-        attn_flops_per_token_per_pos=4.0 * h,
-        # Two norms; their outputs go to q, k, v and to gate and up (or fc).
-        act_fp32_elems_per_token_whole=2 * _norm_saved(m),
-        # (+ rotary tables cast per forward: cos and sin, counted as if per token)
-        act_cast_elems_per_token_whole=(3.0 + (2 if m.gated_mlp else 1)) * h
-        + (0 if m.num_positions else 2.0 * m.head_dim),
-        act_norm_out_elems_per_token_whole=2.0 * h,
-        # q and k (rotated), v, the attention output; MLP: gate, up, act(gate) and
-        # their product, or fc's output and its activation.
-        act_elems_per_token_split=2.0 * h + 2 * kv + (4 if m.gated_mlp else 2) * f,
-        act_fp32_elems_per_token_split=float(m.num_heads),  # attention's logsumexp
-        output_elems_per_token=float(h),
-    )
-
-
-@lru_cache(maxsize=256)
-def _layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
-    h, vocab = m.hidden_size, m.padded_vocab_size
-    e = m.embed_proj_dim or h
-    proj = e * h if m.embed_proj_dim else 0
-    layers = [
-        LayerSpec(
-            index=0,
-            name="embedding",
-            kind="embedding",
-            num_params=vocab * e + m.num_positions * h + proj,
-            matmul_flops_per_token=2.0 * proj,
-            output_elems_per_token=float(h),
-        )
-    ]
-    layers += [_block(m, i) for i in range(1, m.num_blocks + 1)]
-    norm = _norm_params(m) if m.final_norm else 0
-    if m.separate_final_norm:
-        layers.append(
-            LayerSpec(
-                index=len(layers),
-                name="final_norm",
-                kind="norm",
-                num_params=norm,
-                act_fp32_elems_per_token_whole=_norm_saved(m),
-                output_elems_per_token=float(h),
-            )
-        )
-        norm = 0
-    layers.append(
-        LayerSpec(
-            index=len(layers),
-            name="head",
-            kind="head",
-            num_params=norm + proj + vocab * e,
-            shared_params=vocab * e if m.tied_embeddings else 0,
-            matmul_flops_per_token=2.0 * (proj + vocab * e),
-            # A folded final norm's, then the gradient of the head's input (or, with
-            # the loss recomputed per chunk, that input itself).
-            act_fp32_elems_per_token_whole=(_norm_saved(m) if norm else 0.0) + e,
-            act_cast_elems_per_token_whole=float(h if proj else 0),
-            act_norm_out_elems_per_token_whole=float(h if proj else 0),
-            loss_vocab_rows=vocab,
-            loss_width=e,
-        )
-    )
-    return tuple(layers)
 
 
 def _gpt(name: str, blocks: int, hidden: int, heads: int, vocab: int = 50257) -> ModelSpec:

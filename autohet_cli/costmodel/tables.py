@@ -277,7 +277,7 @@ class CostTables:
         # A measurement at another precision (fp32 on a CPU, say) does not time
         # a bf16 run; it can still anchor a calibrated estimate below.
         if found is not None and found.dtype == self.training.precision:
-            return found
+            return self._keeps_at_least_the_runtime(found, gpu_type, tp, mbs)
         estimate = self._analytic(gpu_type, tp, mbs)
         anchor = self._nearest_measured(key)
         if anchor is None:
@@ -287,11 +287,36 @@ class CostTables:
         # estimate with its all-reduces, and the result is marked "calibrated"
         # so that table() does not add the all-reduces a second time.
         base = self._analytic(gpu_type, anchor.key.tensor_parallel, anchor.key.micro_batch_size)
-        return _calibrated(
+        calibrated = _calibrated(
             self._with_tp_comm(estimate, tp, mbs),
             anchor,
             self._with_tp_comm(base, anchor.key.tensor_parallel, anchor.key.micro_batch_size),
         )
+        if anchor.source == "sailor":
+            return calibrated
+        return self._keeps_at_least_the_runtime(calibrated, gpu_type, tp, mbs, estimate)
+
+    def _keeps_at_least_the_runtime(
+        self,
+        entry: ProfileEntry,
+        gpu_type: str,
+        tp: int,
+        mbs: int,
+        analytic: ProfileEntry | None = None,
+    ) -> ProfileEntry:
+        """Our probe's measurements with each layer's kept bytes at least what the
+        runtime keeps (``models.LayerSpec``): the probe times 16-bit modules alone, so it
+        sees neither the fp32 residual and norms nor autocast's per-projection copies,
+        and a plan on its bytes alone under-predicts (the H100 run of issue 33). Imported
+        profiles (Sailor's) describe their own framework's runs and stay as they are."""
+        if entry.source not in ("measured", "calibrated"):
+            return entry
+        analytic = analytic or self._analytic(gpu_type, tp, mbs)
+        layers = tuple(
+            lt if lt.act_bytes >= a.act_bytes else replace(lt, act_bytes=a.act_bytes)
+            for lt, a in zip(entry.layers, analytic.layers, strict=True)
+        )
+        return replace(entry, layers=layers)
 
     def with_tp_comm(self, entry: ProfileEntry, tp: int, mbs: int) -> ProfileEntry:
         """``entry`` as a measurement would be: TP all-reduces folded in when analytic."""

@@ -17,7 +17,10 @@ The seconds spent compiling are summed from dynamo's own start/end callbacks
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import shutil
 import threading
 import time
 from typing import Any
@@ -33,6 +36,41 @@ def wants_compile(mode: str, device: torch.device) -> bool:
     if mode not in MODES:
         raise ValueError(f"--compile {mode!r}: expected one of {', '.join(MODES)}")
     return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def compile_problem(device: torch.device) -> str | None:
+    """Why inductor cannot compile for ``device`` here (None: it can): Triton for CUDA
+    kernels, a C++ compiler for the CPU's and for Triton's launchers."""
+    if device.type == "cuda":
+        try:
+            from torch.utils._triton import has_triton
+        except ImportError:  # a private module; without it, let inductor try
+            return None
+        if not has_triton():
+            return "Triton is not installed (pip install triton, or pass --no-compile)"
+        return None
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")):
+        return "no C++ compiler on this host (install g++, or pass --no-compile)"
+    return None
+
+
+def setup(mode: str, device: torch.device) -> tuple[bool, str | None]:
+    """(compile?, a note for the log). ``on`` insists (a missing toolchain is an
+    error); ``auto`` compiles where it can and, where inductor fails on a block
+    anyway, runs that block eagerly (dynamo's ``suppress_errors``) rather than
+    stopping the run."""
+    if not wants_compile(mode, device):
+        return False, None
+    problem = compile_problem(device)
+    if problem is not None:
+        if mode == "on":
+            raise ValueError(f"--compile on: {problem}")
+        return False, f"torch.compile off: {problem}"
+    if mode == "auto":
+        import torch._dynamo
+
+        torch._dynamo.config.suppress_errors = True
+    return True, None
 
 
 def compile_blocks(layers: nn.ModuleDict, num_layers: int) -> list[int]:
@@ -68,6 +106,20 @@ class CompileClock:
             return self
         self.available = True
         return self
+
+    def stop(self) -> None:
+        """Unregister the callbacks (a later trainer in this process starts its own)."""
+        if not self.available:
+            return
+        from torch._dynamo.callback import callback_handler
+
+        for remove, fn in (
+            (callback_handler.remove_start_callback, self._begin),
+            (callback_handler.remove_end_callback, self._end),
+        ):
+            with contextlib.suppress(ValueError, AttributeError):
+                remove(fn)
+        self.available = False
 
     def _begin(self, *_: Any) -> None:
         with self._lock:

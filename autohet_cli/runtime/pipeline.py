@@ -303,7 +303,7 @@ class PipelineSchedule:
         targets = targets.to(self.device)
         fused: Callable[[Tensor, Tensor], Tensor] | None = None
         if isinstance(self.stage, StageModule):
-            fused = self.stage.fused_loss()
+            fused = self.stage.fused_loss(self.loss_fn)
         with self.autocast():
             out = self.stage(stage_input, but_last=True) if fused else self.stage(stage_input)
         if fused is not None:

@@ -67,14 +67,19 @@ class StageModule(nn.Module):
                 x = layer(x)
         return x
 
-    def fused_loss(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+    def fused_loss(self, loss_fn: object = None) -> Callable[[Tensor, Tensor], Tensor] | None:
         """The last layer's ``loss(x, targets)``, its forward and the loss in one (the
-        built-in head's never holds whole logits, ``models.loss``), or None."""
+        built-in head's never holds whole logits, ``models.loss``), or None: also when
+        the layer says which ``loss_fn`` it equals (``loss_equals``) and the model's is
+        another (a model function pairing the built-in head with its own loss)."""
         last = list(self.layers.values())[-1] if len(self.layers) else None
         loss = getattr(last, "loss", None)
         # a method, not any callable: a layer holding ``self.loss = nn.CrossEntropyLoss()``
         # has a loss module, not the contract's loss(x, targets)
-        return loss if inspect.ismethod(loss) else None
+        if not inspect.ismethod(loss):
+            return None
+        equals = getattr(last, "loss_equals", None)
+        return loss if equals is None or loss_fn is None or equals == loss_fn else None
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """Whole (TP-gathered) tensors on CPU, keyed by full names.

@@ -34,7 +34,8 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state, train_state
 from autohet_cli.runtime.batchcheck import NonFiniteGuard, check_token_ids
-from autohet_cli.runtime.compiling import CompileClock, compile_blocks, wants_compile
+from autohet_cli.runtime.compiling import CompileClock, compile_blocks
+from autohet_cli.runtime.compiling import setup as compile_setup
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -188,7 +189,13 @@ class Trainer:
         built = build_stage(fn, self.runtime, self.config.seed)
         self.stage, self.parts = built.stage, built.parts
         self.compile_clock: CompileClock | None = None
-        if wants_compile(self.config.compile, self.runtime.device):
+        try:
+            compiling, note = compile_setup(self.config.compile, self.runtime.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if note and self.runtime.global_rank == 0:
+            say(note)
+        if compiling:
             self.compile_clock = CompileClock().start()
             compile_blocks(self.stage.layers, self.plan.num_layers)
         self._uninitialised = built.empty  # parameters allocated, no values yet
@@ -440,5 +447,8 @@ class Trainer:
         self._uninitialised = False
 
     def close(self) -> None:
+        clock = getattr(self, "compile_clock", None)  # None: built without, or not built
+        if clock is not None:
+            clock.stop()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autohet_cli import models
+from autohet_cli import layerspec
 from autohet_cli.models import IGNORE_INDEX, get_model
 from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import build
@@ -59,7 +59,7 @@ def test_chunked_loss_equals_lm_loss_value_and_gradients(
     ref.backward()
     ref_h, ref_w = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
-    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", chunk_tokens * rows * 4)
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", chunk_tokens * rows * 4)
     with autocast:
         out = head_loss(hidden, weight, targets, vocab, project)
     (out * 3.0).backward()  # a scale on the loss (1 / global batch, loss scaling) reaches both
@@ -76,7 +76,7 @@ def test_the_recomputed_way_equals_lm_loss_too(monkeypatch: pytest.MonkeyPatch) 
     from autohet_cli.runtime.models import loss
 
     monkeypatch.setattr(loss, "_fused_ok", lambda hidden, weight: False)
-    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", 9 * 512 * 4)
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", 9 * 512 * 4)
     weight, hidden, targets = _case(500, 512, seed=1)
     project = lambda h: F.linear(h, weight)  # noqa: E731
     ref = lm_loss(project(hidden), targets, 500)
@@ -107,7 +107,7 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     head = build(request).layers[-1]
     rows = spec.padded_vocab_size
-    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", mbs * seq * rows * 4 // 16)
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", mbs * seq * rows * 4 // 16)
     x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
     targets = torch.randint(0, spec.vocab_size, (mbs, seq))
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_the_probes_copy_takes_the_runtimes_loss() -> None:
 
 def test_evaluation_forms_no_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under no_grad (validation) the loss alone: no fp32 weight gradient is made."""
-    monkeypatch.setattr(models, "CHUNK_LOGIT_BYTES", 7 * 512 * 4)
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", 7 * 512 * 4)
     weight, hidden, targets = _case(500, 512, seed=3)
     largest = LargestTensor()
     with torch.no_grad():
@@ -155,3 +155,39 @@ def test_evaluation_forms_no_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
             out = head_loss(hidden, weight, targets, 500, lambda h: F.linear(h, weight))
     assert out.item() == pytest.approx(ref.item(), rel=1e-6)
     assert largest.numel <= 7 * 512 < weight.numel()
+
+
+class CountSized(TorchDispatchMode):
+    """How many new tensors of ``numel`` elements ops made while active."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.target, self.count = numel, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        inputs = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+        held = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.numel() == self.target
+                and t.untyped_storage().data_ptr() not in held
+            ):
+                self.count += 1
+        return out
+
+
+def test_recomputed_chunks_join_their_input_gradients_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sliced chunks would each give a whole zero-padded input gradient, summed chunk
+    by chunk (3 hidden-sized tensors alive, a pass per chunk); split ones join once."""
+    from autohet_cli.runtime.models import loss
+
+    monkeypatch.setattr(loss, "_fused_ok", lambda hidden, weight: False)
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", 6 * 512 * 4)  # 10 chunks of 6
+    weight, hidden, targets = _case(500, 512, seed=4)
+    out = head_loss(hidden, weight, targets, 500, lambda h: F.linear(h, weight))
+    counter = CountSized(hidden.numel())
+    with counter:
+        out.backward()
+    assert counter.count <= 2, counter.count

@@ -88,3 +88,54 @@ def test_only_a_loss_method_is_the_fused_loss() -> None:
     assert StageModule({0: nn.Linear(4, 4), 1: WithModule()}).fused_loss() is None
     stage = StageModule({0: nn.Linear(4, 4), 1: Head(4, 4)})
     assert stage.fused_loss() is not None
+
+
+def test_a_model_functions_own_loss_keeps_the_built_in_head_unfused() -> None:
+    """The built-in head's chunked loss equals the built-in loss_fn only: a model
+    function pairing that head with its own loss (label smoothing, z-loss) keeps it."""
+    from autohet_cli.models import get_model
+    from autohet_cli.runtime.model_api import ModelRequest
+    from autohet_cli.runtime.models import build
+    from autohet_cli.runtime.stage import StageModule
+
+    spec = get_model("gpt-tiny")
+    parts = build(
+        ModelRequest(
+            model_name=spec.name,
+            num_layers=spec.num_layers,
+            layer_start=0,
+            layer_end=spec.num_layers,
+            seed=0,
+            seq_len=8,
+            micro_batch_size=1,
+            architecture=spec,
+        )
+    )
+    stage = StageModule(dict(enumerate(parts.layers)))
+    assert stage.fused_loss(parts.loss_fn) is not None
+
+    def smoothed(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return parts.loss_fn(logits, targets) * 0.9
+
+    assert stage.fused_loss(smoothed) is None
+
+
+def test_a_missing_toolchain_is_an_error_with_on_and_eager_with_auto(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autohet_cli.runtime import compiling
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    assert "no C++ compiler" in (compiling.compile_problem(cpu) or "")
+    with pytest.raises(ValueError, match=r"--compile on: no C\+\+ compiler"):
+        compiling.setup("on", cpu)
+    assert compiling.setup("off", cpu) == (False, None)
+    assert compiling.setup("auto", cpu) == (False, None)  # auto: CPU runs eagerly anyway
+
+
+def test_the_clock_stops_counting_once_stopped() -> None:
+    clock = CompileClock().start()
+    clock.stop()
+    torch.compile(lambda x: torch.cos(x) + 1, backend="eager")(torch.randn(3))
+    assert clock.seconds == 0.0

@@ -52,4 +52,4 @@ def test_the_harness_runs_all_three_trainers_in_smoke_mode() -> None:
         row = next((line for line in lines if re.match(rf"{trainer}\s+\d+ x \d+ ", line)), "")
         assert re.search(r"[\d,]+\s+[\d.]+%\s+[\d.]+ GiB$", row), proc.stdout
     assert "autohet / HF+compile tokens/s:" in proc.stdout
-    assert "analytic memory" in proc.stdout
+    assert "analytic memory, tensors" in proc.stdout and "vs reserved" in proc.stdout

@@ -119,3 +119,35 @@ def test_the_issue_33_h100_run_is_not_under_predicted() -> None:
     casts = (params - spec.padded_vocab_size * 2048) * 2
     old_logits = tokens * spec.padded_vocab_size * 10
     assert (act + state + casts) / gib >= 72.0 - old_logits / gib
+
+
+@pytest.mark.parametrize("source", ["measured", "sailor"])
+def test_our_probes_bytes_are_raised_to_what_the_runtime_keeps(source: str) -> None:
+    """The probe times 16-bit layers alone and misses the fp32 residual, the norms and
+    autocast's copies: its kept bytes are raised to the runtime's count, here and in
+    estimates anchored on it. Sailor's imported bytes describe Sailor's runs: kept."""
+    from dataclasses import replace
+
+    from autohet_cli.costmodel.tables import CostTables
+    from autohet_cli.profiling.schema import EntryKey, Profile, ProfileEntry
+    from autohet_cli.settings import TrainingSettings
+
+    spec = get_model("llama-tiny")
+    training = TrainingSettings(global_batch_size=8, micro_batch_size=2, seq_len=64)
+    analytic = CostTables(spec, None, training).entry("A100-80", 1, 2)
+    key = EntryKey(
+        model=spec.name, gpu_type="A100-80", tensor_parallel=1, micro_batch_size=2, seq_len=64
+    )
+    low = tuple(replace(lt, act_bytes=lt.act_bytes / 3) for lt in analytic.layers)
+    measured = ProfileEntry(key=key, source=source, dtype="bf16", layers=low)
+    tables = CostTables(spec, Profile(entries={key: measured}), training)
+    for mbs in (2, 4):  # the measured entry itself, and an estimate anchored on it
+        got = tables.entry("A100-80", 1, mbs)
+        want = CostTables(spec, None, replace(training, micro_batch_size=mbs))
+        floor = want.entry("A100-80", 1, mbs)
+        kept = [lt.act_bytes for lt in got.layers]
+        runtime = [lt.act_bytes for lt in floor.layers]
+        if source == "measured":
+            assert all(k >= r for k, r in zip(kept, runtime, strict=True)), mbs
+        else:
+            assert any(k < r for k, r in zip(kept, runtime, strict=True)), mbs

@@ -29,6 +29,7 @@ PURE_MODULES = (
     "autohet_cli.gputypes",
     "autohet_cli.cluster",
     "autohet_cli.models",
+    "autohet_cli.layerspec",
     "autohet_cli.architecture",
     "autohet_cli.hfconfig",
     "autohet_cli.plan",

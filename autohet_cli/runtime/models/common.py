@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.model_api import ModelParts, ModelRequest, local_block, write_full
-from autohet_cli.runtime.models.loss import head_loss, lm_loss
+from autohet_cli.runtime.models.loss import LmLoss, head_loss
 
 INIT_STD = 0.02
 
@@ -87,7 +87,7 @@ def assemble(spec: ModelSpec, request: ModelRequest, family: ModuleType) -> Mode
     hidden = spec.hidden_size
     return ModelParts(
         layers=layers,
-        loss_fn=functools.partial(lm_loss, vocab_size=spec.vocab_size),
+        loss_fn=LmLoss(spec.vocab_size),
         vocab_size=spec.vocab_size,
         activation_shape=lambda mbs, seq: (mbs, seq, hidden),
         tied=tied,
@@ -184,6 +184,7 @@ class Head(nn.Module):
         self.ln_f = make_norm(spec) if fold_norm else nn.Identity()
         self.lm_head = nn.Linear(spec.hidden_size, spec.padded_vocab_size, bias=False)
         self.vocab_size = spec.vocab_size
+        self.loss_equals = LmLoss(spec.vocab_size)  # the loss_fn that ``loss`` computes
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.lm_head(self.ln_f(x))

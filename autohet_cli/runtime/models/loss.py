@@ -21,12 +21,13 @@ logits, in one of two ways:
 
 The value is ``lm_loss``'s: the sum over samples of each sample's mean token
 cross-entropy, padded vocabulary rows excluded, ``IGNORE_INDEX`` targets adding
-nothing. The cost model counts what each way keeps (``models.head_loss_bytes``).
+nothing. The cost model counts what each way keeps (``models.LayerSpec.loss_bytes``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,9 +35,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from autohet_cli.models import IGNORE_INDEX, loss_chunk_tokens
+from autohet_cli.layerspec import IGNORE_INDEX, loss_chunk_tokens
 
-__all__ = ["head_loss", "lm_loss"]
+__all__ = ["LmLoss", "head_loss", "lm_loss"]
 
 Project = Callable[[Tensor], Tensor]
 
@@ -47,6 +48,18 @@ def lm_loss(logits: Tensor, targets: Tensor, vocab_size: int | None = None) -> T
     Logits of padded vocabulary rows (``vocab_size`` and up) are masked to -inf.
     """
     return _sum_loss(logits.flatten(0, 1), targets.flatten(), vocab_size) / targets.shape[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class LmLoss:
+    """``lm_loss`` over a vocabulary, as a value: the built-in ``loss_fn``, and what the
+    built-in head's ``loss`` equals, so the runtime can tell a user's own ``loss_fn``
+    (which the head's chunked loss must not replace) from it."""
+
+    vocab_size: int
+
+    def __call__(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return lm_loss(logits, targets, self.vocab_size)
 
 
 def head_loss(
@@ -65,8 +78,9 @@ def head_loss(
     step = loss_chunk_tokens(flat_t.numel(), rows)
     if not _fused_ok(flat_h, weight):
         total: Tensor | None = None
-        for start in range(0, flat_t.numel(), step):
-            h, t = flat_h[start : start + step], flat_t[start : start + step]
+        # split, not sliced: split's backward joins the chunks' gradients once, where
+        # each slice's would be a whole zero-padded gradient, added up chunk by chunk
+        for h, t in zip(torch.split(flat_h, step), torch.split(flat_t, step), strict=True):
             if torch.is_grad_enabled():
                 part = checkpoint(_chunk_loss, project, h, t, vocab_size, use_reentrant=False)
             else:
@@ -190,6 +204,9 @@ class _FusedHeadLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         # Scaled in place: the buffers are this Function's own, and the runtime runs
         # each micro-batch's backward once (no retain_graph), so no copy is needed.
+        if getattr(ctx, "spent", False):
+            raise RuntimeError("the chunked loss's backward runs once (no retain_graph)")
+        ctx.spent = True
         grad_h, grad_w = ctx.saved_tensors
         gh = None if grad_h is None else grad_h.mul_(grad_out.to(grad_h.dtype))
         gw = None if grad_w is None else grad_w.mul_(grad_out).to(ctx.weight_dtype)
