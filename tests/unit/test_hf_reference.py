@@ -85,12 +85,18 @@ def test_logits_and_loss_equal_transformers(
     loss = build_loss(spec)(logits, targets) / 4
     ref_loss = F.cross_entropy(reference.flatten(0, 1), targets.flatten())
     assert float(loss) == pytest.approx(float(ref_loss), rel=TOLERANCE)
+    # the head's chunked loss, as the runtime takes it on the last stage
+    fused = ours.fused_loss(build_loss(spec))
+    assert fused is not None
+    with torch.no_grad():
+        chunked = fused(ours(inputs, but_last=True), targets) / 4
+    assert float(chunked) == pytest.approx(float(ref_loss), rel=TOLERANCE)
 
 
 def build_loss(spec: ModelSpec) -> Any:
-    from autohet_cli.runtime.models.common import lm_loss
+    from autohet_cli.runtime.models.loss import LmLoss
 
-    return lambda logits, targets: lm_loss(logits, targets, vocab_size=spec.vocab_size)
+    return LmLoss(spec.vocab_size)
 
 
 def test_config_reads_what_each_family_needs(saved: dict[str, tuple[Path, Any]]) -> None:

@@ -4,6 +4,7 @@ where planning time goes."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -209,6 +210,9 @@ def test_a_whole_call_budget_leaves_the_clean_up_inside_the_limit() -> None:
 def test_make_plan_ends_by_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """``ends_by`` bounds the whole call: search, decisions, baselines, contingency."""
     monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    # What earlier tests left for the collector is theirs, not the planner's: in the
+    # full suite this test overran by ~1 s in 2 runs of 5, alone it ends at 3.1-3.3 s.
+    gc.collect()
     t0 = time.monotonic()
     out = _plan_opt(
         ROOT / "profiles" / "clusters" / "mix-64.yaml",
