@@ -18,7 +18,6 @@ The seconds spent compiling are summed from dynamo's own start/end callbacks
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import shutil
 import threading
@@ -27,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from autohet_cli.runtime.stage import layer_loss
 
 MODES = ("auto", "on", "off")
 
@@ -79,7 +80,7 @@ def compile_blocks(layers: nn.ModuleDict, num_layers: int) -> list[int]:
     done = []
     for key, layer in layers.items():
         index = int(key)
-        if index in (0, num_layers - 1) or inspect.ismethod(getattr(layer, "loss", None)):
+        if index in (0, num_layers - 1) or layer_loss(layer) is not None:
             continue
         layer.compile()
         done.append(index)

@@ -73,10 +73,8 @@ class StageModule(nn.Module):
         the layer says which ``loss_fn`` it equals (``loss_equals``) and the model's is
         another (a model function pairing the built-in head with its own loss)."""
         last = list(self.layers.values())[-1] if len(self.layers) else None
-        loss = getattr(last, "loss", None)
-        # a method, not any callable: a layer holding ``self.loss = nn.CrossEntropyLoss()``
-        # has a loss module, not the contract's loss(x, targets)
-        if not inspect.ismethod(loss):
+        loss = layer_loss(last)
+        if loss is None:
             return None
         equals = getattr(last, "loss_equals", None)
         return loss if equals is None or loss_fn is None or equals == loss_fn else None
@@ -92,6 +90,14 @@ class StageModule(nn.Module):
                 value = value.full_tensor()
             out[name] = value.detach().cpu().clone()
         return out
+
+
+def layer_loss(layer: object) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """``layer``'s own ``loss(x, targets)`` method (model_api), or None. A method, not
+    any callable: a layer holding ``self.loss = nn.CrossEntropyLoss()`` has a loss
+    module, not the contract's loss."""
+    loss = getattr(layer, "loss", None)
+    return loss if inspect.ismethod(loss) else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
