@@ -26,6 +26,9 @@
   from remote storage only (read at ``AUTOHET_BENCH_REMOTE_MBPS``, default 300 MB/s),
   for gpt-small and a ~200M llama (``AUTOHET_BENCH_SIZES=toy,200m``, the default), with
   a projection of both ways to a 15 GB checkpoint on real links.
+- ``peer_link``: one pair of hosts (two loopback addresses), a 1.5 GB shard copied
+  by the script recover runs there (serve, fetch: hashed as it lands), against a
+  plain write of the same bytes into a new file.
 - ``recovery_disk``: the 200M llama on one CPU device, 2.4 GB per save: blocked,
   persisted, load and kill-to-first-step against a plain write of the same bytes
   (also ``AUTOHET_BENCH_SIZES=200m-disk`` of ``recovery_e2e``).
@@ -49,6 +52,7 @@ BENCHMARKS = (
     "recovery_time",
     "recovery_e2e",
     "recovery_disk",
+    "peer_link",
     "comm_dtype",
     "predictions",
     "gpu_predictions",

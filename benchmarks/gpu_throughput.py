@@ -171,13 +171,23 @@ def _peaks(cuda: bool) -> dict[str, int]:
     }
 
 
+def _env() -> dict[str, str]:
+    """This checkout first on the path, and the caller's path kept (packages carried
+    beside an image's Python, say)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path)
+
+
 def _worker(variant: str, out: Path, plan: Path, micro_batch: int, steps: int) -> dict[str, Any]:
     cmd = [
         sys.executable,
         *("-m", "benchmarks.gpu_throughput", "--worker", variant),
         *(str(out), str(plan), str(micro_batch), str(steps)),
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
@@ -205,7 +215,10 @@ def _plan(work: Path, gpu_type: str) -> dict[str, Any]:
         *("--seq-len", str(shape["seq"]), "--out-dir", str(work), "--name", "gpu-throughput"),
         *("--precision", "bf16" if gpu_type != "cpu" else "fp32", "--json", "--time-limit", "60"),
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"autohet plan failed:\n{proc.stderr[-2000:]}")

@@ -225,7 +225,12 @@ def _run(sc: Scenario, root: Path, farm: SshdFarm, count: int, rate: float) -> N
                 print(f"  {sc.size} {way} run {i + 1}: {runs[-1]['total']:.1f} s", flush=True)
     finally:
         rx.remote_root_for = real_root
-    recovery_e2e_report.report(sc.size, results, remote_bytes_per_s=rate)
+    from benchmarks import peer_link
+
+    link = peer_link.measure(root / "peer-link", 1536 << 20, 3)
+    recovery_e2e_report.report(
+        sc.size, results, remote_bytes_per_s=rate, link_bytes_per_s=link.copy_bytes_per_s
+    )
 
 
 def _once(

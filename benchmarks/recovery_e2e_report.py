@@ -12,10 +12,12 @@ from benchmarks._common import table
 from benchmarks._recovery import REMOTE_ENV
 from benchmarks.recovery_projection import (
     GBIT,
+    H200_1_2B,
     MeasuredWay,
     RealSize,
     issue_targets,
     project,
+    project_with,
     speedup,
 )
 
@@ -36,7 +38,12 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value / scale:.{digits}f}"
 
 
-def report(size: str, results: Runs, *, remote_bytes_per_s: float) -> None:
+def report(
+    size: str, results: Runs, *, remote_bytes_per_s: float, link_bytes_per_s: float | None
+) -> None:
+    """``link_bytes_per_s``: one pair of hosts alone (``peer_link``), the peer rate the
+    targets take; the per-file rate during recovery shares the cores with the other
+    destinations' copies."""
     every = [r for runs in results.values() for r in runs]
     nbytes = median(every, "bytes_checkpoint") or 0.0
     steps = sorted({(r["killed_after_step"], r["resumed_step"]) for r in every})
@@ -87,12 +94,20 @@ def report(size: str, results: Runs, *, remote_bytes_per_s: float) -> None:
             f"{_fmt(median(results['remote-only'], 'remote_rate'), 1e6, 0)} MB/s): "
             f"{stated:.1f} s: autohet {stated / ours:.2f}x faster"
         )
-    projected = _projection(results, nbytes)
+    scaled = _projection(results, nbytes)
+    projected = _projection_real_parts(results, nbytes)
     worst_remote = max(r["bytes_remote"] for r in results["autohet"])
+    during = median(results["autohet"], "peer_rate")
+    print(
+        f"peer rate: one pair of hosts alone (peer_link) {_fmt(link_bytes_per_s, 1e9)} GB/s; "
+        f"per file during recovery, every destination at once, {_fmt(during, 1e9)} GB/s"
+    )
     print(f"targets (issue 30; {size}, the autohet way, one host lost):")
+    if scaled is not None:
+        print(f"  (the projection below uses the real-size parts; scaled from here: {scaled:.2f}x)")
     for target in issue_targets(
         bytes_from_remote=worst_remote,
-        peer_bytes_per_s=median(results["autohet"], "peer_rate"),
+        peer_bytes_per_s=link_bytes_per_s,
         total_200m_s=ours if size == "200m" else None,
         projected_speedup=projected,
     ):
@@ -160,5 +175,41 @@ def _projection(results: Runs, measured_bytes: float) -> float | None:
         f"  with the load at a stated {DISK_BYTES_PER_S / 1e9:g} GB/s instead (a VM's local "
         f"NVMe; {ours.load_s:.1f} s): autohet {ours.total_s:.1f} s, remote-only "
         f"{base.total_s:.1f} s: {speedup(ours, base):.2f}x faster"
+    )
+    return ratio
+
+
+def _projection_real_parts(results: Runs, measured_bytes: float) -> float | None:
+    """Both ways with the restart, load and first step measured at the real size on a
+    GPU host (``H200_1_2B``); detect, replan and the bytes' shares from here."""
+    if measured_bytes <= 0:
+        return None
+    parts, real = H200_1_2B, RealSize()
+    ways = {}
+    for way, runs in results.items():
+        measured = MeasuredWay(
+            fixed_s=0.0,
+            load_s=median(runs, "load") or 0.0,
+            bytes_from_peers=median(runs, "bytes_peers") or 0.0,
+            bytes_from_remote=median(runs, "bytes_remote") or 0.0,
+        )
+        detect_replan = (median(runs, "detect") or 0.0) + (median(runs, "replan") or 0.0)
+        ways[way] = project_with(
+            measured, detect_replan_s=detect_replan, measured_bytes=measured_bytes,
+            parts=parts, real=real,
+        )  # fmt: skip
+    print(
+        f"projection with the parts measured at the real size ({parts.where}): restart "
+        f"{parts.restart_s:.2f} s, load {parts.load_s:.2f} s, first step {parts.first_step_s:.2f} s"
+    )
+    rows = [
+        [way, f"{p.fixed_s:.2f}", f"{p.transfer_s:.2f}", f"{p.load_s:.2f}", f"{p.total_s:.2f}"]
+        for way, p in ways.items()
+    ]
+    print(table(["way", "fixed s", "xfer s", "load s", "total s"], rows))
+    ratio = speedup(ways["autohet"], ways["remote-only"])
+    print(
+        f"  projected: autohet {ways['autohet'].total_s:.1f} s, remote-only "
+        f"{ways['remote-only'].total_s:.1f} s: {ratio:.2f}x faster"
     )
     return ratio

@@ -89,6 +89,54 @@ def project(way: MeasuredWay, *, measured_bytes: float, real: RealSize) -> Proje
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RealParts:
+    """A relaunch's parts measured at the real size, on a real GPU host: they replace
+    the loopback run's restart, load and first step, which a 2-core VM inflates
+    (its first touch of memory is slow) and which scale with neither bytes nor hosts."""
+
+    where: str
+    checkpoint_bytes: float
+    restart_s: float  # launch + imports + process group + build
+    load_s: float
+    first_step_s: float
+
+
+# `autohet launch --resume` of the 1.2B llama (bf16 over fp32 weights, AdamW, one
+# GPU, torch.compile's cache warm), its startup line: launch 3.95 s, imports 8.41 s,
+# process group 0.02 s, build 6.59 s, load 5.65 s, first step 3.56 s.
+H200_1_2B = RealParts(
+    where="one H200 host, torch 2.11, the 1.2B llama's 15.88 GB checkpoint, 2026-11-26",
+    checkpoint_bytes=15.88e9,
+    restart_s=3.95 + 8.41 + 0.02 + 6.59,
+    load_s=5.65,
+    first_step_s=3.56,
+)
+
+
+def project_with(
+    way: MeasuredWay, *, detect_replan_s: float, measured_bytes: float, parts: RealParts,
+    real: RealSize,
+) -> ProjectedWay:  # fmt: skip
+    """``way`` at ``parts``' size with its restart, load and first step as measured
+    there; detect and replan (``detect_replan_s``) and the bytes' shares from the
+    loopback run; the links as ``real`` says."""
+    at = RealSize(
+        checkpoint_bytes=parts.checkpoint_bytes,
+        peer_bytes_per_s=real.peer_bytes_per_s,
+        remote_bytes_per_s=real.remote_bytes_per_s,
+        load_bytes_per_s=parts.checkpoint_bytes / parts.load_s,
+    )
+    scaled = project(way, measured_bytes=measured_bytes, real=at)
+    return ProjectedWay(
+        fixed_s=detect_replan_s + parts.restart_s + parts.first_step_s,
+        peer_bytes=scaled.peer_bytes,
+        remote_bytes=scaled.remote_bytes,
+        transfer_s=scaled.transfer_s,
+        load_s=parts.load_s,
+    )
+
+
 def speedup(ours: ProjectedWay, baseline: ProjectedWay) -> float:
     """How many times faster ``ours`` is than ``baseline`` (kill to first step)."""
     return baseline.total_s / ours.total_s

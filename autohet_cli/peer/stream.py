@@ -14,11 +14,10 @@ requests exist:
          receiver decides (a step directory it has, a budget, a file it has),
          answers, and the client streams B bytes (the runtime's replicas).
 
-Either way the receiving end hashes the bytes as they land (a second thread
-hashes and writes while the first receives: the two overlap on two cores), writes
-them under a temporary name beside the file, and renames into place only when
-the sha256 is the one asked for: a copy that fails its hash is never seen under
-its name. Answers are one byte: OK, HAVE (push: already here), or REFUSED
+Either way the receiving end hashes the bytes as they land, under a temporary
+name, and renames into place only when the sha256 is the one asked for
+(``peer.landing``): a copy that fails its hash is never seen under its name.
+Answers are one byte: OK, HAVE (push: already here), or REFUSED
 followed by a two-byte length and the reason.
 
 Why not TLS or SSH: TLS needs certificates on every host, and SSH moves ~30 MB/s
@@ -34,8 +33,6 @@ import hashlib
 import hmac
 import json
 import os
-import queue
-import secrets
 import socket
 import struct
 import sys
@@ -45,27 +42,26 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+# One script on the hosts: recover sends landing's source, then this one's
+# (``script_source``); there the names below are defined already.
+try:
+    from autohet_cli.peer.landing import BUF_BYTES as BUF_BYTES
+    from autohet_cli.peer.landing import IO_TIMEOUT_S as IO_TIMEOUT_S
+    from autohet_cli.peer.landing import PART as PART
+    from autohet_cli.peer.landing import PIPE_BYTES as PIPE_BYTES
+    from autohet_cli.peer.landing import HashMismatch as HashMismatch
+    from autohet_cli.peer.landing import PeerError as PeerError
+    from autohet_cli.peer.landing import receive_into as receive_into
+except ImportError:  # pragma: no cover - the script form
+    pass
+
 DOMAIN = b"autohet-peer\0"
 OK, HAVE, REFUSED = b"\x01", b"\x02", b"\x00"
 MAX_HEADER = 64 << 10
-BUF_BYTES = 8 << 20  # per receive buffer
-BUFFERS = 6  # in flight per stream: receiving, hashing, writing, and slack
 SOCK_BUF = 8 << 20
-IO_TIMEOUT_S = 10.0  # no byte moved for this long: the copy fails (and falls back)
 HANDSHAKE_S = 5.0  # a client that will not prove itself holds a server this long, all told
 QUEUE_WAIT_S = 900.0  # a client waits this long for a free stream on a busy server
 MAX_WAITING = 256  # connections waiting for a stream beyond this are closed at once
-PART = ".autohet-part"
-
-
-class PeerError(Exception):
-    """A copy that did not happen: refused, cut, or bytes that fail their sha256."""
-
-
-class HashMismatch(PeerError):
-    def __init__(self, got: str) -> None:
-        super().__init__(f"sha256 mismatch: got {got[:16]}...")
-        self.got = got
 
 
 def _tune(sock: socket.socket) -> None:
@@ -134,91 +130,6 @@ def open_request(
         sock.close()
         raise
     return sock
-
-
-def receive_into(
-    sock: socket.socket, dest: str, nbytes: int, sha256: str, *, make_dirs: bool = True
-) -> None:
-    """``nbytes`` from ``sock`` into ``dest``: under a temporary name, hashed as they
-    land, renamed into place only when the sha256 is ``sha256`` (HashMismatch else).
-
-    Three threads pass a few large buffers along: this one receives, one hashes, one
-    writes (socket reads, hashlib and file writes all release the GIL), so the three
-    overlap on the cores there are instead of adding up."""
-    if make_dirs:  # a replica receiver never recreates a step directory being removed
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = f"{dest}.{secrets.token_hex(4)}{PART}"
-    free: queue.Queue[bytearray] = queue.Queue()
-    size = min(BUF_BYTES, max(nbytes, 1))
-    for _ in range(max(1, min(BUFFERS, -(-nbytes // size)))):  # no more than the file fills
-        free.put(bytearray(size))
-    Item = tuple[bytearray, int] | None
-    to_hash: queue.Queue[Item] = queue.Queue()
-    to_write: queue.Queue[Item] = queue.Queue()
-    digest = hashlib.sha256()
-    failed: list[BaseException] = []
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-
-    def hasher() -> None:
-        while (item := to_hash.get()) is not None:
-            if not failed:
-                digest.update(memoryview(item[0])[: item[1]])
-            to_write.put(item)
-        to_write.put(None)
-
-    def writer() -> None:
-        while (item := to_write.get()) is not None:
-            buf, n = item
-            try:
-                view = memoryview(buf)[:n]
-                while view and not failed:
-                    view = view[os.write(fd, view) :]
-            except BaseException as exc:  # a full disk: the receiver stops at once
-                failed.append(exc)
-            free.put(buf)
-
-    threads = [
-        threading.Thread(target=hasher, name="autohet-peer-hash", daemon=True),
-        threading.Thread(target=writer, name="autohet-peer-write", daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    ok = False
-    try:
-        left = nbytes
-        while left and not failed:
-            buf = free.get()
-            view, fill = memoryview(buf), 0
-            want = min(len(buf), left)
-            while fill < want:
-                n = sock.recv_into(view[fill:want])
-                if not n:
-                    raise PeerError(f"the peer closed the stream {left - fill} bytes short")
-                fill += n
-            to_hash.put((buf, fill))
-            left -= fill
-        to_hash.put(None)
-        for t in threads:
-            t.join()
-        if failed:
-            raise failed[0]
-        got = digest.hexdigest()
-        if got != sha256:
-            raise HashMismatch(got)
-        os.replace(tmp, dest)
-        ok = True
-    finally:
-        if any(t.is_alive() for t in threads):
-            failed.append(PeerError("stopped"))
-            to_hash.put(None)
-            for t in threads:
-                t.join(5)
-        os.close(fd)
-        if not ok:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 def get_file(
@@ -421,6 +332,17 @@ def _fetch_main(keyfile: str, streams: str, items_json: str) -> None:
 
     with ThreadPoolExecutor(max(1, int(streams))) as pool:
         list(pool.map(one, range(len(items))))
+
+
+def script_source() -> str:
+    """This module as one standalone script (``python -c``): landing's source, then
+    this one's without its ``__future__`` line (legal only at a file's top)."""
+    import inspect
+
+    from autohet_cli.peer import landing
+
+    own = inspect.getsource(sys.modules[__name__])
+    return inspect.getsource(landing) + own.replace("from __future__ import annotations\n", "", 1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ source.
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ SERVE_S = 3600  # a server offers its files this long at most (the copy stops it
 STREAMS = 4  # files in flight per destination
 BATCH = 64  # files per fetcher command (Linux caps one argument at 128 KiB)
 SERVE_PATHS = 256  # files per server command, likewise
-_SOURCE = inspect.getsource(stream)
+_SOURCE = stream.script_source()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,8 +21,10 @@ from benchmarks.recovery_projection import (
     GBIT,
     MeasuredWay,
     RealSize,
+    RealParts,
     issue_targets,
     project,
+    project_with,
     speedup,
 )
 
@@ -217,13 +219,31 @@ def test_the_report_prints_rates_projection_and_targets(
             )
         ],
     }
-    report("200m", results, remote_bytes_per_s=300e6)
+    report("200m", results, remote_bytes_per_s=300e6, link_bytes_per_s=1.1e9)
     out = capsys.readouterr().out
     assert "2.40 GB per save" in out
     assert "300 MB/s (AUTOHET_BENCH_REMOTE_MBPS)" in out
     assert "autohet 14.5 s, remote-only 39.5 s: 2.72x faster" in out
     # remote-only with 3.2 GB at 300 MB/s instead of its 30 s transfer: 20.17 s
     assert "20.2 s: autohet 1.39x faster" in out
-    assert "peer rate: 0.40 >= 1 GB/s: MISS" in out
+    # the target takes one pair alone; the per-file rate during recovery is shown beside
+    assert "peer rate: 1.10 >= 1 GB/s: PASS" in out
+    assert "per file during recovery, every destination at once, 0.40 GB/s" in out
+    assert "projection with the parts measured at the real size (one H200 host" in out
     assert "200m kill to first step: 14.50 <= 15 s: PASS" in out
     assert "projected speedup at real size" in out
+
+
+def test_real_parts_replace_restart_load_and_first_step_and_keep_the_shares() -> None:
+    """The projection with a GPU host's measured parts: the loopback run's restart,
+    load and first step are dropped; its bytes' shares and the links carry over."""
+    parts = RealParts(
+        where="x", checkpoint_bytes=16e9, restart_s=19.0, load_s=5.0, first_step_s=3.0
+    )
+    way = MeasuredWay(fixed_s=99.0, load_s=99.0, bytes_from_peers=1.0e9, bytes_from_remote=0.5e9)
+    got = project_with(way, detect_replan_s=1.5, measured_bytes=2.0e9, parts=parts, real=RealSize())
+    assert got.fixed_s == pytest.approx(1.5 + 19.0 + 3.0)
+    assert got.load_s == 5.0
+    assert got.peer_bytes == pytest.approx(8e9) and got.remote_bytes == pytest.approx(4e9)
+    assert got.transfer_s == pytest.approx(8e9 / (25 * GBIT) + 4e9 / (2.5 * GBIT))
+    assert got.total_s == pytest.approx(1.5 + 19.0 + 3.0 + 5.0 + got.transfer_s)
