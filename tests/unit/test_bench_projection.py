@@ -20,8 +20,8 @@ from benchmarks._recovery import (
 from benchmarks.recovery_projection import (
     GBIT,
     MeasuredWay,
-    RealSize,
     RealParts,
+    RealSize,
     issue_targets,
     project,
     project_with,
