@@ -52,6 +52,7 @@ from autohet_cli.runtime.metrics import (
     peak_memory_bytes,
 )
 from autohet_cli.runtime.model_api import ModelFn, layer_of, load_model_fn
+from autohet_cli.runtime.models.loss import compile_loss
 from autohet_cli.runtime.optim import (
     LossScaler,
     build_optimizer,
@@ -198,6 +199,7 @@ class Trainer:
         if compiling:
             self.compile_clock = CompileClock().start()
             compile_blocks(self.stage.layers, self.plan.num_layers)
+            compile_loss()
         self._uninitialised = built.empty  # parameters allocated, no values yet
         loads = defer_init or bool(self.config.init_from)
         if loads and not built.empty and self.runtime.global_rank == 0:

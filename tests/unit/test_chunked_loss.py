@@ -47,8 +47,13 @@ def _case(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_tokens", [7, 60, 1000])
 @pytest.mark.parametrize("vocab", [500, 512])  # 12 padded rows (no probability, no gradient)
+@pytest.mark.parametrize("group_chunks", [1, 4])  # chunks per weight-gradient matmul
 def test_chunked_loss_equals_lm_loss_value_and_gradients(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, chunk_tokens: int, vocab: int
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype,
+    chunk_tokens: int,
+    vocab: int,
+    group_chunks: int,
 ) -> None:
     rows = 512
     weight, hidden, targets = _case(vocab, rows)
@@ -60,6 +65,8 @@ def test_chunked_loss_equals_lm_loss_value_and_gradients(
     ref_h, ref_w = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
     monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", chunk_tokens * rows * 4)
+    size = 4 if dtype == torch.float32 else 2
+    monkeypatch.setattr(layerspec, "GROUP_LOGIT_BYTES", group_chunks * chunk_tokens * rows * size)
     with autocast:
         out = head_loss(hidden, weight, targets, vocab, project)
     (out * 3.0).backward()  # a scale on the loss (1 / global batch, loss scaling) reaches both
@@ -108,6 +115,9 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
     head = build(request).layers[-1]
     rows = spec.padded_vocab_size
     monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", mbs * seq * rows * 4 // 16)
+    # groups of chunks share one weight-gradient matmul: a quarter of the micro-batch
+    # in bf16 (4 chunks), an eighth in fp32 (2 chunks)
+    monkeypatch.setattr(layerspec, "GROUP_LOGIT_BYTES", mbs * seq * rows * 2 // 4)
     x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
     targets = torch.randint(0, spec.vocab_size, (mbs, seq))
     with torch.no_grad():
@@ -118,9 +128,9 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
             loss = head.loss(x, targets)
             loss.backward()
         assert loss.item() == pytest.approx(whole.item(), rel=2e-2)
-    # a chunk's logits, or the weight's size (its cast, its fp32 gradient): both under
-    # the micro-batch's logits
-    bound = max(mbs * seq * rows // 16, rows * spec.hidden_size)
+    # a group's logits' gradient, or the weight's size (its cast, its fp32 gradient):
+    # all under the micro-batch's logits
+    bound = max(mbs * seq * rows // 4, rows * spec.hidden_size)
     assert bound < mbs * seq * rows
     assert largest.numel <= bound
 
@@ -191,3 +201,63 @@ def test_recomputed_chunks_join_their_input_gradients_once(monkeypatch: pytest.M
     with counter:
         out.backward()
     assert counter.count <= 2, counter.count
+
+
+@pytest.mark.parametrize("vocab", [500, 512])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_form_for_torch_compile_equals_the_in_place_one(
+    vocab: int, dtype: torch.dtype
+) -> None:
+    """``_ce_fused`` (what the runtime compiles on GPUs) and ``_ce_in_place`` (eager):
+    the same loss and logits' gradient, ignored targets and padding rows included."""
+    from autohet_cli.runtime.models import loss as L
+
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(37, 512, generator=g) * 3).to(dtype)
+    t = torch.randint(0, vocab, (37,), generator=g)
+    t[:5] = IGNORE_INDEX
+    for want in (True, False):
+        # the in-place form works over the logits themselves when they are fp32
+        a_loss, a_grad = L._ce_in_place(logits.clone(), t, vocab, want)
+        b_loss, b_grad = L._ce_fused(logits.clone(), t, vocab, want)
+        assert b_loss.item() == pytest.approx(a_loss.item(), rel=1e-6)
+        if not want:
+            assert a_grad is None and b_grad is None
+            continue
+        assert a_grad is not None and b_grad is not None
+        assert a_grad.dtype == b_grad.dtype == dtype
+        assert torch.allclose(
+            a_grad.float(), b_grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2
+        )
+        assert b_grad[:5].abs().max() == 0  # ignored tokens
+        assert vocab == 512 or b_grad[:, vocab:].abs().max() == 0  # padding rows
+
+
+def test_the_compiled_loss_equals_eager_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile_loss()`` (the runtime calls it where it compiles its blocks): the head's
+    loss and gradients through the compiled per-chunk cross-entropy, several groups."""
+    from autohet_cli.runtime.models import loss as L
+
+    pytest.importorskip("torch._inductor")
+    rows = vocab = 512
+    weight, hidden, targets = _case(vocab, rows)
+    project = lambda h: F.linear(h, weight)  # noqa: E731
+    monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", 16 * rows * 4)
+    monkeypatch.setattr(layerspec, "GROUP_LOGIT_BYTES", 32 * rows * 4)
+    eager = head_loss(hidden, weight, targets, vocab, project)
+    eager.backward()
+    ref_h, ref_w = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    monkeypatch.setattr(L, "_CE_COMPILED", None)
+    L.compile_loss()
+    assert L._CE_COMPILED is not None
+    try:
+        out = head_loss(hidden, weight, targets, vocab, project)
+        out.backward()
+    except Exception as exc:  # no C++ compiler for inductor's CPU code
+        if "compiler" in str(exc).lower():
+            pytest.skip(f"inductor cannot compile here: {exc}")
+        raise
+    assert out.item() == pytest.approx(eager.item(), rel=1e-5)
+    assert torch.allclose(hidden.grad, ref_h, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(weight.grad, ref_w, rtol=1e-4, atol=1e-6)
