@@ -633,6 +633,7 @@ class _Head(nn.Module):
 # this file runs alone on hosts that need not have autohet installed; the two are
 # checked equal in tests/unit/test_chunked_loss.py.
 CHUNK_LOGIT_BYTES = 256 * 2**20
+GROUP_LOGIT_BYTES = 2**30
 
 
 class _ChunkedLoss(torch.autograd.Function):
@@ -641,18 +642,26 @@ class _ChunkedLoss(torch.autograd.Function):
         grad_h = torch.empty_like(hidden)
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, targets.numel(), step):
-            h, t = hidden[start : start + step], targets[start : start + step]
-            logits = h @ weight.t()
-            real = logits.float()
-            lse = torch.logsumexp(real, dim=-1)
-            total += (lse - real.gather(1, t[:, None]).squeeze(1)).sum()
-            grad = real.sub_(lse[:, None]).exp_()
-            grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
-            g = grad.to(logits.dtype)
-            del logits, real, grad
-            grad_h[start : start + step] = g @ weight
-            grad_w += g.t() @ h
+        n = targets.numel()
+        # the weight's gradient once per group of chunks, as the runtime forms it
+        fit = GROUP_LOGIT_BYTES // (hidden.element_size() * weight.shape[0])
+        group = max(step, min(n, fit - fit % step))
+        for g0 in range(0, n, group):
+            gs = []
+            for start in range(g0, min(n, g0 + group), step):
+                h, t = hidden[start : start + step], targets[start : start + step]
+                logits = h @ weight.t()
+                real = logits.float()
+                lse = torch.logsumexp(real, dim=-1)
+                total += (lse - real.gather(1, t[:, None]).squeeze(1)).sum()
+                grad = real.sub_(lse[:, None]).exp_()
+                grad[torch.arange(t.numel(), device=t.device), t] -= 1.0
+                g = grad.to(logits.dtype)
+                del logits, real, grad
+                grad_h[start : start + step] = g @ weight
+                gs.append(g)
+            g = gs[0] if len(gs) == 1 else torch.cat(gs)
+            grad_w += g.t() @ hidden[g0 : g0 + len(g)]
         ctx.save_for_backward(grad_h, grad_w)
         return total
 

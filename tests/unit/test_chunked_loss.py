@@ -135,10 +135,18 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
     assert largest.numel <= bound
 
 
-def test_the_probes_copy_takes_the_runtimes_loss() -> None:
+@pytest.mark.parametrize("group_chunks", [1, 2, 100])
+def test_the_probes_copy_takes_the_runtimes_loss(
+    monkeypatch: pytest.MonkeyPatch, group_chunks: int
+) -> None:
     """probe.py runs alone on hosts, so it carries a copy of the head's chunked loss:
-    the same value and gradients as the runtime's (mean over tokens there)."""
+    the same value and gradients as the runtime's (mean over tokens there), groups of
+    chunks included, and the same chunk and group sizes."""
     from autohet_cli.profiling import probe
+
+    assert probe.CHUNK_LOGIT_BYTES == layerspec.CHUNK_LOGIT_BYTES
+    assert probe.GROUP_LOGIT_BYTES == layerspec.GROUP_LOGIT_BYTES
+    monkeypatch.setattr(probe, "GROUP_LOGIT_BYTES", group_chunks * 11 * 512 * 4)
 
     weight, hidden, targets = _case(512, 512, seed=2)  # no padding, no ignored targets
     targets[0, :4] = 3
