@@ -186,3 +186,21 @@ def test_options_with_a_metavar_name_their_flag() -> None:
             if not (isinstance(first, ast.Constant) and str(first.value).startswith("-")):
                 unnamed.append(f"{file.name}:{node.lineno}")
     assert not unnamed, f"name the flag of these options: {unnamed}"
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    """``autohet plan`` starts without importing launch's SSH stack or data's numpy
+    tokenizer path (half a second of every plan), and still runs as a subcommand."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.argv = ['autohet', 'plan', '--help']\n"
+        "from autohet_cli.cli import app\n"
+        "try:\n    app.main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', 'paramiko' in sys.modules, 'autohet_cli.cli.launch' in sys.modules,"
+        " 'autohet_cli.cli.data' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Usage: autohet plan" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "LOADED False False False"
