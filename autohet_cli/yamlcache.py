@@ -13,6 +13,14 @@ The cache lives in ``$XDG_CACHE_HOME/autohet/yaml`` (default ``~/.cache``), 0700
 ``AUTOHET_YAML_CACHE=0`` turns it off. Any failure to read or write it is ignored:
 the file is parsed as if there were no cache. Entries are written atomically
 (temporary name, then rename), so a reader never sees half of one.
+
+Who may write an entry matters more than its name (a content hash proves nothing
+about who wrote it, and ``marshal`` is not meant for untrusted bytes): the cache is
+used only when its directory and the one above it are real directories (not links)
+of this user that nobody else may write, and an entry only when it is a regular file
+of this user, opened without following links and no larger than its source could
+make it. The key also holds the parser's version and our limits on nesting and
+aliases, so an entry never outlives the rules it was parsed under.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import hashlib
 import marshal
 import os
 import secrets
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +39,68 @@ VERSION = b"autohet-yaml-cache-1\0"
 ENV = "AUTOHET_YAML_CACHE"
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path | None:
+def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     e = os.environ if env is None else env
     if e.get(ENV, "1") == "0":
         return None
     base = e.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):  # no home to speak of: not the current directory
+        return None
     return Path(base) / "autohet" / "yaml"
 
 
-def cached_parse(data: bytes, parse: Callable[[], Any]) -> Any:
+def _private(d: Path) -> bool:
+    """``d`` and its parent: real directories of this user that only it may write."""
+    for p in (d, d.parent):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return False
+    return True
+
+
+def _read_entry(entry: Path, most_bytes: int) -> bytes | None:
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > most_bytes:
+            return None
+        return fh.read(most_bytes + 1)
+
+
+def cached_parse(data: bytes, parse: Callable[[], Any], salt: bytes = b"") -> Any:
     """``parse()``'s result for ``data`` (the file's bytes), from the cache when it
-    holds an entry for exactly these bytes, else parsed and stored."""
+    holds an entry for exactly these bytes (and ``salt``: the parser's rules), else
+    parsed and stored."""
     where = cache_dir() if len(data) >= MIN_BYTES else None
     if where is None:
         return parse()
-    entry = where / (hashlib.sha256(VERSION + data).hexdigest() + ".marshal")
     try:
-        return marshal.loads(entry.read_bytes())
-    except (OSError, EOFError, ValueError, TypeError):
-        pass  # no entry (or a damaged one): parse
+        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return parse()
+    if not _private(where):
+        return parse()
+    key = hashlib.sha256(VERSION + salt + b"\0" + data).hexdigest()
+    entry = where / f"{key}.marshal"
+    most = 64 * len(data) + (1 << 20)  # marshal's encoding is near the YAML's size
+    blob = _read_entry(entry, most)
+    if blob is not None:
+        try:
+            return marshal.loads(blob)
+        except (EOFError, ValueError, TypeError):
+            pass  # a damaged entry: parse (and replace it)
     value = parse()
     try:
         blob = marshal.dumps(value)
     except ValueError:  # a type marshal does not hold (a timestamp): not cached
         return value
     try:
-        where.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = entry.with_name(f".{entry.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:

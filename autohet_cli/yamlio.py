@@ -30,6 +30,7 @@ from yaml.composer import Composer, ComposerError
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
+from autohet_cli import __version__
 from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_INT, shown
 from autohet_cli.regular_file import open_regular
@@ -153,6 +154,10 @@ def read_text(path: str | Path, *, max_bytes: int | None = None) -> str:
         ) from None
 
 
+# What a cached parse depends on besides the bytes (``yamlcache``'s key).
+_RULES = f"{yaml.__version__} {MAX_DEPTH} {MAX_ALIASED_NODES} {__version__}".encode()
+
+
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML artifact; every failure, hostile input included, is one ConfigError.
 
@@ -162,7 +167,7 @@ def load_yaml(path: str | Path) -> Any:
     p = Path(path)
     text = read_text(p)
     # A large file's parse is kept by content (a 450 KB profile: ~0.8 s per command).
-    return cached_parse(text.encode("utf-8"), lambda: parse_yaml(text, str(p)))
+    return cached_parse(text.encode("utf-8"), lambda: parse_yaml(text, str(p)), _RULES)
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -106,7 +106,10 @@ class RealParts:
 # GPU, torch.compile's cache warm), its startup line: launch 3.95 s, imports 8.41 s,
 # process group 0.02 s, build 6.59 s, load 5.65 s, first step 3.56 s.
 H200_1_2B = RealParts(
-    where="one H200 host, torch 2.11, the 1.2B llama's 15.88 GB checkpoint, 2026-11-26",
+    where=(
+        "one H200 host, torch 2.11, the 1.2B llama's 15.88 GB checkpoint, torch.compile's "
+        "cache warm (a cold one adds ~8 s to the first step), 2026-11-26"
+    ),
     checkpoint_bytes=15.88e9,
     restart_s=3.95 + 8.41 + 0.02 + 6.59,
     load_s=5.65,
@@ -178,7 +181,7 @@ def issue_targets(
             name="bytes from remote, one host lost", got=bytes_from_remote, bound=0, at_most=True
         ),
         Target(
-            name="peer rate",
+            name="peer rate (one pair of hosts alone)",
             got=None if peer_bytes_per_s is None else peer_bytes_per_s / 1e9,
             bound=1.0,
             at_most=False,

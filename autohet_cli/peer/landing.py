@@ -87,41 +87,50 @@ def _land_spliced(
     except (OSError, ValueError):
         os.ftruncate(fd, 0)
         return None
-    rd, wr = os.pipe()
-    try:
-        fcntl.fcntl(wr, _F_SETPIPE_SZ, PIPE_BYTES)
-    except OSError:
-        pass  # the default 64 KiB pipe: more calls, the same bytes
     timeout_ms = int(1000 * (sock.gettimeout() or IO_TIMEOUT_S))
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
     landed = [0]
     cond = threading.Condition()
     stop: list[BaseException] = []
+    broke: list[BaseException] = []  # the hasher's own failure, if any
     digest = hashlib.sha256()
+    dontneed = getattr(mmap, "MADV_DONTNEED", None)
 
     def hasher() -> None:
-        view, done = memoryview(mm), 0
+        view, done, released = memoryview(mm), 0, 0
         try:
-            while done < nbytes:
+            while done < nbytes and not stop:
                 with cond:
                     while landed[0] <= done and not stop:
                         cond.wait()
-                    if stop:
-                        return
                     upto = landed[0]
-                while done < upto:  # hashlib releases the GIL for big updates
+                while done < upto and not stop:  # hashlib releases the GIL for big updates
                     step = min(upto, done + BUF_BYTES)
                     digest.update(view[done:step])
                     done = step
+                    cut = done - done % mmap.PAGESIZE
+                    if dontneed is not None and cut > released:
+                        # hashed pages leave this process's memory (the cache keeps them):
+                        # a receiver's RSS stays flat whatever the shard's size
+                        mm.madvise(dontneed, released, cut - released)
+                        released = cut
+        except BaseException as exc:
+            broke.append(exc)
         finally:
             view.release()
 
     thread = threading.Thread(target=hasher, name="autohet-peer-hash", daemon=True)
-    thread.start()
+    rd = wr = -1
     copying = False  # the file system refused splice: bytes from the pipe written by hand
+    pos = 0
     try:
-        pos = 0
+        rd, wr = os.pipe()
+        try:
+            fcntl.fcntl(wr, _F_SETPIPE_SZ, PIPE_BYTES)
+        except OSError:
+            pass  # the default 64 KiB pipe: more calls, the same bytes
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        thread.start()
         while pos < nbytes:
             try:
                 got = splice(sock.fileno(), wr, min(PIPE_BYTES, nbytes - pos))
@@ -129,6 +138,11 @@ def _land_spliced(
                 if not poller.poll(timeout_ms):
                     raise PeerError(f"no byte for {timeout_ms / 1000:g} s") from None
                 continue
+            except OSError as exc:
+                if pos == 0 and exc.errno in _NO_SPLICE:  # nothing read yet: buffered
+                    os.ftruncate(fd, 0)
+                    return None
+                raise
             if not got:
                 raise PeerError(f"the peer closed the stream {nbytes - pos} bytes short")
             put = 0
@@ -138,7 +152,7 @@ def _land_spliced(
                         put += splice(rd, fd, got - put, offset_dst=pos + put)
                         continue
                     except OSError as exc:
-                        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        if exc.errno not in _NO_SPLICE:
                             raise  # a full disk, an I/O error
                         copying = True
                 chunk = os.read(rd, got - put)
@@ -151,6 +165,8 @@ def _land_spliced(
                 landed[0] = pos
                 cond.notify()
         thread.join()
+        if broke:
+            raise PeerError(f"hashing failed: {broke[0]}")
         return digest.hexdigest()
     finally:
         if thread.is_alive():
@@ -158,9 +174,14 @@ def _land_spliced(
                 stop.append(PeerError("stopped"))
                 cond.notify()
             thread.join(5)
-        os.close(rd)
-        os.close(wr)
-        mm.close()
+        for end in (rd, wr):
+            if end >= 0:
+                os.close(end)
+        if not thread.is_alive():  # else its view still holds the map: the GC frees it
+            mm.close()
+
+
+_NO_SPLICE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 
 
 def _land_buffered(sock: socket.socket, fd: int, nbytes: int) -> str:

@@ -43,8 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 # One script on the hosts: recover sends landing's source, then this one's
-# (``script_source``); there the names below are defined already.
-try:
+# (``script_source``), where the names below are defined already and must stay the
+# shipped ones (an autohet installed there may be another version).
+if "receive_into" not in globals():
     from autohet_cli.peer.landing import BUF_BYTES as BUF_BYTES
     from autohet_cli.peer.landing import IO_TIMEOUT_S as IO_TIMEOUT_S
     from autohet_cli.peer.landing import PART as PART
@@ -52,8 +53,6 @@ try:
     from autohet_cli.peer.landing import HashMismatch as HashMismatch
     from autohet_cli.peer.landing import PeerError as PeerError
     from autohet_cli.peer.landing import receive_into as receive_into
-except ImportError:  # pragma: no cover - the script form
-    pass
 
 DOMAIN = b"autohet-peer\0"
 OK, HAVE, REFUSED = b"\x01", b"\x02", b"\x00"

@@ -100,7 +100,7 @@ def test_targets_pass_miss_and_unmeasured() -> None:
     )
     assert [t.verdict for t in unknown] == ["PASS", "n/a", "n/a"]  # no 200m: no time bound
     assert "200m kill to first step" not in [t.name for t in unknown]
-    assert met[1].line() == "peer rate: 1.20 >= 1 GB/s: PASS"
+    assert met[1].line() == "peer rate (one pair of hosts alone): 1.20 >= 1 GB/s: PASS"
 
 
 def test_balanced_cuts_minimise_the_heaviest_stage() -> None:
@@ -227,7 +227,7 @@ def test_the_report_prints_rates_projection_and_targets(
     # remote-only with 3.2 GB at 300 MB/s instead of its 30 s transfer: 20.17 s
     assert "20.2 s: autohet 1.39x faster" in out
     # the target takes one pair alone; the per-file rate during recovery is shown beside
-    assert "peer rate: 1.10 >= 1 GB/s: PASS" in out
+    assert "peer rate (one pair of hosts alone): 1.10 >= 1 GB/s: PASS" in out
     assert "per file during recovery, every destination at once, 0.40 GB/s" in out
     assert "projection with the parts measured at the real size (one H200 host" in out
     assert "200m kill to first step: 14.50 <= 15 s: PASS" in out

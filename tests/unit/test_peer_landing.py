@@ -199,3 +199,88 @@ def test_the_peer_link_benchmark_measures_a_verified_copy(tmp_path: Path) -> Non
     assert len(link.copy_s) == len(link.write_s) == 2
     assert link.copy_bytes_per_s > 0 and link.write_bytes_per_s > 0
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == []  # copies removed
+
+
+class _SlowSha:
+    """sha256 at a crawl: the hasher lags far behind the bytes landing."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def update(self, data: Any) -> None:
+        time.sleep(0.2)
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def test_a_lagging_hasher_still_reports_the_cut_stream(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Review: a peer lost while the hasher was gigabytes behind raised BufferError
+    (the map closed under the hasher's view) instead of the copy's own failure."""
+    if landing._splice is None:
+        pytest.skip("no os.splice here")
+    import types
+
+    monkeypatch.setattr(landing, "BUF_BYTES", 1 << 20)
+    monkeypatch.setattr(landing, "hashlib", types.SimpleNamespace(sha256=_SlowSha))
+    data = os.urandom(40 << 20)
+    sock, _ = _send(data[:-1])  # one byte short
+    t0 = time.monotonic()
+    with sock, pytest.raises(stream.PeerError, match="bytes short"):
+        landing.receive_into(sock, str(tmp_path / "f"), len(data), _sha(data))
+    assert time.monotonic() - t0 < 3.0  # the hasher stops within one step
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "splice"), reason="no os.splice here")
+def test_a_socket_that_cannot_splice_falls_back_before_any_byte(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A sandbox refusing splice on sockets (EPERM, EINVAL): the buffered way, whole."""
+    real = os.splice
+
+    def fake(src: int, dst: int, count: int, **kw: Any) -> int:
+        if "offset_dst" not in kw:  # socket -> pipe
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        return int(real(src, dst, count, **kw))
+
+    monkeypatch.setattr(landing, "_splice", fake)
+    data = os.urandom(3 * landing.PIPE_BYTES + 1)
+    sock, _ = _send(data)
+    with sock:
+        stream.receive_into(sock, str(tmp_path / "f"), len(data), _sha(data))
+    assert (tmp_path / "f").read_bytes() == data
+
+
+def test_receiving_a_large_file_does_not_grow_the_receivers_memory(tmp_path: Path) -> None:
+    """Review: every hashed page of the map stayed in the receiver's RSS, so a trainer
+    receiving replicas grew by each shard. Peak RSS (VmHWM) in a fresh process that
+    receives 256 MiB must stay far below that."""
+    import subprocess
+    import sys
+
+    code = f"""
+import os, socket, threading, hashlib
+from autohet_cli.peer import landing
+data = os.urandom(256 << 20)
+sha = hashlib.sha256(data).hexdigest()
+a, b = socket.socketpair()
+def send():
+    a.sendall(data); a.close()
+threading.Thread(target=send, daemon=True).start()
+def hwm():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            return int(line.split()[1]) * 1024
+before = hwm()
+b.settimeout(10)
+landing.receive_into(b, {str(tmp_path / "f")!r}, len(data), sha)
+print((hwm() - before) >> 20)
+"""
+    if not os.path.exists("/proc/self/status") or landing._splice is None:
+        pytest.skip("needs Linux's /proc and os.splice")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.strip()) < 128, out.stdout

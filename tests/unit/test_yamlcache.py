@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,9 @@ def test_a_large_file_is_parsed_once_and_served_equal(
     calls = []
     real = yamlcache.cached_parse
 
-    def spy(data: bytes, parse: object) -> object:
+    def spy(data: bytes, parse: object, salt: bytes = b"") -> object:
         calls.append(1)
-        return real(data, lambda: pytest.fail("parsed again"))  # type: ignore[arg-type]
+        return real(data, lambda: pytest.fail("parsed again"), salt)
 
     monkeypatch.setattr("autohet_cli.yamlio.cached_parse", spy)
     assert load_yaml(f) == first and calls
@@ -94,3 +95,47 @@ def test_small_files_and_the_switch_bypass_it(
     monkeypatch.setenv(yamlcache.ENV, "0")
     assert load_yaml(_big(tmp_path / "p.yaml"))["schema"] == "test"
     assert not cache.exists()
+
+
+def _entry(cache: Path) -> Path:
+    (entry,) = (p for p in cache.iterdir() if p.suffix == ".marshal")
+    return entry
+
+
+def test_a_cache_others_may_write_is_not_used(cache: Path, tmp_path: Path) -> None:
+    """Review: an entry planted by another user (a shared XDG_CACHE_HOME such as /tmp)
+    would be served for a known profile's bytes; a group- or world-writable cache is
+    neither read nor written."""
+    f = _big(tmp_path / "p.yaml")
+    want = load_yaml(f)
+    entry = _entry(cache)
+    import marshal
+
+    entry.write_bytes(marshal.dumps({"schema": "planted"}))
+    cache.chmod(0o777)
+    assert load_yaml(f) == want  # the planted entry is not read
+    cache.chmod(0o700)
+    assert load_yaml(f) == {"schema": "planted"}  # (the same entry, from a private cache)
+
+
+def test_links_and_fifos_in_the_cache_are_not_followed(cache: Path, tmp_path: Path) -> None:
+    f = _big(tmp_path / "p.yaml")
+    want = load_yaml(f)
+    entry = _entry(cache)
+    elsewhere = tmp_path / "elsewhere"
+    import marshal
+
+    elsewhere.write_bytes(marshal.dumps({"schema": "via a link"}))
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    assert load_yaml(f) == want
+    entry.unlink()
+    os.mkfifo(entry)  # a read would wait for a writer forever
+    assert load_yaml(f) == want
+
+
+def test_the_parsers_rules_are_part_of_the_key(cache: Path, tmp_path: Path) -> None:
+    data = b"x" * yamlcache.MIN_BYTES
+    assert yamlcache.cached_parse(data, lambda: 1, b"rules-a") == 1
+    assert yamlcache.cached_parse(data, lambda: 2, b"rules-b") == 2
+    assert yamlcache.cached_parse(data, lambda: 3, b"rules-a") == 1

@@ -236,7 +236,7 @@ class _FusedHeadLoss(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         tokens = targets.numel()
         group = loss_group_tokens(tokens, weight.shape[0], torch.finfo(dtype).bits // 8)
-        group -= group % step if group > step else 0
+        group = max(step, group - group % step)  # whole chunks, at least one
         ce = _CE_COMPILED if _CE_COMPILED is not None else _ce_in_place
         with torch.autocast(device, enabled=False):
             w = weight.to(dtype)
