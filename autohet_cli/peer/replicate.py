@@ -56,9 +56,10 @@ from autohet_cli.peer.placement import (
 )
 
 STREAMS = 4  # files in flight per rank
-# Files received at once per host; each holds stream.BUFFERS x BUF_BYTES (48 MiB) of
-# buffers while it lands, so a receiver's memory stays under 8 x 48 MiB whatever the
-# size of the shards.
+# Files received at once per host. Each lands through a 1 MiB pipe (Linux: splice, its
+# hashed pages released from this process as it goes) or, elsewhere, through
+# landing.BUFFERS x BUF_BYTES (48 MiB) of buffers, so a receiver's memory stays under
+# 8 x 48 MiB whatever the size of the shards.
 RECEIVE_STREAMS = 8
 _NAME = re.compile(r"^(__\d+_\d+\.distcp|\.metadata|manifest\.json|COMPLETE)$")
 _MAX_BYTES = 1 << 50
