@@ -144,6 +144,20 @@ def _add_weight_grad(grad_w: Tensor | None, g: Tensor, h: Tensor) -> Tensor:
     return grad_w.add_(g.t() @ h)
 
 
+def _summed_ce(
+    logits: Tensor, t: Tensor, vocab_size: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """A chunk's summed cross-entropy (fp32), with what its gradient is made from: the
+    real classes' fp32 logits (the logits themselves when they are fp32), their
+    logsumexp, which targets count and the targets with ignored ones at class 0."""
+    real = logits[:, :vocab_size].float()
+    lse = torch.logsumexp(real, dim=-1)
+    keep = t != IGNORE_INDEX
+    safe = torch.where(keep, t, 0)
+    picked = real.gather(1, safe[:, None]).squeeze(1)
+    return torch.where(keep, lse - picked, 0.0).sum(), real, lse, keep, safe
+
+
 def _ce_in_place(
     logits: Tensor, t: Tensor, vocab_size: int, want_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
@@ -151,12 +165,7 @@ def _ce_in_place(
     to its logits (softmax - one-hot, in the logits' dtype; zero on padding rows and
     ignored tokens). Eager: in place over one fp32 copy, the fewest passes eager ops
     allow."""
-    real = logits[:, :vocab_size].float()
-    lse = torch.logsumexp(real, dim=-1)
-    keep = t != IGNORE_INDEX
-    safe = torch.where(keep, t, 0)
-    picked = real.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(keep, lse - picked, 0.0).sum()
+    loss, real, lse, keep, safe = _summed_ce(logits, t, vocab_size)
     if not want_grad:
         return loss, None
     # an ignored token's row is exp(-inf) = 0 (no extra pass over the chunk)
@@ -178,12 +187,7 @@ def _ce_fused(
     16-bit logits twice and writing the gradient once, where eager makes five passes
     over an fp32 copy (on a 128k vocabulary the head's memory traffic, not its matmuls,
     set its time)."""
-    real = logits[:, :vocab_size].float()
-    lse = torch.logsumexp(real, dim=-1)
-    keep = t != IGNORE_INDEX
-    safe = torch.where(keep, t, 0)
-    picked = real.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(keep, lse - picked, 0.0).sum()
+    loss, real, lse, keep, safe = _summed_ce(logits, t, vocab_size)
     if not want_grad:
         return loss, None
     cols = torch.arange(vocab_size, device=logits.device)
