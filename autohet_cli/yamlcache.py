@@ -16,11 +16,12 @@ the file is parsed as if there were no cache. Entries are written atomically
 
 Who may write an entry matters more than its name (a content hash proves nothing
 about who wrote it, and ``marshal`` is not meant for untrusted bytes): the cache is
-used only when its directory and the one above it are real directories (not links)
-of this user that nobody else may write, and an entry only when it is a regular file
-of this user, opened without following links and no larger than its source could
-make it. The key also holds the parser's version and our limits on nesting and
-aliases, so an entry never outlives the rules it was parsed under.
+used only where checkpoints would be (``privatedir``: its directory and the one
+above it this user's alone, the rest of the path nobody else's to change), and an
+entry only when it is a regular file of this user, opened without following links
+and no larger than its source could make it. The key also holds the parser's
+version and our limits on nesting and aliases, so an entry never outlives the rules
+it was parsed under.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from autohet_cli.privatedir import make_private_dir
 
 MIN_BYTES = 64 << 10  # smaller files parse in milliseconds: not worth a disk entry
 VERSION = b"autohet-yaml-cache-1\0"
@@ -47,18 +50,6 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     if not os.path.isabs(base):  # no home to speak of: not the current directory
         return None
     return Path(base) / "autohet" / "yaml"
-
-
-def _private(d: Path) -> bool:
-    """``d`` and its parent: real directories of this user that only it may write."""
-    for p in (d, d.parent):
-        try:
-            st = os.lstat(p)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return False
-    return True
 
 
 def _read_entry(entry: Path, most_bytes: int) -> bytes | None:
@@ -81,10 +72,9 @@ def cached_parse(data: bytes, parse: Callable[[], Any], salt: bytes = b"") -> An
     if where is None:
         return parse()
     try:
-        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if make_private_dir(where, where.parent) is not None:
+            return parse()  # others could write there
     except OSError:
-        return parse()
-    if not _private(where):
         return parse()
     key = hashlib.sha256(VERSION + salt + b"\0" + data).hexdigest()
     entry = where / f"{key}.marshal"

@@ -38,6 +38,7 @@ from autohet_cli.ckpt.format import (
 from autohet_cli.ckpt.memory import ranks_on_this_host
 from autohet_cli.ckpt.persist import share_cores
 from autohet_cli.errors import AutohetError, ConfigError
+from autohet_cli.privatedir import make_private_dir
 
 _CHUNK = 1 << 20
 
@@ -67,35 +68,6 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 # --------------------------------------------------------------------- private directories
 
 
-def _private_group(gid: int) -> bool:
-    """The user's own group (named like the user, nobody else in it): Debian's
-    user-private-group scheme, where umask 002 makes directories group-writable
-    without giving anyone else access; OpenSSH on Debian accepts it too."""
-    import grp
-    import pwd
-
-    try:
-        user = pwd.getpwuid(os.getuid())
-        group = grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return gid == user.pw_gid and group.gr_name == user.pw_name and not group.gr_mem
-
-
-def unsafe_reason(path: Path, *, below_root: bool) -> str | None:
-    """Why ``path`` may be changed by someone else; None when it is safe."""
-    st = path.stat()
-    uid = os.getuid()
-    if st.st_uid not in (uid, 0):
-        return f"{path} belongs to uid {st.st_uid}, not to you (uid {uid})"
-    group_ok = st.st_uid == uid and _private_group(st.st_gid)
-    writable_by_others = st.st_mode & ((0 if group_ok else stat.S_IWGRP) | stat.S_IWOTH)
-    sticky_root = st.st_mode & stat.S_ISVTX and st.st_uid == 0
-    if writable_by_others and (below_root or not sticky_root):
-        return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
 def ensure_private_dir(path: Path, root: Path) -> None:
     """Create ``path`` (0700 for what we create) and check it and its parents.
 
@@ -103,25 +75,16 @@ def ensure_private_dir(path: Path, root: Path) -> None:
     directory must be ours alone, above it the StrictModes rule with the sticky
     exception applies.
     """
-    path = Path(os.path.abspath(path))
-    root = Path(os.path.abspath(root))
-    old_umask = os.umask(0o077)  # parents we create are private too, whatever the umask
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = make_private_dir(path, root)
     except OSError as exc:
         raise CheckpointError(f"cannot create {path}: {exc.strerror or exc}") from None
-    finally:
-        os.umask(old_umask)
-    chain = [path, *path.parents]
-    for d in chain:
-        below = d == root or root in d.parents
-        why = unsafe_reason(d, below_root=below)
-        if why is not None:
-            raise CheckpointError(
-                f"refusing checkpoints in {path}: {why}; someone else could plant a "
-                "checkpoint that runs code when loaded. Use a directory only you can write "
-                "(the default is ~/autohet/checkpoints)"
-            )
+    if why is not None:
+        raise CheckpointError(
+            f"refusing checkpoints in {path}: {why}; someone else could plant a "
+            "checkpoint that runs code when loaded. Use a directory only you can write "
+            "(the default is ~/autohet/checkpoints)"
+        )
 
 
 # --------------------------------------------------------------------- the job key
