@@ -227,6 +227,7 @@ class CostTables:
         self.gpu_specs: Mapping[str, GpuSpec] = gpu_specs or {}
         self._cache: dict[tuple[str, int, int, float], LayerTable] = {}
         self._layers = model.layers()
+        self._p2p: dict[tuple[str, str], float] = {}  # p2p_latency_ms, per type pair
         # costmodel.evaluate's memo per cluster (keyed by its id): its entries depend
         # on these tables' training settings, so copies start their own
         self.evaluate_memos: dict[int, Any] = {}
@@ -412,11 +413,17 @@ class CostTables:
 
     def p2p_latency_ms(self, a: str, b: str) -> float:
         """Fixed cost of one exchange between stages of these GPU types: calibrated
-        from runs where a run measured either type, else one message's latency."""
-        found = [o for o in (self.profile.overheads.get(t) for t in (a, b)) if o is not None]
-        if found:
-            return max(o.p2p_ms for o in found)
-        return max(self.hop_ms(a), self.hop_ms(b))
+        from runs where a run measured either type, else one message's latency
+        (memoised: the planner asks for every link of every template it tries)."""
+        got = self._p2p.get((a, b))
+        if got is None:
+            found = [o for o in (self.profile.overheads.get(t) for t in (a, b)) if o is not None]
+            if found:
+                got = max(o.p2p_ms for o in found)
+            else:
+                got = max(self.hop_ms(a), self.hop_ms(b))
+            self._p2p[(a, b)] = got
+        return got
 
     def step_overhead_ms(self, gpu_type: str, tp: int = 1, world: int = 1) -> float:
         """The fixed per-step cost of a stage of this type and TP degree among

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.budget import check_deadline, deadline_in, overrun_s, whole_call
@@ -25,7 +26,7 @@ from autohet_cli.plan import (
     pipelines_entry,
 )
 from autohet_cli.planner.baselines import baselines as compute_baselines
-from autohet_cli.planner.decide import decide, first_space, same_space
+from autohet_cli.planner.decide import decide, first_space, reevaluated, same_space
 from autohet_cli.planner.parallel import Pending
 from autohet_cli.planner.phases import phase
 from autohet_cli.planner.search import (
@@ -123,8 +124,12 @@ def make_plan(
             early = Pending(*(partial(_baselines, g) for g in guesses)) if with_baselines else None
         try:
             try:
-                result, req, zero1_note = decide(
-                    req, progress, recompute=recompute, zero1=zero1_first
+                result, req, zero1_note, searched_in = decide(
+                    req,
+                    progress,
+                    recompute=recompute,
+                    zero1=zero1_first,
+                    on_plain=partial(_spare, early, len(guesses)),
                 )
             except TimeLimitReached:
                 raise
@@ -134,15 +139,18 @@ def make_plan(
                 raise InfeasibleError(measured_only_message(req, str(exc), model_ref)) from None
             base: dict[str, Candidate | None] = {}
             if early is not None:
-                hit = next((i for i, g in enumerate(guesses) if same_space(g, req)), None)
+                source = searched_in or req  # the baselines' space: the plan's search's
+                hit = next((i for i, g in enumerate(guesses) if same_space(g, source)), None)
                 try:
                     base, missed = (
-                        _baselines(req)
+                        _baselines(source)
                         if hit is None
                         else early.result(hit, timeout_s=ends - time.monotonic())
                     )
                 except TimeLimitReached:  # still planning them at the deadline
                     base, missed = {}, ["the baselines"]
+                if source is not req:
+                    base = reevaluated(base, req)
                 skipped += missed
         finally:
             if early is not None:
@@ -187,6 +195,14 @@ def make_plan(
     if contingency:
         plan = replace(plan, contingency=if_lost)
     return PlanOutcome(plan=plan, eval=best.eval, result=result, baselines=base)
+
+
+def _spare(early: Pending[Any] | None, guesses: int, binds: bool) -> None:
+    """Where memory does not bind after the plain search, no other space is searched
+    and the sharded space's baselines (the second guess) are never asked for
+    (``decide.reevaluated``): the child skips them, leaving the core to the search."""
+    if early is not None and guesses > 1 and not binds:
+        early.drop(1)
 
 
 def _baselines(req: SearchRequest) -> tuple[dict[str, Candidate | None], list[str]]:

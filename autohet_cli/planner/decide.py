@@ -19,7 +19,10 @@ searched on top of whichever space won, only where memory still binds:
    model's error, and the replicated optimizer is simpler to run: a checkpoint
    save needs no all-gather of the optimizer state.
 3. **Recomputation** (``recompute_spaces``), in the chosen space, where memory still
-   binds, again in at most as long as the plain search took.
+   binds, again in at most as long as the plain search took. Where a core is free
+   (``planner.parallel``) it starts in the plain space beside step 2's sharded
+   search, and is used when step 2 keeps the plain space (searched again in the
+   sharded one otherwise): the same result, one search earlier.
 
 Not searched: the sharded space where memory does not bind. A layout that only
 sharding makes fastest is then found only among the plain search's runners-up;
@@ -33,10 +36,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
+from autohet_cli.costmodel.budget import seconds_left
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate, zero_sharded
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.plan import Pipeline
+from autohet_cli.planner import parallel
 from autohet_cli.planner.phases import phase
 from autohet_cli.planner.recompute import memory_binds, relax
 from autohet_cli.planner.search import (
@@ -65,10 +71,16 @@ def decide(
     *,
     recompute: bool | None,
     zero1: bool | None,
-) -> tuple[SearchResult, SearchRequest, str | None]:
+    on_plain: Callable[[bool], None] | None = None,
+) -> tuple[SearchResult, SearchRequest, str | None, SearchRequest | None]:
     """The search under the user's flags, each None one decided here; the result,
     the request it was found under (for baselines and contingency plans: its tables
-    carry the ZeRO-1 decision) and a note saying what ZeRO-1 did, if it was decided."""
+    carry the ZeRO-1 decision), a note saying what ZeRO-1 did, if it was decided,
+    and, where the chosen space was not searched itself (ZeRO-1 adopted by
+    re-evaluating the plain search's layouts), the space that was: the baselines
+    are then searched there and re-evaluated in the chosen one
+    (``reevaluated``), as the plan was. ``on_plain`` hears, once the plain search
+    is done, whether a search in another space may follow (memory binds)."""
     start = time.monotonic()
     first = first_space(req, recompute=recompute, zero1=zero1)
     found: SearchResult | None = None
@@ -80,6 +92,8 @@ def decide(
     except InfeasibleError as exc:
         failure = exc
     spent = time.monotonic() - start
+    if on_plain is not None:
+        on_plain(found is None or memory_binds(found.best))
 
     def budget(times: float = 1.0) -> float:
         """``times`` as long as the plain search took (at least a second), within
@@ -87,16 +101,47 @@ def decide(
         left = req.time_limit_s - (time.monotonic() - start)
         return left if found is None else min(left, max(1.0, times * spent))
 
-    result, space, note = found, first, None
-    if zero1 is None:
-        with phase("zero1"):
-            result, space, note = _choose_zero1(first, found, progress, budget(ZERO1_SPACE_TIMES))
-    if recompute is None and memory_binds(result.best if result else None):
-        try:
-            with phase("recompute"):
-                result, space = recompute_spaces(result, space, progress, budget())
-        except (InfeasibleError, TimeLimitReached) as exc:
-            raise (failure or exc) from None
+    # Where memory binds, recomputation will be searched in the space ZeRO-1 leaves;
+    # that is the plain one unless sharding wins. So the plain space's recomputation
+    # search starts now on the other core, beside the sharded search (issue 32: on
+    # 1024 GPUs the two took 10 and 9 s one after the other); it is used only where
+    # ZeRO-1 kept the plain result, else dropped and searched again in the sharded space.
+    ahead = None
+    if zero1 is None and recompute is None and found is not None and memory_binds(found.best):
+        # (crowd=1: beside the baselines' child too, which is done before this
+        # process is, while this search would be on the critical path)
+        ahead = parallel.ahead(partial(_recompute_in, found, first, budget()), crowd=1)
+    try:
+        result, space, note = found, first, None
+        if zero1 is None:
+            with phase("zero1"):
+                result, space, note = _choose_zero1(
+                    first, found, progress, budget(ZERO1_SPACE_TIMES)
+                )
+        # the sharded space chosen on the plain search's layouts alone (memory did not
+        # bind, so no search ran in it): the baselines follow the same method
+        searched_in = None
+        if found is not None and result is found and space is not first:
+            searched_in = None if memory_binds(found.best) else first
+        if recompute is None and memory_binds(result.best if result else None):
+            try:
+                with phase("recompute"):
+                    if (
+                        ahead is not None
+                        and found is not None
+                        and result is found
+                        and space is first
+                    ):
+                        result, space = _recompute_from(ahead, found, first)
+                    else:
+                        if ahead is not None:  # the sharded space won: not wanted
+                            ahead.cancel()
+                        result, space = recompute_spaces(result, space, progress, budget())
+            except (InfeasibleError, TimeLimitReached) as exc:
+                raise (failure or exc) from None
+    finally:
+        if ahead is not None:
+            ahead.cancel()
     if result is None:
         assert failure is not None
         raise failure
@@ -104,12 +149,34 @@ def decide(
         if not _shards(result.best, space):
             space = _zero1(space, False)  # its best shards nothing: no flag to carry
             note = None
+            searched_in = None
         elif note is None:  # nothing fit plain, nor sharded without recomputation
             why = "no plan fit without it or recomputation, and it costs no time"
             note = _chosen_note(result.best, why)
     if result is not found:
         result.time_s = time.monotonic() - start
-    return result, space, note
+        searched_in = None  # recomputation searched the space it chose
+    return result, space, note, searched_in
+
+
+def reevaluated(
+    cands: dict[str, Candidate | None], space: SearchRequest
+) -> dict[str, Candidate | None]:
+    """Candidates found in another space (the baselines of the plain search)
+    scored in ``space``: what ``decide`` does to the plain search's layouts when it
+    adopts ZeRO-1 without searching the sharded space, so that plan and baselines
+    are compared by one method (issue 32: searching the baselines again in the
+    sharded space doubled their time, 3.3 s on 256 GPUs, for gains of the order of
+    the update's). A layout that does not fit there keeps its old score."""
+    score = scorer(space.cluster, space.objective)
+    out: dict[str, Candidate | None] = {}
+    for name, cand in cands.items():
+        if cand is not None:
+            ev = evaluate(cand.pipelines, space.cluster, space.tables, cand.mbs)
+            if ev.fits:
+                cand = replace(cand, eval=ev, score=score(cand.pipelines, ev))
+        out[name] = cand
+    return out
 
 
 def first_space(req: SearchRequest, *, recompute: bool | None, zero1: bool | None) -> SearchRequest:
@@ -195,6 +262,43 @@ def _shards(cand: Candidate, req: SearchRequest) -> bool:
     return any(x > 0 for row in sharded for x in row)
 
 
+def _recompute_in(
+    result: SearchResult, req: SearchRequest, total_s: float
+) -> tuple[SearchResult, int]:
+    """``recompute_spaces`` for another process: the result and the index of its
+    space in ``_spaces(req)`` (the requests, with their cost tables, stay here)."""
+    best, space = recompute_spaces(result, req, None, total_s)
+    flags = [(s.recompute, s.recompute_types) for s in _spaces(req)]
+    key = (space.recompute, space.recompute_types)
+    return best, (flags.index(key) if key in flags else -1)
+
+
+def _recompute_from(
+    ahead: parallel.Pending[tuple[SearchResult, int]], result: SearchResult, req: SearchRequest
+) -> tuple[SearchResult, SearchRequest]:
+    """What ``_recompute_in`` sent back, with its space rebuilt here; ``result`` in
+    ``req`` where it has not answered by the deadline (as ``recompute_spaces`` keeps
+    it when every search there runs out of time)."""
+    left = seconds_left()
+    plain = replace(req, recompute=False, recompute_types=frozenset())
+    try:
+        best, index = ahead.result(timeout_s=max(0.0, left) if left < 1e9 else None)
+    except TimeLimitReached:
+        return result, plain
+    return best, (plain if index < 0 else _spaces(req)[index])
+
+
+def _spaces(req: SearchRequest) -> list[SearchRequest]:
+    """The recomputation spaces of ``req`` in search order: every stage
+    recomputing, then each GPU type's stages alone (where the cluster mixes types)."""
+    plain = replace(req, recompute=False, recompute_types=frozenset())
+    types = sorted({h.gpu_type for h in req.cluster.hosts})
+    spaces = [replace(plain, recompute=True)]
+    if len(types) > 1:
+        spaces += [replace(plain, recompute_types=frozenset({t})) for t in types]
+    return spaces
+
+
 def recompute_spaces(
     result: SearchResult | None,
     req: SearchRequest,
@@ -208,10 +312,7 @@ def recompute_spaces(
     plain = replace(req, recompute=False, recompute_types=frozenset())
     if result is not None and total_s < MIN_SPACE_S:
         return result, plain
-    types = sorted({h.gpu_type for h in req.cluster.hosts})
-    spaces = [replace(plain, recompute=True)]
-    if len(types) > 1:
-        spaces += [replace(plain, recompute_types=frozenset({t})) for t in types]
+    spaces = _spaces(req)
     deadline = time.monotonic() + total_s
     best: tuple[SearchResult, SearchRequest] | None = (result, plain) if result else None
     failure: Exception | None = None

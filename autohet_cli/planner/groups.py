@@ -258,9 +258,12 @@ def lower_bound_ms(
     total_params: int = 0,
     *,
     update_scale: float = 1.0,
+    memo: dict[Template, tuple[int, float, float]] | None = None,
 ) -> float:
     """A valid lower bound on iteration time for a grouping, whatever the split.
     ``update_scale``: the least share of the update a stage steps (ZeRO-1: 1/P).
+    ``memo``: what each template contributes, kept across calls with these
+    ``stats`` (the search bounds 10^5 groupings built from a few templates).
 
     A pipeline of S stages whose model costs W per micro-batch (on its fastest
     class) needs at least max(m*W/S, W) for m micro-batches: its bottleneck
@@ -274,11 +277,20 @@ def lower_bound_ms(
     opt = 0.0
     sync = 0.0
     for tpl, k in parts:
-        sync = max(sync, sync_ms_per_param * total_params / tpl.num_stages)
-        w = min(stats[c].total_ms for c in tpl.classes)
-        rate += k * tpl.num_stages / w
+        got = None if memo is None else memo.get(tpl)
+        if got is None:
+            got = (
+                tpl.num_stages,
+                min(stats[c].total_ms for c in tpl.classes),
+                min(stats[c].total_upd_ms for c in tpl.classes) / tpl.num_stages,
+            )
+            if memo is not None:
+                memo[tpl] = got
+        stages, w, upd = got
+        sync = max(sync, sync_ms_per_param * total_params / stages)
+        rate += k * stages / w
         fill = min(fill, w)
-        opt = max(opt, min(stats[c].total_upd_ms for c in tpl.classes) / tpl.num_stages)
+        opt = max(opt, upd)
     if rate == 0:
         return float("inf")
     return max(num_microbatches / rate, fill) + opt * update_scale + sync

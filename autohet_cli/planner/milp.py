@@ -42,6 +42,8 @@ leave on the table.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,20 +94,44 @@ class SharesResult:
     makespan_ms: float
 
 
+# One SCIP instance per process, emptied and reused for every model: creating one
+# (SCIP with its ~100 default plugins) costs 3-4 ms, as much as solving one of these
+# models, and a 256-GPU plan solves a few hundred of them (issue 32). ``freeProb``
+# drops the problem and keeps the plugins and parameters. One per thread, and per
+# process: a forked planner process (planner.parallel) makes its own rather than
+# share its parent's.
+_SCIP = threading.local()
+
+
 def _model(name: str, time_limit_s: float, gap_limit: float) -> Any:
+    pid, model = getattr(_SCIP, "held", (None, None))
+    if model is None or pid != os.getpid():
+        model = _new_scip()
+        _SCIP.held = (os.getpid(), model)
+    else:
+        model.freeProb()
+    model.createProbBasic(name)
+    model.setParam("limits/time", max(0.05, time_limit_s))
+    model.setParam("limits/gap", gap_limit)
+    return model
+
+
+def _new_scip() -> Any:
     from pyscipopt import Model
     from pyscipopt.scip import PY_SCIP_PARAMSETTING as SCIP_PARAMSETTING
 
-    model = Model(name)
+    model = Model("autohet")
     model.hideOutput()
     model.setParam("randomization/randomseedshift", 0)
     model.setParam("randomization/permutationseed", 0)
     model.setParam("parallel/maxnthreads", 1)
-    model.setParam("limits/time", max(0.05, time_limit_s))
-    model.setParam("limits/gap", gap_limit)
     # These models are tiny (a dozen integers): cutting planes cost more than the
     # branching they save. 197 splits on 64 GPUs: 3.1 s, 7.3 s with them; same plans.
     model.setSeparating(SCIP_PARAMSETTING.OFF)
+    # ... and so do primal heuristics: branching on a dozen integers finds and proves
+    # the optimum by itself. mix-256 (issue 32): 4.1 s of SCIP per search, 2.0 s
+    # without them; the same plans here and in the brute-force suite.
+    model.setHeuristics(SCIP_PARAMSETTING.OFF)
     return model
 
 

@@ -19,6 +19,7 @@ import os
 import pickle
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +28,33 @@ from autohet_cli.planner import phases
 
 T = TypeVar("T")
 PROCESSES_ENV = "AUTOHET_PLANNER_PROCESSES"
+_IN_CHILD = False  # set in a forked planner process: it forks no more (cores are taken)
+
+
+_STARTED: weakref.WeakSet[Pending[Any]] = weakref.WeakSet()  # forked by this process
+
+
+def spare_core(*, crowd: int = 0) -> bool:
+    """Whether work may fork now: this is not a planner child, the machine has
+    two cores or more, and one is free of this process and the children it has
+    still working (a child that has sent every result has exited), or would be
+    with ``crowd`` more cores."""
+    if _IN_CHILD or cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    working = sum(1 for p in list(_STARTED) if p.working)
+    return cores() + crowd > 1 + working
+
+
+def ahead(fn: Callable[[], T], *, crowd: int = 0) -> Pending[T] | None:
+    """``fn`` started in a child now where a core is free (``spare_core``), for a
+    result that may or may not be wanted; else None (nothing is run)."""
+    return Pending(fn) if spare_core(crowd=crowd) else None
+
+
+def in_child() -> bool:
+    """Whether this is a planner process forked by ``Pending``: work that would
+    fork again runs here instead (the parent already uses the other core)."""
+    return _IN_CHILD
 
 
 def cores() -> int:
@@ -58,10 +86,29 @@ class Pending(Generic[T]):
             return
         ctx = multiprocessing.get_context("fork")
         here, there = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(fns, there), daemon=True)
+        orders, self._orders = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, args=(fns, there, orders), daemon=True)
         self._proc.start()
+        _STARTED.add(self)
         there.close()
+        orders.close()
         self._conn = here
+
+    def drop(self, index: int) -> None:
+        """``fns[index]`` is not wanted: the child skips it if it has not started it
+        (so that it does not take a core from work that is wanted), and asking for
+        its result afterwards is an error."""
+        self._got.setdefault(index, ("crash", f"result {index} was dropped"))
+        if self._proc is not None:
+            try:
+                self._orders.send(index)
+            except OSError:  # the child is gone: nothing left to skip
+                pass
+
+    @property
+    def working(self) -> bool:
+        """Whether its child is still running (not every result sent yet)."""
+        return self._proc is not None and self._proc.is_alive()
 
     @property
     def forked(self) -> bool:
@@ -100,12 +147,23 @@ class Pending(Generic[T]):
             if self._proc.is_alive():
                 self._proc.kill()
             self._proc.join()
+            self._orders.close()
         if self._conn is not None:
             self._conn.close()
 
 
-def _child(fns: tuple[Callable[[], Any], ...], conn: Any) -> None:
+def _child(fns: tuple[Callable[[], Any], ...], conn: Any, orders: Any) -> None:
+    global _IN_CHILD
+    _IN_CHILD = True
+    dropped: set[int] = set()
     for i, fn in enumerate(fns):
+        while orders.poll():  # what the parent no longer wants (Pending.drop)
+            try:
+                dropped.add(orders.recv())
+            except EOFError:
+                break
+        if i in dropped:
+            continue
         before = phases.snapshot()
         try:
             out: tuple[str, Any] = ("ok", fn())

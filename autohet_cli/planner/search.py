@@ -20,8 +20,10 @@ from __future__ import annotations
 import heapq
 import time
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import accumulate, chain, product
 from typing import Any
 
@@ -38,6 +40,7 @@ from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import InfeasibleError, TimeLimitReached, UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline
+from autohet_cli.planner import parallel
 from autohet_cli.planner.build import place, refine
 from autohet_cli.planner.groups import (
     BlockStats,
@@ -249,21 +252,24 @@ def _enumerate(req: SearchRequest, start: float, note: Progress) -> tuple[Queue,
             _trim(homogeneous_options(c.num_groups, d)) if d else []
             for c, d in zip(ctx.classes, _min_depths(req, ctx), strict=True)
         ]
+        bounds: dict[Template, tuple[int, float, float]] = {}  # lower_bound_ms's, this context
         for parts in chain(
             enumerate_parts(ctx.classes, options, mixed_orders=True), aligned_parts(ctx.classes)
         ):
             if sum(k for _, k in parts) > M:
                 continue
+            low, rate = _sync_rates(req, ctx, parts)
             lb = lower_bound_ms(
                 parts,
                 ctx.stats,
                 M,
-                _sync_rate(req, ctx, parts, optimistic=True)[0],
+                low,
                 ctx.params_per_gpu,
                 update_scale=_update_scale(req, sum(k for _, k in parts)),
+                memo=bounds,
             )
             g = Grouping(tp=ctx.tp, mbs=ctx.mbs, parts=parts, lower_bound_ms=lb)
-            est = _estimate(req, ctx, parts, M)
+            est = _estimate(req, ctx, parts, M, rate)
             heapq.heappush(queue, (est, len(queue), g, ctx))
         if per_type:
             mixed += len(queue) - before
@@ -369,7 +375,12 @@ def _refine_best(
 ) -> Candidate:
     """Exact local refinement of the few best candidates, within the time left
     (at least a short slice, so a tight --time-limit still gets a clean plan);
-    the misaligned ones after them get what the best left of that time."""
+    the misaligned ones after them get what the best left of that time.
+
+    The candidates are independent, so where a core is free (``parallel.ahead``:
+    not in a planner process, nor with its children on every core) every other
+    one is refined in a forked process meanwhile (issue 32: a quarter of a 256-GPU search); the
+    best is picked in the same order either way."""
     ranked = sorted(found, key=lambda c: c.score)
     # ... and the best few whose pipelines cut the layers at different places:
     # aligning their cuts merges sync segments (most of all where a segment is held
@@ -382,14 +393,42 @@ def _refine_best(
     total_s = max(0.2, min(left, 0.25 * req.time_limit_s))
     slice_s = total_s / min(len(top), REFINE_TOP)
     until = time.monotonic() + total_s
-    best = top[0]
-    for i, cand in enumerate(top):
-        fixed = cand.pipelines
+    jobs = list(enumerate(top))
+    theirs = None
+    if len(jobs) > 1 and parallel.cores() >= 2 and not parallel.in_child():
+        theirs = parallel.Pending(partial(_refine_each, req, jobs[1::2], score, slice_s, until))
+        jobs = jobs[0::2]
+    done = _refine_each(req, jobs, score, slice_s, until)
+    if theirs is not None:
+        try:
+            wait_s = seconds_left()
+            done += theirs.result(timeout_s=max(0.0, wait_s) if wait_s < 1e9 else None)
+        except TimeLimitReached:  # its refinements are lost, not the plan
+            pass
+        finally:
+            theirs.cancel()
+    # the unrefined best first: a refinement replaces it only when strictly better,
+    # and of equal ones the earlier in ``top`` wins, as one process refining in order
+    ordered = [(-1, top[0]), *sorted(done, key=lambda x: x[0])]
+    return min(ordered, key=lambda x: (x[1].score, x[0]))[1]
+
+
+def _refine_each(
+    req: SearchRequest,
+    jobs: list[tuple[int, Candidate]],
+    score: Callable[[list[Pipeline], PlanEval], float],
+    slice_s: float,
+    until: float,
+) -> list[tuple[int, Candidate]]:
+    """(index, refined candidate) of the ``jobs`` (index in the refined list, at
+    REFINE_TOP and after: misaligned ones, refined only before ``until``)."""
+    out = []
+    for i, cand in jobs:
         cut = until if i >= REFINE_TOP else float("inf")
         if cut <= time.monotonic():
             break
 
-        def by_score(e: PlanEval, p: list[Pipeline] = fixed) -> float:
+        def by_score(e: PlanEval, p: list[Pipeline] = cand.pipelines) -> float:
             return score(p, e)
 
         try:
@@ -403,17 +442,20 @@ def _refine_best(
             )
         except TimeLimitReached:
             break
-        refined = Candidate(
-            pipelines=pipelines,
-            tp=cand.tp,
-            mbs=cand.mbs,
-            eval=ev,
-            score=score(pipelines, ev),
-            solver_gap=cand.solver_gap,
+        out.append(
+            (
+                i,
+                Candidate(
+                    pipelines=pipelines,
+                    tp=cand.tp,
+                    mbs=cand.mbs,
+                    eval=ev,
+                    score=score(pipelines, ev),
+                    solver_gap=cand.solver_gap,
+                ),
+            )
         )
-        if refined.score < best.score:
-            best = refined
-    return best
+    return out
 
 
 def _contexts(req: SearchRequest) -> tuple[list[tuple[_Context, bool]], bool]:
@@ -586,29 +628,46 @@ def _sends(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
     return got
 
 
+Link = tuple[int, int, str | None, str | None]  # _one_link_ms's arguments
+
+
 def _link_ms(req: SearchRequest, ctx: _Context, tpl: Template) -> list[float]:
-    out = []
-    slow = _slowest_link(req.cluster)
+    """Per link of ``tpl``: latency + transfer of the boundary bytes (``_sends``),
+    each distinct link (its two classes, and its two hosts or whether it stays on
+    one) memoised per context: templates on 1024 GPUs run to 50 stages, built
+    from a few classes and links."""
+    links: dict[Link, float] = ctx.memo.setdefault("links", {})
     pairs = list(zip(tpl.classes, tpl.classes[1:], strict=False))
-    latency = [
-        req.tables.p2p_latency_ms(ctx.classes[a].gpu_type, ctx.classes[b].gpu_type)
-        for a, b in pairs
-    ]
-    nbytes = [
-        ctx.stats[a].out_bytes * send_copies(ctx.classes[a].tp, ctx.classes[b].tp) for a, b in pairs
-    ]
+    keys: list[Link]
     if tpl.hosts:  # host-aligned: the links between the stage hosts are known
-        return [
-            latency[s]
-            + transfer_ms(nbytes[s], req.cluster.link_gbps(tpl.hosts[s], tpl.hosts[s + 1]))
-            for s in range(tpl.num_stages - 1)
-        ]
-    for i, (a, b) in enumerate(pairs):
-        c = ctx.classes[a]
-        same_host = a == b and tpl.num_stages <= min(c.groups_per_host)
-        gbps = c.intra_node_gbps if same_host else slow
-        out.append(latency[i] + transfer_ms(nbytes[i], gbps))
+        keys = [(a, b, tpl.hosts[s], tpl.hosts[s + 1]) for s, (a, b) in enumerate(pairs)]
+    else:  # "" "": inside one host; None None: the slowest link between hosts
+        fits = [tpl.num_stages <= min(c.groups_per_host) for c in ctx.classes]
+        keys = [(a, b, "", "") if a == b and fits[a] else (a, b, None, None) for a, b in pairs]
+    out = []
+    for key in keys:
+        got = links.get(key)
+        if got is None:
+            got = links[key] = _one_link_ms(req, ctx, *key)
+        out.append(got)
     return out
+
+
+def _one_link_ms(
+    req: SearchRequest, ctx: _Context, a: int, b: int, src: str | None, dst: str | None
+) -> float:
+    """One link of ``_link_ms``: from a stage of class ``a`` on host ``src`` to one
+    of class ``b`` on ``dst`` (both "": inside one host; both None: hosts not
+    known, the cluster's slowest link)."""
+    latency = req.tables.p2p_latency_ms(ctx.classes[a].gpu_type, ctx.classes[b].gpu_type)
+    nbytes = ctx.stats[a].out_bytes * send_copies(ctx.classes[a].tp, ctx.classes[b].tp)
+    if src is None or dst is None:
+        gbps = _slowest_link(req.cluster)
+    elif src == "":
+        gbps = ctx.classes[a].intra_node_gbps
+    else:
+        gbps = req.cluster.link_gbps(src, dst)
+    return latency + transfer_ms(nbytes, gbps)
 
 
 def _sync_rate(
@@ -629,34 +688,48 @@ def _sync_rate(
     parameter. ``optimistic`` takes the fastest link any segment could use, per
     parameter a GPU holds, which keeps lower bounds valid whatever the placement.
     """
+    low, rate = _sync_rates(req, ctx, parts)
+    return (low, False) if optimistic else rate
+
+
+def _sync_rates(
+    req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]]
+) -> tuple[float, tuple[float, bool]]:
+    """``_sync_rate`` both ways from one pass over the grouping: the optimistic
+    rate (for its lower bound) and (rate, per full parameter) for its estimate;
+    every grouping asks for both (10^5 of them on 1024 GPUs)."""
     d = sum(k for _, k in parts)
     nbytes = req.tables.training.grad_bytes_per_param
     used = [0] * len(ctx.classes)
+    counts: dict[Template, tuple[tuple[int, int], ...]] = ctx.memo.setdefault("counts", {})
     for tpl, k in parts:
-        for c in tpl.classes:
-            used[c] += k
+        per_class = counts.get(tpl)
+        if per_class is None:  # stages per class: templates run to 50 stages of few classes
+            per_class = counts[tpl] = tuple(Counter(tpl.classes).items())
+        for c, n in per_class:
+            used[c] += k * n
     fixed = _context_rates(req, ctx)
+    intra = max(g for g, n in zip(fixed["intra"], used, strict=True) if n)
+    aligned = all(tpl.hosts for tpl, _ in parts)
+    if aligned:
+        slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
+        low = ring_allreduce_ms(nbytes, d, slowest_intra)
+    else:  # no ZeRO-1 factor either: it is 1 for a tied layer's share
+        low = ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"]))
+    # ZeRO-1's reduce-scatter + all-gather against the all-reduce (costmodel.evaluate);
+    # segments held at two degrees sync the full gradient, unsharded: no factor
+    uniform = len({c.tp for c, n in zip(ctx.classes, used, strict=True) if n}) == 1
+    f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 and uniform else 1.0
+    if aligned:  # stage-major: each stage's copies on one host
+        return low, (f * low, False)
     hosts = sum(  # the hosts a class's groups fill, in order, to hold ``need`` of them
         min(bisect_left(cum, need) + 1, len(cum))
         for cum, need in zip(fixed["cumulative"], used, strict=True)
         if need > 0
     )
-    intra = max(g for g, n in zip(fixed["intra"], used, strict=True) if n)
-    if optimistic:  # no ZeRO-1 factor either: it is 1 for a tied layer's share
-        if all(tpl.hosts for tpl, _ in parts):
-            slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
-            return ring_allreduce_ms(nbytes, d, slowest_intra), False
-        return ring_allreduce_ms(nbytes, d, max(intra, fixed["fastest"])), False
-    # ZeRO-1's reduce-scatter + all-gather against the all-reduce (costmodel.evaluate);
-    # segments held at two degrees sync the full gradient, unsharded: no factor
-    uniform = len({c.tp for c, n in zip(ctx.classes, used, strict=True) if n}) == 1
-    f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 and uniform else 1.0
-    if all(tpl.hosts for tpl, _ in parts):  # stage-major: each stage's copies on one host
-        slowest_intra = min(_hosts_intra(req, ctx, tpl) for tpl, _ in parts)
-        return f * ring_allreduce_ms(nbytes, d, slowest_intra), False
     if hosts > 1:
-        return f * ring_allreduce_ms(nbytes, d, fixed["slowest"]), True
-    return f * ring_allreduce_ms(nbytes, d, intra), False
+        return low, (f * ring_allreduce_ms(nbytes, d, fixed["slowest"]), True)
+    return low, (f * ring_allreduce_ms(nbytes, d, intra), False)
 
 
 def _context_rates(req: SearchRequest, ctx: _Context) -> dict[str, Any]:
@@ -700,10 +773,15 @@ def _allreduce_gbps(req: SearchRequest, gpu_type: str, nominal_gbps: float) -> f
 
 
 def _estimate(
-    req: SearchRequest, ctx: _Context, parts: Sequence[tuple[Template, int]], M: int
+    req: SearchRequest,
+    ctx: _Context,
+    parts: Sequence[tuple[Template, int]],
+    M: int,
+    sync: tuple[float, bool] | None = None,
 ) -> float:
     """Balanced continuous split per template; micro-batches shared so that all
-    pipelines finish together, then rounded (cheap enough for 10^5 groupings)."""
+    pipelines finish together, then rounded (cheap enough for 10^5 groupings).
+    ``sync``: ``_sync_rate`` of the grouping, where the caller has it."""
     got = ctx.memo.get("blocks")
     if got is None:
         got = ctx.memo["blocks"] = block_range(req.model)
@@ -712,7 +790,7 @@ def _estimate(
     upd = 0.0
     params = 0.0
     shapes = []
-    rate, per_full = _sync_rate(req, ctx, parts)
+    rate, per_full = sync or _sync_rate(req, ctx, parts)
     for tpl, k in parts:
         c_ms, fill_ms, tpl_upd, tpl_params = _shape(req, ctx, tpl, n, per_full)
         shapes.append((k, c_ms, fill_ms))
