@@ -92,8 +92,10 @@ def decide(
     except InfeasibleError as exc:
         failure = exc
     spent = time.monotonic() - start
+    # judged on the plain search's own best, before step 2 may replace it
+    plain_binds = found is None or memory_binds(found.best)
     if on_plain is not None:
-        on_plain(found is None or memory_binds(found.best))
+        on_plain(plain_binds)
 
     def budget(times: float = 1.0) -> float:
         """``times`` as long as the plain search took (at least a second), within
@@ -107,7 +109,7 @@ def decide(
     # 1024 GPUs the two took 10 and 9 s one after the other); it is used only where
     # ZeRO-1 kept the plain result, else dropped and searched again in the sharded space.
     ahead = None
-    if zero1 is None and recompute is None and found is not None and memory_binds(found.best):
+    if zero1 is None and recompute is None and found is not None and plain_binds:
         # (crowd=1: beside the baselines' child too, which is done before this
         # process is, while this search would be on the critical path)
         ahead = parallel.ahead(partial(_recompute_in, found, first, budget()), crowd=1)
@@ -121,8 +123,8 @@ def decide(
         # the sharded space chosen on the plain search's layouts alone (memory did not
         # bind, so no search ran in it): the baselines follow the same method
         searched_in = None
-        if found is not None and result is found and space is not first:
-            searched_in = None if memory_binds(found.best) else first
+        if result is found and space is not first and not plain_binds:
+            searched_in = first
         if recompute is None and memory_binds(result.best if result else None):
             try:
                 with phase("recompute"):
@@ -285,7 +287,9 @@ def _recompute_from(
         best, index = ahead.result(timeout_s=max(0.0, left) if left < 1e9 else None)
     except TimeLimitReached:
         return result, plain
-    return best, (plain if index < 0 else _spaces(req)[index])
+    if index < 0:  # nothing beat it: the result itself, not the child's copy of it
+        return result, plain
+    return best, _spaces(req)[index]
 
 
 def _spaces(req: SearchRequest) -> list[SearchRequest]:

@@ -46,7 +46,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from autohet_cli.planner.groups import BlockStats, Template
 
@@ -105,11 +105,17 @@ _SCIP = threading.local()
 
 def _model(name: str, time_limit_s: float, gap_limit: float) -> Any:
     pid, model = getattr(_SCIP, "held", (None, None))
-    if model is None or pid != os.getpid():
+    model = cast(Any, model)
+    fresh = model is None or pid != os.getpid()
+    if not fresh:
+        try:
+            model.freeProb()
+        except Exception:  # a solve that failed midway left it unusable: start over
+            fresh = True
+    if fresh:
         model = _new_scip()
         _SCIP.held = (os.getpid(), model)
-    else:
-        model.freeProb()
+    _SCIP.status = None
     model.createProbBasic(name)
     model.setParam("limits/time", max(0.05, time_limit_s))
     model.setParam("limits/gap", gap_limit)
@@ -138,6 +144,13 @@ def _new_scip() -> Any:
 def _status(model: Any) -> str:
     raw = str(model.getStatus())
     return {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit"}.get(raw, raw)
+
+
+def last_status() -> str | None:
+    """How this thread's last solve ended (``_status``): with None from a solve,
+    "infeasible" means nothing fits, "time_limit" only that SCIP found no solution
+    in its time (heuristics are off), which a caller must not remember as the former."""
+    return getattr(_SCIP, "status", None)
 
 
 def solve_split(
@@ -199,6 +212,7 @@ def solve_split(
     m_hat = max(1, inp.expected_microbatches)
     model.setObjective((m_hat - 1) * (fw + bw) + fill + Z + O_, "minimize")
     model.optimize()
+    _SCIP.status = _status(model)
     if model.getNSols() == 0:
         return None
     sol = model.getBestSol()
@@ -259,6 +273,7 @@ def solve_shares(
     model.addCons(quicksum(total) == M)
     model.setObjective(T, "minimize")
     model.optimize()
+    _SCIP.status = _status(model)
     if model.getNSols() == 0:
         return None
     sol = model.getBestSol()

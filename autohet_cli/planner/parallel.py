@@ -81,6 +81,7 @@ class Pending(Generic[T]):
         self._fns = fns
         self._got: dict[int, tuple[str, Any]] = {}
         self._proc: Any = None
+        self._dropped: set[int] = set()  # indices the child was told to skip (drop)
         self._conn: Any = None
         if cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
             return
@@ -96,9 +97,9 @@ class Pending(Generic[T]):
 
     def drop(self, index: int) -> None:
         """``fns[index]`` is not wanted: the child skips it if it has not started it
-        (so that it does not take a core from work that is wanted), and asking for
-        its result afterwards is an error."""
-        self._got.setdefault(index, ("crash", f"result {index} was dropped"))
+        (so that it does not take a core from work that is wanted); asked for after
+        all, it runs here then, as without a child."""
+        self._dropped.add(index)
         if self._proc is not None:
             try:
                 self._orders.send(index)
@@ -118,7 +119,7 @@ class Pending(Generic[T]):
         """``fns[index]()``, or the exception it raised (a domain error as itself);
         TimeLimitReached if the child has not sent it within ``timeout_s`` (run
         here, without a child, the call is not cut short: its own deadline holds)."""
-        if self._proc is None:
+        if self._proc is None or (index in self._dropped and index not in self._got):
             return self._fns[index]()
         until = None if timeout_s is None else time.monotonic() + timeout_s
         while index not in self._got:

@@ -37,7 +37,7 @@ from autohet_cli.costmodel.evaluate import (
     transfer_ms,
 )
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import InfeasibleError, TimeLimitReached, UnknownNameError
+from autohet_cli.errors import AutohetError, InfeasibleError, TimeLimitReached, UnknownNameError
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline
 from autohet_cli.planner import parallel
@@ -56,7 +56,13 @@ from autohet_cli.planner.groups import (
     lower_bound_ms,
     min_depth,
 )
-from autohet_cli.planner.milp import SplitInputs, SplitResult, solve_shares, solve_split
+from autohet_cli.planner.milp import (
+    SplitInputs,
+    SplitResult,
+    last_status,
+    solve_shares,
+    solve_split,
+)
 from autohet_cli.planner.phases import phase
 
 Progress = Callable[[float, str], None]
@@ -379,8 +385,11 @@ def _refine_best(
 
     The candidates are independent, so where a core is free (``parallel.ahead``:
     not in a planner process, nor with its children on every core) every other
-    one is refined in a forked process meanwhile (issue 32: a quarter of a 256-GPU search); the
-    best is picked in the same order either way."""
+    one is refined in a forked process meanwhile (issue 32: a quarter of a 256-GPU
+    search); the best is picked in the same order either way. Where refinement
+    runs to its local optimum (the usual case: it takes a fraction of its time)
+    one process and two refine the same candidates alike; where time cuts it
+    short, two processes give the misaligned ones more of it."""
     ranked = sorted(found, key=lambda c: c.score)
     # ... and the best few whose pipelines cut the layers at different places:
     # aligning their cuts merges sync segments (most of all where a segment is held
@@ -395,17 +404,18 @@ def _refine_best(
     until = time.monotonic() + total_s
     jobs = list(enumerate(top))
     theirs = None
-    if len(jobs) > 1 and parallel.cores() >= 2 and not parallel.in_child():
-        theirs = parallel.Pending(partial(_refine_each, req, jobs[1::2], score, slice_s, until))
-        jobs = jobs[0::2]
-    done = _refine_each(req, jobs, score, slice_s, until)
-    if theirs is not None:
-        try:
-            wait_s = seconds_left()
-            done += theirs.result(timeout_s=max(0.0, wait_s) if wait_s < 1e9 else None)
-        except TimeLimitReached:  # its refinements are lost, not the plan
-            pass
-        finally:
+    if len(jobs) > 1:
+        theirs = parallel.ahead(partial(_refine_each, req, jobs[1::2], score, slice_s, until))
+    try:
+        done = _refine_each(req, jobs if theirs is None else jobs[0::2], score, slice_s, until)
+        if theirs is not None:
+            try:
+                wait_s = seconds_left()
+                done += theirs.result(timeout_s=max(0.0, wait_s) if wait_s < 1e9 else None)
+            except (AutohetError, RuntimeError):  # out of time, or the child died or
+                pass  # failed: its refinements are lost, not the plan
+    finally:
+        if theirs is not None:
             theirs.cancel()
     # the unrefined best first: a refinement replaces it only when strictly better,
     # and of equal ones the earlier in ``top`` wins, as one process refining in order
@@ -935,7 +945,7 @@ def _split(
 ) -> SplitResult | None:
     key = (tpl.classes, m_hat, round(sync, 12), per_full, replicas)
     if key not in ctx.splits:
-        ctx.splits[key] = solve_split(
+        got = solve_split(
             SplitInputs(
                 template=tpl,
                 stats=ctx.stats,
@@ -955,6 +965,9 @@ def _split(
             ),
             time_limit_s=cap,
         )
+        if got is None and last_status() == "time_limit":
+            return None  # no split found in time: not "none fits", so not remembered
+        ctx.splits[key] = got
     return ctx.splits[key]
 
 

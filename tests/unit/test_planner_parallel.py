@@ -18,6 +18,7 @@ from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.models import get_model
 from autohet_cli.planner import decide, milp, parallel
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.groups import Template
 from tests.bruteforce import tiny_cluster
 
 SHARES: dict[str, Any] = {  # three templates' bottleneck and fill ms
@@ -69,19 +70,18 @@ def _touch(path: str) -> int:
     return 2
 
 
-def test_a_dropped_job_is_never_started_and_not_answered(
+def test_a_dropped_job_is_skipped_by_the_child_and_run_here_if_asked_after_all(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
     marker = tmp_path / "ran"
-    job = parallel.Pending(_nap, lambda: _touch(str(marker)), lambda: 3)
+    job = parallel.Pending(_nap, lambda: _touch(str(marker)), lambda: os.getpid())
     try:
         job.drop(1)  # while the child still sleeps in the first
         assert job.result(0, timeout_s=60) == 1
-        assert job.result(2, timeout_s=60) == 3
-        with pytest.raises(RuntimeError, match="dropped"):
-            job.result(1)
-        assert not marker.exists()
+        assert job.result(2, timeout_s=60) != os.getpid()  # the child went on after it
+        assert not marker.exists()  # ... having skipped the dropped one
+        assert job.result(1) == 2 and marker.exists()  # asked after all: run here
     finally:
         job.cancel()
 
@@ -240,3 +240,37 @@ def test_a_recomputation_search_ahead_that_misses_the_deadline_leaves_the_plain_
         job.cancel()
     assert got is plain_result
     assert not space.recompute and not space.recompute_types
+
+
+def test_a_scip_instance_a_failed_solve_left_unusable_is_replaced() -> None:
+    class Broken:
+        def freeProb(self) -> None:  # noqa: N802 (pyscipopt's name)
+            raise RuntimeError("SCIP error in a bad stage")
+
+    milp._SCIP.held = (os.getpid(), Broken())
+    model = milp._model("after", 1.0, 1e-3)
+    assert not isinstance(model, Broken)
+    assert _shares() == _shares()  # and it solves
+
+
+@pytest.mark.parametrize(("status", "remembered"), [("infeasible", True), ("time_limit", False)])
+def test_a_split_not_found_in_time_is_not_remembered_as_none_fitting(
+    monkeypatch: pytest.MonkeyPatch, status: str, remembered: bool
+) -> None:
+    from autohet_cli.planner import search
+    from autohet_cli.planner.search import SearchRequest
+
+    training = training_for(16, 1024, "bf16", "adam")
+    req = SearchRequest(
+        cluster=V100_PAIR,
+        model=GPT13,
+        tables=CostTables(GPT13, None, training),
+        global_batch_size=16,
+    )
+    ctx = search._context(req, 1, 1)
+    assert ctx is not None
+    tpl = Template(classes=(0, 0))
+    monkeypatch.setattr(search, "solve_split", lambda *a, **k: None)
+    monkeypatch.setattr(search, "last_status", lambda: status)
+    assert search._split(req, ctx, tpl, 4, 0.0, 10, 1.0) is None
+    assert (len(ctx.splits) == 1) is remembered
