@@ -281,10 +281,9 @@ def _recompute_from(
     """What ``_recompute_in`` sent back, with its space rebuilt here; ``result`` in
     ``req`` where it has not answered by the deadline (as ``recompute_spaces`` keeps
     it when every search there runs out of time)."""
-    left = seconds_left()
     plain = replace(req, recompute=False, recompute_types=frozenset())
     try:
-        best, index = ahead.result(timeout_s=max(0.0, left) if left < 1e9 else None)
+        best, index = ahead.result(timeout_s=seconds_left())
     except TimeLimitReached:
         return result, plain
     if index < 0:  # nothing beat it: the result itself, not the child's copy of it

@@ -29,8 +29,6 @@ from autohet_cli.planner import phases
 T = TypeVar("T")
 PROCESSES_ENV = "AUTOHET_PLANNER_PROCESSES"
 _IN_CHILD = False  # set in a forked planner process: it forks no more (cores are taken)
-
-
 _STARTED: weakref.WeakSet[Pending[Any]] = weakref.WeakSet()  # forked by this process
 
 
@@ -39,7 +37,7 @@ def spare_core(*, crowd: int = 0) -> bool:
     two cores or more, and one is free of this process and the children it has
     still working (a child that has sent every result has exited), or would be
     with ``crowd`` more cores."""
-    if _IN_CHILD or cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if _IN_CHILD or not _can_fork():
         return False
     working = sum(1 for p in list(_STARTED) if p.working)
     return cores() + crowd > 1 + working
@@ -51,10 +49,9 @@ def ahead(fn: Callable[[], T], *, crowd: int = 0) -> Pending[T] | None:
     return Pending(fn) if spare_core(crowd=crowd) else None
 
 
-def in_child() -> bool:
-    """Whether this is a planner process forked by ``Pending``: work that would
-    fork again runs here instead (the parent already uses the other core)."""
-    return _IN_CHILD
+def _can_fork() -> bool:
+    """Two cores or more, and ``fork`` (Linux): a child is worth starting."""
+    return cores() >= 2 and "fork" in multiprocessing.get_all_start_methods()
 
 
 def cores() -> int:
@@ -83,7 +80,7 @@ class Pending(Generic[T]):
         self._proc: Any = None
         self._dropped: set[int] = set()  # indices the child was told to skip (drop)
         self._conn: Any = None
-        if cores() < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        if not _can_fork():
             return
         ctx = multiprocessing.get_context("fork")
         here, there = ctx.Pipe(duplex=False)
@@ -117,11 +114,15 @@ class Pending(Generic[T]):
 
     def result(self, index: int = 0, *, timeout_s: float | None = None) -> T:
         """``fns[index]()``, or the exception it raised (a domain error as itself);
-        TimeLimitReached if the child has not sent it within ``timeout_s`` (run
-        here, without a child, the call is not cut short: its own deadline holds)."""
+        TimeLimitReached if the child has not sent it within ``timeout_s`` (None or
+        infinite: no limit, as ``costmodel.budget.seconds_left`` says without a
+        deadline; run here, without a child, the call is not cut short: its own
+        deadline holds)."""
         if self._proc is None or (index in self._dropped and index not in self._got):
             return self._fns[index]()
-        until = None if timeout_s is None else time.monotonic() + timeout_s
+        until = None
+        if timeout_s is not None and timeout_s != float("inf"):
+            until = time.monotonic() + max(0.0, timeout_s)
         while index not in self._got:
             if until is not None and not self._conn.poll(max(0.0, until - time.monotonic())):
                 raise TimeLimitReached("the planner's second process did not answer in time")

@@ -414,8 +414,7 @@ def _refine_best(
         done = _refine_each(req, jobs if theirs is None else jobs[0::2], score, slice_s, until)
         if theirs is not None:
             try:
-                wait_s = seconds_left()
-                done += theirs.result(timeout_s=max(0.0, wait_s) if wait_s < 1e9 else None)
+                done += theirs.result(timeout_s=seconds_left())
             except (AutohetError, RuntimeError):  # out of time, or the child died or
                 pass  # failed: its refinements are lost, not the plan
     finally:

@@ -19,6 +19,7 @@ from autohet_cli.models import get_model
 from autohet_cli.planner import decide, milp, parallel
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from autohet_cli.planner.groups import Template
+from autohet_cli.planner.search import SearchRequest
 from tests.bruteforce import tiny_cluster
 
 SHARES: dict[str, Any] = {  # three templates' bottleneck and fill ms
@@ -105,7 +106,7 @@ def test_spare_cores_count_the_children_still_working(monkeypatch: pytest.Monkey
         busy.cancel()
     assert parallel.spare_core()  # a cancelled child is not working
     done = parallel.Pending(lambda: 5)
-    assert done.result(timeout_s=60) == 5
+    assert done.result(timeout_s=float("inf")) == 5  # no deadline: seconds_left() is inf
     deadline = time.monotonic() + 10
     while done.working and time.monotonic() < deadline:  # it exits after answering
         time.sleep(0.01)
@@ -214,21 +215,25 @@ def test_sharded_baselines_are_the_plain_ones_rescored_when_no_sharded_search_ra
     assert os.environ[parallel.PROCESSES_ENV] == "2"
 
 
-def test_a_recomputation_search_ahead_that_misses_the_deadline_leaves_the_plain_result(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from autohet_cli.costmodel.budget import deadline_in
-    from autohet_cli.planner.search import SearchRequest
-
-    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+def _pair_request(**kw: Any) -> SearchRequest:
+    """GPT-1.3B on two V100s, batch 16 (``kw``: SearchRequest's options)."""
     training = training_for(16, 1024, "bf16", "adam")
-    req = SearchRequest(
+    return SearchRequest(
         cluster=V100_PAIR,
         model=GPT13,
         tables=CostTables(GPT13, None, training),
         global_batch_size=16,
-        recompute=True,
+        **kw,
     )
+
+
+def test_a_recomputation_search_ahead_that_misses_the_deadline_leaves_the_plain_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autohet_cli.costmodel.budget import deadline_in
+
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    req = _pair_request(recompute=True)
     plain_result: Any = object()  # what the plain search found
     job: Any = parallel.Pending(lambda: time.sleep(30))
     try:
@@ -258,15 +263,8 @@ def test_a_split_not_found_in_time_is_not_remembered_as_none_fitting(
     monkeypatch: pytest.MonkeyPatch, status: str, remembered: bool
 ) -> None:
     from autohet_cli.planner import search
-    from autohet_cli.planner.search import SearchRequest
 
-    training = training_for(16, 1024, "bf16", "adam")
-    req = SearchRequest(
-        cluster=V100_PAIR,
-        model=GPT13,
-        tables=CostTables(GPT13, None, training),
-        global_batch_size=16,
-    )
+    req = _pair_request()
     ctx = search._context(req, 1, 1)
     assert ctx is not None
     tpl = Template(classes=(0, 0))
