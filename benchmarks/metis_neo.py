@@ -19,7 +19,7 @@ from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.inputs import Inputs, load_inputs, tables_for
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
-from autohet_cli.planner import search as search_module
+from autohet_cli.planner import enumeration
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from benchmarks._common import describe
 
@@ -82,9 +82,9 @@ def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
     """make_plan on the case; ``one_degree``: one TP degree for every stage."""
     inputs, tables = neo_inputs()
     with mock.patch.object(
-        search_module,
-        "_ranked_combos",
-        (lambda _req, _mbs: ([], False)) if one_degree else search_module._ranked_combos,
+        enumeration,
+        "ranked_combos",
+        (lambda _req, _mbs: ([], False)) if one_degree else enumeration.ranked_combos,
     ):
         return make_plan(
             name="neo",

@@ -262,11 +262,11 @@ def _request(cluster: str, batch: int, model: str = "OPT-350M") -> SearchRequest
 
 
 def test_few_degree_combinations_are_all_tried_ranked_by_promise() -> None:
-    from autohet_cli.planner.search import _ranked_combos
+    from autohet_cli.planner.enumeration import ranked_combos
 
     # 2 types x degrees {1, 2, 4} (4-GPU hosts): 9 combinations, 6 of them mixed.
     req = _request("neo-a100-v100", 64, model="GPT-Neo-2.7B")
-    combos, left_out = _ranked_combos(req, 1)
+    combos, left_out = ranked_combos(req, 1)
     assert not left_out
     assert len(combos) == 6
     assert all(len(set(d.values())) == 2 for _, d in combos)
@@ -275,11 +275,11 @@ def test_few_degree_combinations_are_all_tried_ranked_by_promise() -> None:
 
 
 def test_many_degree_combinations_keep_each_types_two_best() -> None:
-    from autohet_cli.planner.search import DEGREES_PER_TYPE, _ranked_combos
+    from autohet_cli.planner.enumeration import DEGREES_PER_TYPE, ranked_combos
 
     # 3 types x degrees {1, 2, 4, 8}: 64 combinations; each type keeps 2 degrees.
     req = _request("mix-16", 64)
-    combos, left_out = _ranked_combos(req, 1)
+    combos, left_out = ranked_combos(req, 1)
     assert left_out
     assert 0 < len(combos) <= DEGREES_PER_TYPE**3
     for gpu in req.cluster.gpu_types():

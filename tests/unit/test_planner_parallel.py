@@ -262,13 +262,13 @@ def test_a_scip_instance_a_failed_solve_left_unusable_is_replaced() -> None:
 def test_a_split_not_found_in_time_is_not_remembered_as_none_fitting(
     monkeypatch: pytest.MonkeyPatch, status: str, remembered: bool
 ) -> None:
-    from autohet_cli.planner import search
+    from autohet_cli.planner import enumeration, solve
 
     req = _pair_request()
-    ctx = search._context(req, 1, 1)
+    ctx = enumeration.make_context(req, 1, 1)
     assert ctx is not None
     tpl = Template(classes=(0, 0))
-    monkeypatch.setattr(search, "solve_split", lambda *a, **k: None)
-    monkeypatch.setattr(search, "last_status", lambda: status)
-    assert search._split(req, ctx, tpl, 4, 0.0, 10, 1.0) is None
+    monkeypatch.setattr(solve, "solve_split", lambda *a, **k: None)
+    monkeypatch.setattr(solve, "last_status", lambda: status)
+    assert solve.template_split(req, ctx, tpl, 4, 0.0, 10, 1.0) is None
     assert (len(ctx.splits) == 1) is remembered

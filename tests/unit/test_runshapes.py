@@ -229,7 +229,8 @@ def test_merging_keeps_absorbed_runs_and_voids_stale_overheads() -> None:
 
 def test_the_search_syncs_at_the_measured_allreduce_rate() -> None:
     from autohet_cli.costmodel.tables import CostTables
-    from autohet_cli.planner.search import SearchRequest, _allreduce_gbps
+    from autohet_cli.planner.estimate import allreduce_gbps
+    from autohet_cli.planner.search import SearchRequest
     from autohet_cli.profiling.schema import DeviceFacts
     from autohet_cli.settings import TrainingSettings
 
@@ -244,4 +245,4 @@ def test_the_search_syncs_at_the_measured_allreduce_rate() -> None:
             cluster=CLUSTER, model=TINY, tables=CostTables(TINY, prof, training),
             global_batch_size=8,
         )  # fmt: skip
-        assert _allreduce_gbps(req, "cpu", 100.0) == want
+        assert allreduce_gbps(req, "cpu", 100.0) == want
