@@ -1,3 +1,3 @@
-from autohet_cli.cli.app import main
+from autohet_cli.cli.app import console_main
 
-main()
+console_main()

@@ -32,6 +32,11 @@ class InfeasibleError(AutohetError):
     """No plan satisfies the constraints; the message names the shortfall."""
 
 
+class NoBetterPlan(InfeasibleError):
+    """A search told what to beat (``SearchRequest.must_beat_ms``) found no plan
+    under it: every grouping's lower bound or estimate said none could."""
+
+
 class TimeLimitReached(InfeasibleError):
     """The planner's time limit passed before it had a plan (or a baseline) to give.
 

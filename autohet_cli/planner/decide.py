@@ -216,8 +216,18 @@ def _choose_zero1(
     alt: SearchResult | None = None
     binds = found is None or memory_binds(found.best)
     if binds and (found is None or budget_s >= MIN_SPACE_S):
+        # Item 3 of issue 32: only a sharded plan under ``must_beat_ms`` could be
+        # chosen (ZeRO-1's threshold under the plain plan, or a re-scored layout in
+        # hand), so the search leaves out every grouping whose bound says it cannot
+        # get there; where none can, it solves nothing (NoBetterPlan).
+        must_beat = None
+        if found is not None and plain.objective == "time":
+            must_beat = min([found.best.score * (1 - ZERO1_MIN_GAIN), *(c.score for c in options)])
         try:
-            alt = search(replace(sharded, time_limit_s=max(budget_s, 0.1)), progress)
+            alt = search(
+                replace(sharded, time_limit_s=max(budget_s, 0.1), must_beat_ms=must_beat),
+                progress,
+            )
             options.append(alt.best)
         except (InfeasibleError, TimeLimitReached):
             pass

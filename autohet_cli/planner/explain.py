@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tabulate import tabulate
-
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
@@ -310,6 +308,8 @@ def explain_text(
     """The plan for people; ``solved_now`` False when the plan is only re-estimated.
     With ``sources``, stages on unmeasured profile entries are marked (a source
     column, where a profile was given) and summed up in one line."""
+    from tabulate import tabulate  # here: every plan imports this module, few explain
+
     marked = recompute_count(plan)[0] > 0  # an R column only where it says something
     # A source column only where some stage is unmeasured and a profile was given
     # (without one, a single line says that everything is analytic).

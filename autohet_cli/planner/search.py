@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from autohet_cli.costmodel.budget import deadline_in, overrun_s
-from autohet_cli.errors import InfeasibleError, TimeLimitReached
+from autohet_cli.errors import InfeasibleError, NoBetterPlan, TimeLimitReached
 from autohet_cli.planner.enumeration import enumerate_groupings
 from autohet_cli.planner.phases import phase
 from autohet_cli.planner.request import Candidate, Progress, SearchRequest, SearchResult, scorer
@@ -63,7 +63,15 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
         solved = solve_queue(req, queue, deadline, score, note, seed_candidate(req, score))
     best, found, bounds, milp_gaps, (explored, pruned, hopeless), timed_out = solved
     if best is None:
-        raise TimeLimitReached(_too_slow(req)) if timed_out else InfeasibleError(_shortfall(req))
+        if timed_out:
+            raise TimeLimitReached(_too_slow(req))
+        if req.must_beat_ms is not None:
+            raise NoBetterPlan(
+                f"no plan in this space beats {req.must_beat_ms:.1f} ms per iteration: "
+                f"{pruned} groupings bounded out, {hopeless} behind by estimate, "
+                f"{explored} solved without a plan that fits"
+            )
+        raise InfeasibleError(_shortfall(req))
     with phase("refine"):
         best = refine_best(req, found, score, start)
     lb = min([best.score, *bounds]) if req.objective == "time" else best.score

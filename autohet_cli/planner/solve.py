@@ -10,6 +10,7 @@ import heapq
 import time
 from collections.abc import Callable
 from functools import partial
+from math import inf
 
 from autohet_cli.costmodel.budget import seconds_left
 from autohet_cli.costmodel.evaluate import (
@@ -79,16 +80,19 @@ def solve_queue(
     milp_gaps: list[float] = []
     total = len(queue)
     timed_out = False
+    target = inf if req.objective != "time" or req.must_beat_ms is None else req.must_beat_ms
     while queue:
         est, _, g, ctx = heapq.heappop(queue)
         done = total - len(queue)
-        if best is not None and req.objective == "time" and g.lower_bound_ms >= best.score:
+        bar = min(best.score if best is not None else inf, target)
+        if req.objective == "time" and g.lower_bound_ms >= bar:
             pruned += 1
+            if best is None or g.lower_bound_ms < best.score:  # pruned by the target
+                bounds.append(g.lower_bound_ms)
             continue
         kind = len({c.tp for c in ctx.classes}) > 1  # a per-type-degree grouping
-        if best is not None and (
-            est > best.score * HOPELESS
-            or solves[kind] >= (MAX_MIXED_SOLVES if kind else MAX_SOLVES)
+        if bar < inf and (
+            est > bar * HOPELESS or solves[kind] >= (MAX_MIXED_SOLVES if kind else MAX_SOLVES)
         ):
             hopeless += 1
             bounds.append(g.lower_bound_ms)

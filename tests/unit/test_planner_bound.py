@@ -1,0 +1,142 @@
+"""Issue 32, item 3: a search told what it must beat (``SearchRequest.must_beat_ms``)
+never solves a grouping whose lower bound says it cannot, and the ZeRO-1 decision
+that passes it decides as it did without it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.errors import NoBetterPlan
+from autohet_cli.models import get_model
+from autohet_cli.planner import decide, solve
+from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.search import SearchRequest, search
+from tests.bruteforce import tiny_cluster
+
+GPT13 = get_model("GPT-1.3B")
+# memory binds (GPT-1.3B at batch 16 on 16 GB cards), three hosts of two types
+MIXED = tiny_cluster(
+    (("v0", "V100-16", 4, None), ("v1", "V100-16", 4, None), ("r0", "RTX-3090", 4, None)),
+    name="bound-mix",
+)
+V100_QUAD = tiny_cluster((("v0", "V100-16", 4, None),), name="v100-quad")  # ZeRO-1 wins
+
+
+def _request(**kw: Any) -> SearchRequest:
+    training = training_for(32, 1024, "bf16", "adam")
+    return SearchRequest(
+        cluster=kw.pop("cluster", MIXED),
+        model=GPT13,
+        tables=CostTables(GPT13, None, training),
+        global_batch_size=32,
+        time_limit_s=20.0,
+        **kw,
+    )
+
+
+def _solved_bounds(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The lower bounds of the groupings handed to SCIP from now on."""
+    seen: list[float] = []
+    real = solve._solve_grouping
+
+    def spy(req: SearchRequest, ctx: Any, g: Any, *a: Any) -> Any:
+        seen.append(g.lower_bound_ms)
+        return real(req, ctx, g, *a)
+
+    monkeypatch.setattr(solve, "_solve_grouping", spy)
+    return seen
+
+
+def test_a_target_under_every_bound_solves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _solved_bounds(monkeypatch)
+    with pytest.raises(NoBetterPlan, match=r"beats 0\.0 ms per iteration: \d+ groupings bounded"):
+        search(_request(must_beat_ms=1e-6))
+    assert seen == []
+
+
+def test_no_grouping_at_or_over_the_target_is_solved_and_the_best_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    free = search(_request())
+    assert free.pruned + free.explored > 1
+    seen = _solved_bounds(monkeypatch)
+    # just over the best: the best is still found, and nothing bounded over it solved
+    target = free.best.score * (1 + 1e-6)
+    bounded = search(_request(must_beat_ms=target))
+    assert bounded.best.score == pytest.approx(free.best.score)
+    assert seen and all(lb < target for lb in seen)
+    assert bounded.explored <= free.explored
+    # a target the bound cuts into: fewer solved, never one bounded over it
+    cut = sorted(seen)[len(seen) // 2]
+    seen.clear()
+    try:
+        search(_request(must_beat_ms=cut))
+    except NoBetterPlan:
+        pass
+    assert all(lb < cut for lb in seen) and len(seen) < bounded.explored + 1
+
+
+def test_the_cost_objective_is_not_bounded_by_ms() -> None:
+    # a lower bound in ms says nothing of dollars per token: the target is ignored
+    priced = replace(
+        MIXED, hosts=tuple(replace(h, price_per_hour=2.0 + i) for i, h in enumerate(MIXED.hosts))
+    )
+    free = search(_request(objective="cost", cluster=priced))
+    bounded = search(_request(objective="cost", cluster=priced, must_beat_ms=1e-6))
+    assert bounded.best.score == pytest.approx(free.best.score)
+
+
+def _plan(cluster: Any, batch: int) -> PlanOutcome:
+    training = training_for(batch, 1024, "bf16", "adam")
+    return make_plan(
+        name="b",
+        cluster=cluster,
+        model=GPT13,
+        tables=CostTables(GPT13, None, training),
+        global_batch_size=batch,
+        time_limit_s=20.0,
+        with_baselines=False,
+    )
+
+
+def _opt30b() -> PlanOutcome:
+    from benchmarks import opt30b
+
+    return opt30b.plan()  # OPT-30B on 32 A100-40 + 32 V100-16: binds, ZeRO-1 loses
+
+
+@pytest.mark.parametrize("case", ["v100-quad", "opt30b"])
+def test_the_zero1_decision_is_the_same_with_the_bound(
+    monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    def planned() -> PlanOutcome:
+        return _plan(V100_QUAD, 16) if case == "v100-quad" else _opt30b()
+
+    monkeypatch.setenv("AUTOHET_PLANNER_PROCESSES", "1")  # one process: spies see all
+    asked: list[float | None] = []
+    real = decide.search
+
+    def spy(req: SearchRequest, progress: Any = None) -> Any:
+        if req.tables.training.zero1:
+            asked.append(req.must_beat_ms)
+        return real(req, progress)
+
+    monkeypatch.setattr(decide, "search", spy)
+    bounded = planned()
+    assert asked and asked[0] is not None  # memory binds: the sharded space is searched
+
+    def unbounded(req: SearchRequest, progress: Any = None) -> Any:
+        return real(replace(req, must_beat_ms=None), progress)
+
+    monkeypatch.setattr(decide, "search", unbounded)
+    free = planned()
+    assert bounded.plan.training == free.plan.training
+    assert bounded.plan.pipelines == free.plan.pipelines
+    assert bounded.eval.iteration_ms == pytest.approx(free.eval.iteration_ms)
+    assert [n for n in bounded.plan.notes if "ZeRO-1" in n] == [
+        n for n in free.plan.notes if "ZeRO-1" in n
+    ]
