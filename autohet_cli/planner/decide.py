@@ -12,7 +12,10 @@ searched on top of whichever space won, only where memory still binds:
    their state sharded (one evaluation each: the update shrinks). Where memory binds
    (or nothing fit), also a search in the sharded space, in at most as long as the
    plain search took (all the time left where nothing fit): layouts that only fit
-   sharded (fewer, wider stages, more pipelines, a larger micro-batch).
+   sharded (fewer, wider stages, more pipelines, a larger micro-batch). That search
+   is told what it must beat (``SearchRequest.must_beat_ms``: the threshold below
+   the plain plan, or a re-scored layout in hand) and solves no grouping whose lower
+   bound says it cannot; where none can, it costs its enumeration alone.
    ZeRO-1 is adopted only where it makes the plan at least ``ZERO1_MIN_GAIN``
    faster (cheaper, under ``--objective cost``) and shards something (P >= 2
    pipelines hold a segment at one degree). Below that the gain is inside the cost
