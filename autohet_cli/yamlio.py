@@ -275,13 +275,19 @@ def _show(value: Any) -> str:
     return shown(value)
 
 
+# libyaml's emitter where PyYAML has it: the same text as Python's (held by
+# test_yaml_dump's comparison), 4x faster; a 256-GPU plan took 0.19 s to dump, a
+# twentieth of ``autohet plan`` (issue 32).
+_DUMPER_BASE: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _NoAlias(_DUMPER_BASE):  # type: ignore[misc]
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump_yaml(data: Any) -> str:
     """Deterministic YAML: key order as built, block style, no aliases."""
-
-    class _NoAlias(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
     return yaml.dump(data, Dumper=_NoAlias, sort_keys=False, default_flow_style=None, width=100)
 
 
