@@ -11,19 +11,17 @@ import pytest
 
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import NoBetterPlan
-from autohet_cli.models import get_model
 from autohet_cli.planner import decide, solve
-from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.api import PlanOutcome, training_for
 from autohet_cli.planner.search import SearchRequest, search
 from tests.bruteforce import tiny_cluster
+from tests.planning import GPT13, V100_QUAD, plan_gpt13
 
-GPT13 = get_model("GPT-1.3B")
 # memory binds (GPT-1.3B at batch 16 on 16 GB cards), three hosts of two types
 MIXED = tiny_cluster(
     (("v0", "V100-16", 4, None), ("v1", "V100-16", 4, None), ("r0", "RTX-3090", 4, None)),
     name="bound-mix",
 )
-V100_QUAD = tiny_cluster((("v0", "V100-16", 4, None),), name="v100-quad")  # ZeRO-1 wins
 
 
 def _request(**kw: Any) -> SearchRequest:
@@ -90,19 +88,6 @@ def test_the_cost_objective_is_not_bounded_by_ms() -> None:
     assert bounded.best.score == pytest.approx(free.best.score)
 
 
-def _plan(cluster: Any, batch: int) -> PlanOutcome:
-    training = training_for(batch, 1024, "bf16", "adam")
-    return make_plan(
-        name="b",
-        cluster=cluster,
-        model=GPT13,
-        tables=CostTables(GPT13, None, training),
-        global_batch_size=batch,
-        time_limit_s=20.0,
-        with_baselines=False,
-    )
-
-
 def _opt30b() -> PlanOutcome:
     from benchmarks import opt30b
 
@@ -114,7 +99,7 @@ def test_the_zero1_decision_is_the_same_with_the_bound(
     monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     def planned() -> PlanOutcome:
-        return _plan(V100_QUAD, 16) if case == "v100-quad" else _opt30b()
+        return plan_gpt13(V100_QUAD, 16, with_baselines=False) if case == "v100-quad" else _opt30b()
 
     monkeypatch.setenv("AUTOHET_PLANNER_PROCESSES", "1")  # one process: spies see all
     asked: list[float | None] = []

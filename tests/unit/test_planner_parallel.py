@@ -21,6 +21,7 @@ from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from autohet_cli.planner.groups import Template
 from autohet_cli.planner.search import SearchRequest
 from tests.bruteforce import tiny_cluster
+from tests.planning import GPT13, V100_QUAD, plan_gpt13
 
 SHARES: dict[str, Any] = {  # three templates' bottleneck and fill ms
     "counts": [2, 1, 3],
@@ -114,26 +115,15 @@ def test_spare_cores_count_the_children_still_working(monkeypatch: pytest.Monkey
     done.cancel()
 
 
-GPT13 = get_model("GPT-1.3B")
 # Memory binds on both. Four V100s: the sharded plan beats the plain one (issue 31's
 # case), so the recomputation search started ahead in the plain space is dropped and
 # run again in the sharded one. Two V100s: one pipeline, nothing to shard, so ZeRO-1
 # keeps the plain space and the search started ahead is the one used.
-V100_QUAD = tiny_cluster((("v0", "V100-16", 4, None),), name="v100-quad")
 V100_PAIR = tiny_cluster((("v0", "V100-16", 2, None),), name="v100-pair")
 
 
 def _plan(cluster: Any, batch: int, **kw: Any) -> PlanOutcome:
-    training = training_for(batch, 1024, "bf16", "adam")
-    return make_plan(
-        name="p",
-        cluster=cluster,
-        model=GPT13,
-        tables=CostTables(GPT13, None, training),
-        global_batch_size=batch,
-        time_limit_s=30.0,
-        **kw,
-    )
+    return plan_gpt13(cluster, batch, time_limit_s=30.0, **kw)
 
 
 def _same(one: PlanOutcome, two: PlanOutcome) -> None:

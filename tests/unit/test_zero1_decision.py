@@ -13,16 +13,12 @@ from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.models import get_model
 from autohet_cli.plan import load_plan
-from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.api import PlanOutcome, training_for
 from autohet_cli.planner.decide import ZERO1_MIN_GAIN
 from tests.bruteforce import tiny_cluster
 from tests.cli import autohet
+from tests.planning import GPT13, V100_QUAD, plan_gpt13
 
-GPT13 = get_model("GPT-1.3B")
-# Four V100-16 in one host, GPT-1.3B, batch 16: without ZeRO-1 the best plan is two
-# TP-2 pipelines at micro-batch 1 and 94% memory; sharding Adam's moments over the
-# two leaves room for micro-batch 2, which is faster.
-V100_QUAD = tiny_cluster((("v0", "V100-16", 4, None),), name="v100-quad")
 # Eight A100-80 in two hosts: memory is far from binding, and sharding saves only a
 # part of an update that is small beside the pipelines.
 A100_EIGHT = tiny_cluster(
@@ -31,17 +27,7 @@ A100_EIGHT = tiny_cluster(
 
 
 def _plan(cluster: Any, batch: int, zero1: bool | None) -> PlanOutcome:
-    training = training_for(batch, 1024, "bf16", "adam")
-    return make_plan(
-        name="z",
-        cluster=cluster,
-        model=GPT13,
-        tables=CostTables(GPT13, None, training),
-        global_batch_size=batch,
-        time_limit_s=10.0,
-        zero1=zero1,
-        with_baselines=False,
-    )
+    return plan_gpt13(cluster, batch, time_limit_s=10.0, zero1=zero1, with_baselines=False)
 
 
 def _zero1_notes(out: PlanOutcome) -> list[str]:
