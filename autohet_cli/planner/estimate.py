@@ -29,7 +29,7 @@ from autohet_cli.planner.groups import (
 from autohet_cli.planner.milp import (
     SplitResult,
 )
-from autohet_cli.planner.request import SearchRequest
+from autohet_cli.planner.request import FREE_PRICE_PER_HOUR, SearchRequest
 
 
 @dataclass(slots=True)
@@ -274,7 +274,7 @@ def estimate_ms(
     if req.objective == "cost":
         used = {c for tpl, _ in parts for c in tpl.classes}
         price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
-        return total * max(price, 1e-9)
+        return total * max(price, FREE_PRICE_PER_HOUR)
     return total
 
 

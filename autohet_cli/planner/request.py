@@ -90,14 +90,20 @@ class SearchResult:
     runners_up: list[Candidate] = field(default_factory=list)
 
 
+FREE_PRICE_PER_HOUR = 1e-9  # what a plan on unpriced hosts alone is charged (scorer)
+
+
 def scorer(cluster: Cluster, objective: str) -> Callable[[list[Pipeline], PlanEval], float]:
-    """Seconds per iteration, or dollars per million tokens of the hosts in use."""
+    """Seconds per iteration, or dollars per million tokens of the hosts in use.
+    Hosts without a price (on-premises) cost nothing; a plan on them alone is
+    charged ``FREE_PRICE_PER_HOUR`` so that free plans still rank by speed (all at
+    zero, the search took any of them, and its gap divided by zero)."""
 
     def score(pipelines: list[Pipeline], ev: PlanEval) -> float:
         if objective == "time":
             return ev.iteration_ms
         hosts = {s.host for p in pipelines for s in p.stages}
-        price = sum(cluster.host(h).price_per_hour for h in hosts)
+        price = max(sum(cluster.host(h).price_per_hour for h in hosts), FREE_PRICE_PER_HOUR)
         return price / 3600.0 / ev.tokens_per_s * 1e6 if ev.tokens_per_s else float("inf")
 
     return score

@@ -4,6 +4,7 @@ and deterministic plans, clear infeasibility errors, cost objective, time limits
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from functools import cache
@@ -14,9 +15,10 @@ import pytest
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.errors import InfeasibleError
 from autohet_cli.inputs import Inputs, load_inputs, tables_for
-from autohet_cli.plan import check_against_cluster, pipelines_entry
+from autohet_cli.plan import check_against_cluster, load_plan, pipelines_entry
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from autohet_cli.planner.search import SearchRequest, scorer, search
+from tests.cli import autohet
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "profiles" / "clusters"
@@ -305,3 +307,52 @@ def test_plan_header_names_the_degree_of_each_type() -> None:
 
     text = explain_text(out.plan, out.eval, inp.cluster)
     assert "tensor parallel 2 on V100-16, 1 on A100-40" in text
+
+
+def _unpriced(tmp_path: Path, keep: str | None) -> Path:
+    """mix-16 with every host's price dropped but ``keep``'s (on-premises hosts)."""
+    text = (CLUSTERS / "mix-16.yaml").read_text()
+    lines = [
+        ln if keep and f"name: {keep}," in ln else re.sub(r"price_per_hour: [0-9.]+, ", "", ln)
+        for ln in text.splitlines()
+    ]
+    out = tmp_path / "unpriced.yaml"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+COST_ARGS = ("--model", "gpt-tiny", "--global-batch-size", "8", "--seq-len", "64")
+COST_ARGS += ("--objective", "cost", "--time-limit", "10", "--json")
+
+
+def test_cost_objective_without_any_price_is_refused_by_name(tmp_path: Path) -> None:
+    cluster = _unpriced(tmp_path, None)
+    out = autohet("plan", "--cluster", str(cluster), *COST_ARGS, cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "--objective cost: no host of cluster mix-16 has a price_per_hour" in out.stderr
+    assert "--objective time" in out.stderr and not (tmp_path / "plans").exists()
+
+
+def test_cost_objective_runs_free_hosts_fastest_first(tmp_path: Path) -> None:
+    # On-premises A100 and RTX-3090 hosts (no price) beside a priced V100 host: the
+    # cheapest plans are the free ones, and of those the fastest is taken (all free
+    # plans scored 0: the search took any, and its gap divided by zero)
+    cluster = _unpriced(tmp_path, keep="v100-0")
+    hosts = load_inputs(str(cluster), "gpt-tiny", []).cluster.hosts
+    assert [h.name for h in hosts if h.price_per_hour] == ["v100-0"]
+    free_only = tmp_path / "free-only.yaml"  # the same cluster less the priced host
+    free_only.write_text(
+        "".join(ln for ln in cluster.read_text().splitlines(True) if "name: v100-0," not in ln)
+    )
+    runs = {}
+    for objective, path in (("cost", cluster), ("time", free_only)):
+        args = [a if a != "cost" else objective for a in COST_ARGS]
+        args += ["--cluster", str(path), "--out-dir", objective]
+        out = autohet("plan", *args, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        runs[objective] = json.loads(out.stdout)
+    assert "v100-0" not in load_plan(tmp_path / runs["cost"]["plan_path"]).hosts()
+    # as fast as the fastest plan on the free hosts alone
+    assert runs["cost"]["iteration_time_s"] == pytest.approx(
+        runs["time"]["iteration_time_s"], rel=0.02
+    )
