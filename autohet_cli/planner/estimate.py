@@ -14,21 +14,9 @@ from itertools import accumulate
 from typing import Any
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.evaluate import (
-    ring_allreduce_ms,
-    send_copies,
-    transfer_ms,
-)
-from autohet_cli.planner.groups import (
-    BlockStats,
-    DeviceClass,
-    Grouping,
-    Template,
-    block_range,
-)
-from autohet_cli.planner.milp import (
-    SplitResult,
-)
+from autohet_cli.costmodel.evaluate import ring_allreduce_ms, send_copies, transfer_ms
+from autohet_cli.planner.groups import BlockStats, DeviceClass, Grouping, Template, block_range
+from autohet_cli.planner.milp import SplitResult
 from autohet_cli.planner.request import FREE_PRICE_PER_HOUR, SearchRequest
 
 

@@ -7,9 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.evaluate import (
-    PlanEval,
-)
+from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline

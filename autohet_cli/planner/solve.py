@@ -1,6 +1,6 @@
 """Solving a search's groupings (pure, SCIP through planner.milp): best estimate
 first, pruned by lower bound against the incumbent (or the score a caller must see
-beaten, ``SearchRequest.must_beat``), judged hopeless by estimate; each split per
+beaten, ``SearchRequest.must_beat_ms``), judged hopeless by estimate; each split per
 template and shared out by SCIP, placed, evaluated; then the best few refined
 exactly, split with a forked process where a core is free."""
 
@@ -13,10 +13,7 @@ from functools import partial
 from math import inf
 
 from autohet_cli.costmodel.budget import seconds_left
-from autohet_cli.costmodel.evaluate import (
-    PlanEval,
-    evaluate,
-)
+from autohet_cli.costmodel.evaluate import PlanEval, evaluate
 from autohet_cli.errors import AutohetError, TimeLimitReached, UnknownNameError
 from autohet_cli.plan import Pipeline
 from autohet_cli.planner import parallel
@@ -30,11 +27,7 @@ from autohet_cli.planner.estimate import (
     sync_rate,
     update_scale,
 )
-from autohet_cli.planner.groups import (
-    Grouping,
-    Template,
-    block_range,
-)
+from autohet_cli.planner.groups import Grouping, Template, block_range
 from autohet_cli.planner.milp import (
     SplitInputs,
     SplitResult,
