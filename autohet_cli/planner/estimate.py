@@ -262,7 +262,12 @@ def estimate_ms(
     if req.objective == "cost":
         used = {c for tpl, _ in parts for c in tpl.classes}
         price = sum(req.cluster.host(h).price_per_hour for c in used for h in ctx.classes[c].hosts)
-        return total * max(price, FREE_PRICE_PER_HOUR)
+        # in the score's unit (``request.scorer``: dollars per million tokens, i.e.
+        # $/h x ms / (3.6 x tokens per iteration)): solve_queue holds estimates against
+        # solved scores (HOPELESS), and in ms x $/h every estimate was thousands of
+        # times any score, so a cost search solved its first grouping only
+        tokens = req.global_batch_size * req.tables.training.seq_len
+        return total * max(price, FREE_PRICE_PER_HOUR) / (3.6 * tokens)
     return total
 
 

@@ -356,3 +356,33 @@ def test_cost_objective_runs_free_hosts_fastest_first(tmp_path: Path) -> None:
     assert runs["cost"]["iteration_time_s"] == pytest.approx(
         runs["time"]["iteration_time_s"], rel=0.02
     )
+
+
+def test_cost_estimates_are_in_the_scores_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search holds estimates against solved scores (HOPELESS): in ms x $/h they
+    # were ~10^5 times any score in $ per million tokens, and a cost search solved its
+    # first grouping only
+    from autohet_cli.planner import search as search_module
+
+    queues: list[list] = []
+    real = search_module.enumerate_groupings
+
+    def keep(*args: object) -> object:
+        got = real(*args)  # type: ignore[arg-type]
+        queues.append(list(got[0]))
+        return got
+
+    monkeypatch.setattr(search_module, "enumerate_groupings", keep)
+    inp = _inputs("paper-mix")
+    req = SearchRequest(
+        cluster=inp.cluster,
+        model=inp.model,
+        tables=tables_for(inp, training_for(64, 2048, "fp16", "adam")),
+        global_batch_size=64,
+        objective="cost",
+        time_limit_s=30.0,
+    )
+    result = search(req)
+    best_estimate = min(est for est, *_ in queues[0])
+    assert 0.5 < best_estimate / result.best.score < 2.0
+    assert result.explored > 1
