@@ -33,8 +33,9 @@ class InfeasibleError(AutohetError):
 
 
 class NoBetterPlan(InfeasibleError):
-    """A search told what to beat (``SearchRequest.must_beat_ms``) found no plan
-    under it: every grouping's lower bound or estimate said none could."""
+    """A search told what to beat (``SearchRequest.must_beat_ms``) solved no plan:
+    every grouping's lower bound said it could not get under the target, or those
+    whose bound could gave no plan that fits."""
 
 
 class TimeLimitReached(InfeasibleError):

@@ -275,9 +275,11 @@ def _show(value: Any) -> str:
     return shown(value)
 
 
-# libyaml's emitter where PyYAML has it: the same text as Python's (held by
-# test_yaml_dump's comparison), 4x faster; a 256-GPU plan took 0.19 s to dump, a
-# twentieth of ``autohet plan`` (issue 32).
+# libyaml's emitter where PyYAML has it, 4x faster: a 256-GPU plan took 0.19 s to
+# dump, a twentieth of ``autohet plan`` (issue 32). Its text is Python's on every file
+# we ship and on plans (test_yaml_dump); it folds a few scalars differently (double-
+# quoted ones over the width with non-ASCII characters or tabs, keys over 125
+# characters), which load back the same.
 _DUMPER_BASE: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 

@@ -109,12 +109,12 @@ QUICK_EXIT_COMMANDS = frozenset({"plan"})
 
 def console_main() -> None:
     """The ``autohet`` console script: ``main``, then for a command in
-    ``QUICK_EXIT_COMMANDS`` with nothing else running (one thread), the exit hooks
-    and ``os._exit``. The interpreter's teardown, a final garbage collection of a
-    planner's 10^4 memoised objects and every module's, cost 0.1-0.15 s of a
-    3 s ``autohet plan`` on a small machine (issue 32), and does nothing a finished
-    command needs: output is flushed and ``atexit`` hooks run here. ``main`` itself
-    (tests call it in-process) never exits this way."""
+    ``QUICK_EXIT_COMMANDS`` with nothing else running (one thread), the exit hooks,
+    a flush of stdout and stderr, and ``os._exit``. The interpreter's teardown (a
+    final garbage collection of a planner's 10^4 memoised objects, then every
+    module's) cost 0.1-0.15 s of a 3 s ``autohet plan`` on a small machine (issue
+    32) and does nothing a finished command needs. ``main`` itself (tests call it
+    in-process) never exits this way."""
     try:
         main()
         code: str | int | None = 0
@@ -124,12 +124,12 @@ def console_main() -> None:
     quick = bool(argv) and argv[0] in QUICK_EXIT_COMMANDS and threading.active_count() == 1
     if not quick or not (code is None or isinstance(code, int)):
         sys.exit(code)
+    atexit._run_exitfuncs()  # first: what the hooks print is flushed below (review)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: what a normal exit would report
             sys.exit(code)
-    atexit._run_exitfuncs()
     os._exit(code or 0)
 
 

@@ -11,6 +11,7 @@ import typer
 
 from autohet_cli.cli.clock import process_age_s
 from autohet_cli.cli.progress import progress_bar
+from autohet_cli.errors import ConfigError
 from autohet_cli.inputs import load_inputs, tables_for
 from autohet_cli.plan import default_plan_name, validate_name, write_plan
 from autohet_cli.planner.api import make_plan, training_for
@@ -134,6 +135,15 @@ def plan(
     if objective not in ("time", "cost"):
         raise typer.BadParameter("expected 'time' or 'cost'", param_hint="--objective")
     inputs = load_inputs(cluster, model, profile or [])
+    # Here, not in make_plan: recover replans a cost plan's survivors with its
+    # objective, and survivors all free (the priced hosts lost) must still get a plan
+    # (free plans then rank by speed, request.FREE_PRICE_PER_HOUR).
+    if objective == "cost" and not any(h.price_per_hour > 0 for h in inputs.cluster.hosts):
+        raise ConfigError(
+            f"--objective cost: no host of cluster {inputs.cluster.name} ({cluster}) has a "
+            "price_per_hour, so every plan costs nothing; give the hosts their price in "
+            "dollars per hour in the cluster file, or plan with --objective time"
+        )
     # `is None`, not falsiness: --name '' and --seq-len 0 are errors, not the defaults.
     plan_name = (
         validate_name(name)

@@ -86,12 +86,6 @@ def make_plan(
     ``time.monotonic()`` instant) bounds the whole call instead (``budget.whole_call``)."""
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise ConfigError(f"--time-limit: must be a positive number of seconds, got {time_limit_s}")
-    if objective == "cost" and not any(h.price_per_hour > 0 for h in cluster.hosts):
-        raise ConfigError(
-            f"--objective cost: no host of cluster {cluster.name} has a price_per_hour, so "
-            "every plan costs nothing; give the hosts their price in dollars per hour in the "
-            "cluster file, or plan with --objective time"
-        )
     outer_s = time_limit_s + overrun_s(time_limit_s)
     if ends_by is not None:
         time_limit_s, outer_s = whole_call(min(time_limit_s, ends_by - time.monotonic()))

@@ -44,10 +44,10 @@ class SearchRequest:
     incumbent: tuple[tuple[Pipeline, ...], int] | None = None
     # Ms per iteration a plan must beat to be of use to the caller (planner.decide:
     # a sharded plan ZeRO-1's threshold below the plain one), time objective only.
-    # A grouping whose lower bound is not under it is never solved, nor one whose
-    # estimate is HOPELESS behind it: where the bound shows no layout of the space
-    # can win, the search costs its enumeration, not its solves (issue 32), and
-    # raises NoBetterPlan when it solved nothing.
+    # A grouping whose lower bound is not under it is never solved (estimates and
+    # the solve caps still follow the incumbent alone): where the bound shows no
+    # layout of the space can win, the search costs its enumeration, not its solves
+    # (issue 32), and raises NoBetterPlan when it solved nothing.
     must_beat_ms: float | None = None
 
     def recomputes(self, gpu_type: str) -> bool:

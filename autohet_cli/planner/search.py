@@ -68,8 +68,7 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
         if req.must_beat_ms is not None:
             raise NoBetterPlan(
                 f"no plan in this space beats {req.must_beat_ms:.1f} ms per iteration: "
-                f"{pruned} groupings bounded out, {hopeless} behind by estimate, "
-                f"{explored} solved without a plan that fits"
+                f"{pruned} groupings bounded out, {explored} solved without a plan that fits"
             )
         raise InfeasibleError(_shortfall(req))
     with phase("refine"):
@@ -78,7 +77,12 @@ def _search(req: SearchRequest, progress: Progress | None) -> SearchResult:
     search_gap = max(0.0, (best.score - lb) / best.score)
     if timed_out:
         status = "time_limit"
-    elif best.solver_gap <= 1e-3 and hopeless == 0 and not incomplete:
+    elif (
+        best.solver_gap <= 1e-3
+        and hopeless == 0
+        and not incomplete
+        and all(b >= best.score for b in bounds)  # none pruned by a target under the best
+    ):
         status = "optimal"  # every grouping solved or pruned by its lower bound
     else:
         status = "heuristic"  # some groupings were judged hopeless by estimate

@@ -77,6 +77,9 @@ def solve_queue(
     while queue:
         est, _, g, ctx = heapq.heappop(queue)
         done = total - len(queue)
+        # the target prunes by the lower bound alone, never by estimate nor by the
+        # solve caps (those follow the incumbent, as without a target): only what no
+        # layout of the grouping could reach is left out (review)
         bar = min(best.score if best is not None else inf, target)
         if req.objective == "time" and g.lower_bound_ms >= bar:
             pruned += 1
@@ -84,8 +87,9 @@ def solve_queue(
                 bounds.append(g.lower_bound_ms)
             continue
         kind = len({c.tp for c in ctx.classes}) > 1  # a per-type-degree grouping
-        if bar < inf and (
-            est > bar * HOPELESS or solves[kind] >= (MAX_MIXED_SOLVES if kind else MAX_SOLVES)
+        if best is not None and (
+            est > best.score * HOPELESS
+            or solves[kind] >= (MAX_MIXED_SOLVES if kind else MAX_SOLVES)
         ):
             hopeless += 1
             bounds.append(g.lower_bound_ms)

@@ -329,8 +329,31 @@ def test_cost_objective_without_any_price_is_refused_by_name(tmp_path: Path) -> 
     cluster = _unpriced(tmp_path, None)
     out = autohet("plan", "--cluster", str(cluster), *COST_ARGS, cwd=tmp_path)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "--objective cost: no host of cluster mix-16 has a price_per_hour" in out.stderr
+    assert "--objective cost: no host of cluster mix-16 (" in out.stderr
+    assert "unpriced.yaml) has a price_per_hour" in out.stderr
     assert "--objective time" in out.stderr and not (tmp_path / "plans").exists()
+
+
+def test_a_cost_plan_on_free_hosts_alone_is_the_fastest(tmp_path: Path) -> None:
+    # What recover asks when every priced host of a cost plan is lost: make_plan (not
+    # the CLI) plans the free survivors, fastest first
+    inp = load_inputs(str(_unpriced(tmp_path, None)), "gpt-tiny", [])
+    plans = {
+        objective: make_plan(
+            name="free",
+            cluster=inp.cluster,
+            model=inp.model,
+            tables=tables_for(inp, training_for(8, 64, "fp32", "adam")),
+            global_batch_size=8,
+            objective=objective,
+            time_limit_s=10.0,
+            with_baselines=False,
+        )
+        for objective in ("cost", "time")
+    }
+    assert plans["cost"].eval.iteration_ms == pytest.approx(
+        plans["time"].eval.iteration_ms, rel=0.02
+    )
 
 
 def test_cost_objective_runs_free_hosts_fastest_first(tmp_path: Path) -> None:

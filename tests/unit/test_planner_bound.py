@@ -36,13 +36,13 @@ def _request(**kw: Any) -> SearchRequest:
     )
 
 
-def _solved_bounds(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The lower bounds of the groupings handed to SCIP from now on."""
-    seen: list[float] = []
+def _solved(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The groupings handed to SCIP from now on."""
+    seen: list[Any] = []
     real = solve._solve_grouping
 
     def spy(req: SearchRequest, ctx: Any, g: Any, *a: Any) -> Any:
-        seen.append(g.lower_bound_ms)
+        seen.append(g)
         return real(req, ctx, g, *a)
 
     monkeypatch.setattr(solve, "_solve_grouping", spy)
@@ -50,7 +50,7 @@ def _solved_bounds(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def test_a_target_under_every_bound_solves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = _solved_bounds(monkeypatch)
+    seen = _solved(monkeypatch)
     with pytest.raises(NoBetterPlan, match=r"beats 0\.0 ms per iteration: \d+ groupings bounded"):
         search(_request(must_beat_ms=1e-6))
     assert seen == []
@@ -59,23 +59,29 @@ def test_a_target_under_every_bound_solves_nothing(monkeypatch: pytest.MonkeyPat
 def test_no_grouping_at_or_over_the_target_is_solved_and_the_best_is_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    seen = _solved(monkeypatch)
     free = search(_request())
-    assert free.pruned + free.explored > 1
-    seen = _solved_bounds(monkeypatch)
+    unbounded = list(seen)
+    assert len(unbounded) > 2
     # just over the best: the best is still found, and nothing bounded over it solved
     target = free.best.score * (1 + 1e-6)
+    seen.clear()
     bounded = search(_request(must_beat_ms=target))
     assert bounded.best.score == pytest.approx(free.best.score)
-    assert seen and all(lb < target for lb in seen)
+    assert seen and all(g.lower_bound_ms < target for g in seen)
     assert bounded.explored <= free.explored
-    # a target the bound cuts into: fewer solved, never one bounded over it
-    cut = sorted(seen)[len(seen) // 2]
+    # a target the bounds cut into: never a grouping bounded over it solved, and every
+    # one the search without a target solved that could get under it solved too
+    # (estimates and solve caps follow the incumbent, not the target: review); the
+    # solves the bound saved may go to groupings further down the queue
+    cut = sorted(g.lower_bound_ms for g in unbounded)[len(unbounded) // 2]
     seen.clear()
     try:
         search(_request(must_beat_ms=cut))
     except NoBetterPlan:
         pass
-    assert all(lb < cut for lb in seen) and len(seen) < bounded.explored + 1
+    assert all(g.lower_bound_ms < cut for g in seen)
+    assert {g for g in unbounded if g.lower_bound_ms < cut} <= set(seen)
 
 
 def test_the_cost_objective_is_not_bounded_by_ms() -> None:
