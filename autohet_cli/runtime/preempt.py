@@ -177,6 +177,18 @@ class Notices:
         shutdown's late repeat must not kill a worker that saved and is exiting."""
         self._stop.set()
 
+    def hold_through_exit(self) -> None:
+        """Ignore SIGTERM from here to the process's end (main thread, last thing).
+
+        The interpreter's teardown puts every signal with a Python handler back to
+        SIG_DFL (CPython's ``_PySignal_Fini``), so the catcher above does not last to
+        the end: a shutdown's repeat SIGTERM in the last milliseconds killed a worker
+        that had saved its step and returned 0 (exit -15, which torchrun reports as a
+        failed worker). SIG_IGN survives the teardown; what is left to run is exiting,
+        and SIGKILL still ends it."""
+        if self._wake is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
 
 _NOTICES: Notices | None = None
 

@@ -274,4 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    notices().hold_through_exit()  # a late repeat of a shutdown's SIGTERM: not a failure
+    sys.exit(code)

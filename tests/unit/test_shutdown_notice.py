@@ -85,6 +85,40 @@ def test_the_worker_records_one_notice_and_dies_only_past_the_window() -> None:
     assert notices.on_sigterm(61.0) is False
 
 
+_SAVED_AND_EXITING = """
+import os, signal, sys, time
+from autohet_cli.runtime.preempt import notices
+notices().install()
+print("ready", flush=True)
+time.sleep(0.2)  # the save; then main returns
+notices().hold_through_exit() if sys.argv[1] == "held" else None
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_worker_that_saved_survives_the_shutdowns_repeats_to_its_last_instruction(
+    held: bool,
+) -> None:
+    """A shutdown's SIGTERMs keep coming (here: one per millisecond) while the worker
+    that saved is exiting. The interpreter's teardown puts Python-handled signals back
+    to SIG_DFL, so without hold_through_exit one of them kills it (-15, which torchrun
+    reports as a failed worker: seen on torch 2.13 in tests/dist/test_preempt.py)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SAVED_AND_EXITING, "held" if held else "not"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    while child.poll() is None:
+        try:
+            os.kill(child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    assert child.wait() == (0 if held else -signal.SIGTERM)
+
+
 # ------------------------------------------------------------------ emergency saves
 
 
