@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 PLANS ?= plans
 DATA ?= build
 
-.PHONY: install demo test test-torch print-torch-floor-tests unit lint bench clean
+.PHONY: install demo test test-torch unit lint bench clean
 
 install: $(STAMP)
 
@@ -38,28 +38,28 @@ demo: install
 	$(VENV)/bin/autohet launch $$(ls -t $(PLANS)/demo-local.v*.yaml | head -1) \
 	  --config examples/demo-run.yaml --data $(abspath $(DATA))/sample-tokens
 
-test: install lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+# Both cores by default (pytest-xdist; a file's tests stay on one worker, so a module's
+# shared run, sshd hosts or Slurm start once), after the few tests that time themselves
+# against a wall-clock promise (marked alone) have run with nothing beside them. Ends
+# with the slowest tests; a test over 30 s without @pytest.mark.slow("why") fails the
+# run (tests/conftest.py).
+JOBS ?= 2
+PYTEST_PAR := -n $(JOBS) --dist loadfile
 
-# The torch range, proven: `make test-torch TORCH=2.11.0` runs the runtime, checkpoint,
-# launch and recovery tests under that release, in .venv-torch-2.11.0 (.ci/run: the floor
-# of pyproject.toml's range and the CUDA image's 2.11). torch comes from PyPI, a CUDA build
-# that runs on CPU; the constraint keeps the project's dependencies from replacing it.
+test: install lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m alone tests/unit
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PAR) -m "not alone" --durations=15
+
+# The torch range, proven: `make test-torch TORCH=2.11.0` runs the tests marked
+# torch_range (what a torch release can break: DCP save/load/reshard, DTensor TP, ZeRO
+# collectives, torch.compile on a block, process groups, the agent's signal handling,
+# launch -> shutdown -> resume) under that release, in .venv-torch-2.11.0 (.ci/run: the
+# floor of pyproject.toml's range and the CUDA image's 2.11). torch comes from PyPI, a
+# CUDA build that runs on CPU; the constraint keeps the project's dependencies from
+# replacing it.
 TORCH ?=
 # More pins for that venv, e.g. 'transformers<5' (5.x needs torch 2.6).
 TORCH_CONSTRAINTS ?=
-TORCH_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py \
-  tests/unit/test_chunked_loss.py tests/unit/test_memory_model.py tests/unit/test_compiling.py \
-  tests/unit/test_recovery_*.py tests/dist tests/e2e/test_launch.py tests/e2e/test_recover.py \
-  tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
-
-TORCH_FLOOR_TESTS := tests/unit/test_runtime_*.py tests/unit/test_ckpt_*.py tests/unit/test_optimizer_state_init.py tests/dist \
-  tests/unit/test_chunked_loss.py tests/unit/test_memory_model.py tests/unit/test_compiling.py \
-  tests/e2e/test_recover.py::test_kill_a_host_then_recover_resumes_on_the_survivors \
-  tests/e2e/test_shutdown.py::test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption
-
-print-torch-floor-tests:
-	@echo $(TORCH_FLOOR_TESTS)
 
 .venv-torch-%/.installed-stamp: pyproject.toml
 	python3 -m venv .venv-torch-$*
@@ -73,10 +73,10 @@ print-torch-floor-tests:
 test-torch: $(if $(TORCH),.venv-torch-$(TORCH)/.installed-stamp)
 	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=2.11.0" >&2; exit 2; }
 	.venv-torch-$(TORCH)/bin/python -c 'import torch; assert torch.__version__.split("+")[0] == "$(TORCH)", torch.__version__'
-	OMP_NUM_THREADS=1 .venv-torch-$(TORCH)/bin/python -m pytest -q $(TORCH_TESTS)
+	OMP_NUM_THREADS=1 .venv-torch-$(TORCH)/bin/python -m pytest -q $(PYTEST_PAR) -m torch_range --durations=10
 
 unit: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests/unit
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PAR) tests/unit
 
 lint: install
 	$(VENV)/bin/ruff check autohet_cli tests benchmarks

@@ -208,6 +208,7 @@ def test_a_whole_call_budget_leaves_the_clean_up_inside_the_limit() -> None:
     assert whole_call(1.0) == late and whole_call(-3.0) == late
 
 
+@pytest.mark.alone("a wall-clock deadline: a test on the other core made it 1 s late")
 def test_make_plan_ends_by_its_deadline() -> None:
     """``ends_by`` bounds the whole call: search, decisions, baselines, contingency.
 
@@ -235,6 +236,7 @@ def test_make_plan_ends_by_its_deadline() -> None:
     assert any("not computed within the time limit" in n for n in out["notes"])
 
 
+@pytest.mark.alone("a wall-clock time limit, from the process's start to the plan written")
 def test_the_time_limit_bounds_the_whole_command(tmp_path: Path) -> None:
     """Issue 32 item 4: from the process's start to the plan written. Before, the
     search alone took the limit, then refinement, baselines and contingency plans
