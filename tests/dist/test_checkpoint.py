@@ -290,6 +290,7 @@ def test_the_manifest_records_what_each_file_holds(saved: Saved) -> None:
         assert set().union(*held.values()) == set(range(NUM_LAYERS))
 
 
+@pytest.mark.slow("resumes under two plans, each given only the files it needs")
 def test_a_plan_given_only_the_files_the_layers_rule_selects_resumes_exactly(
     saved: Saved,
 ) -> None:
@@ -382,11 +383,13 @@ def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Save
 MIXED_TP = [(3, [(0, 3, 2), (3, 6, 1)]), (5, [(0, 2, 1), (2, 4, 2), (4, 6, 1)])]
 
 
+@pytest.mark.slow("a 5-worker resume across pipeline cuts and TP degrees")
 def test_resume_under_a_mixed_tp_plan_continues_the_loss_curve(saved: Saved) -> None:
     """Loading reshards the saved TP-1 layout into stages of TP 1 and TP 2."""
     _resumes_from_the_saved_run(saved, make_plan(NAME, MIXED_TP, optimizer="adam"), "mixed-in")
 
 
+@pytest.mark.slow("a 4-worker mixed-TP run that saves, then one process resuming it")
 def test_a_mixed_tp_plan_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
     """A name held at two TP degrees is saved in one layout (``writes_layout``), so
     the checkpoint is valid and a one-device plan continues the loss curve."""
@@ -403,6 +406,7 @@ def test_resume_under_zero1_continues_the_loss_curve(saved: Saved) -> None:
     _resumes_from_the_saved_run(saved, plan, "zero-in")
 
 
+@pytest.mark.slow("a 4-worker ZeRO-1 TP-2 resume")
 def test_resume_under_zero1_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
     """ZeRO-1 slices of TP-sharded parameters (DTensors) cut from a load that reads
     every parameter's full state on each member, with no collective."""

@@ -66,6 +66,7 @@ def _close(run: RunResult, ref: RunResult) -> None:
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.slow("inductor compiles the blocks in each of 4 workers (the eager run beside it is its reference)")
 def test_compiled_pipeline_with_recompute_and_tp_matches_eager(tmp_path: Path) -> None:
     # One pipeline of two stages (the first recomputes) beside a single-stage TP 2 one.
     layout = [(3, [(0, 6, 2)]), (5, [(0, 2, 1), (2, 6, 1)])]

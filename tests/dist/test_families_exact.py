@@ -115,6 +115,7 @@ def transformers_loss(model: object, batch_size: int) -> float:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("family", ["llama3", "qwen2"])
+@pytest.mark.slow("3 workers from HF weights against transformers and one process")
 def test_combined_plan_from_hf_weights_matches_one_process(family: str, tmp_path: Path) -> None:
     weights = tmp_path / "hf"
     model = save_random_model(family, weights)

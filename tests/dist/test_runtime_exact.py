@@ -256,6 +256,7 @@ RECOMPUTE = {"recompute"}
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.slow("up to 5 workers under torchrun (one start per plan shape)")
 def test_plan_shape_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
@@ -267,6 +268,7 @@ def test_plan_shape_matches_single_process(
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("shape", ["asymmetric-pipelines", "combined", "mixed-tp"])
+@pytest.mark.slow("up to 5 workers under torchrun (one start per plan shape)")
 def test_zero1_plan_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
@@ -278,12 +280,14 @@ def test_zero1_plan_matches_single_process(
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow("4 workers under torchrun with AdamW")
 def test_adamw_zero1_plan_matches_single_process(reference_adam: RunResult, tmp_path: Path) -> None:
     plan = make_plan("zero-adam", COMBINED, tp=2, optimizer="adam", zero1=True)
     assert_matches(run_plan(plan, tmp_path), reference_adam, adam_lr=LR["adam"])
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow("two 3-worker runs under torchrun, AdamW and ZeRO-1")
 def test_adamw_combined_plan_matches_single_process(
     reference_adam: RunResult, tmp_path: Path
 ) -> None:

@@ -41,6 +41,7 @@ def port_29500_taken() -> Iterator[None]:
         s.close()
 
 
+@pytest.mark.slow("make demo itself: SCIP plans, tokenizes, then 80 steps with evals")
 def test_make_demo_passes_while_another_process_listens_on_29500(
     port_29500_taken: None, tmp_path: Path
 ) -> None:

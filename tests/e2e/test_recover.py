@@ -119,6 +119,7 @@ def _reference(tmp: Path, steps: int = STEPS) -> dict[int, float]:
     return _losses(out)
 
 
+@pytest.mark.slow("a 3-host launch, a host killed, recover's replan, copies and the resumed run")
 def test_kill_a_host_then_recover_resumes_on_the_survivors(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
@@ -193,6 +194,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
 PREEMPT_STEPS = 30
 
 
+@pytest.mark.slow("a 3-host launch, the notice's save, then the auto-recovered run to its end")
 def test_a_preemption_notice_loses_no_step_and_auto_recovery_continues_the_run(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

@@ -7,7 +7,6 @@ import hashlib
 import json
 import re
 import shutil
-import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from tests.e2e.sshd import SshdFarm
-from tests.e2e.test_launch import _cluster_file, _launch, _plan, _workers_alive
+from tests.e2e.test_launch import _cluster_file, _launch, _plan, _workers_gone
 from tests.e2e.test_recover import _recover
 from tests.planting import plant_step
 
@@ -34,6 +33,9 @@ def _digests(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow(
+    "one 3-host launch that saves, then five recovers against it, the last one resuming"
+)
 def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
@@ -110,10 +112,10 @@ def test_planted_steps_never_load_and_recover_checks_locks_and_cleans_up(
     assert not marker.exists()  # nothing planted was ever unpickled
     assert (tmp_path / "plans" / "e2e.v2.yaml").exists()
     assert not list(survivor.glob("*.autohet-part")) and not list(survivor.glob(".*.tmp"))
-    time.sleep(1)
-    assert not _workers_alive(sshd_farm)
+    assert not _workers_gone(sshd_farm)
 
 
+@pytest.mark.slow("four 3-host launches in a row: the refusal between runs is the behaviour")
 def test_runs_never_mix_never_delete_checkpoints_and_tilde_means_the_hosts_home(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
@@ -160,6 +162,7 @@ def test_runs_never_mix_never_delete_checkpoints_and_tilde_means_the_hosts_home(
         shutil.rmtree(ck, ignore_errors=True)
 
 
+@pytest.mark.slow("two 3-host launches over one shared home: save, then resume")
 def test_hosts_sharing_a_home_share_run_and_checkpoint_directories_safely(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

@@ -94,6 +94,7 @@ def _shut_down_mid_run(
     return out, int(saved.group(1)), proc.returncode
 
 
+@pytest.mark.slow("a 3-host launch, one host's shutdown, then the auto-recovered run")
 def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:
@@ -118,6 +119,7 @@ def test_a_shutdown_of_one_host_saves_the_step_and_auto_recovery_continues_it(
     assert not _workers_alive(sshd_farm)
 
 
+@pytest.mark.slow("a 3-host launch, every host's shutdown, then the printed resume")
 def test_a_shutdown_of_every_host_saves_the_step_and_the_hint_resumes_it(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

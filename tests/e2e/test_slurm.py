@@ -238,6 +238,7 @@ SIGNAL_BEFORE_END_S = 180
 
 
 @pytest.mark.parametrize("sender", ["scancel", "time_limit"])
+@pytest.mark.slow("waits for Slurm's own time limit (or scancel) to signal a running job's steps")
 def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the_step(
     slurm: SlurmCluster, tmp_path: Path, sender: str
 ) -> None:
@@ -335,6 +336,9 @@ def test_cluster_import_reads_gres_types_and_counts(slurm: SlurmCluster, tmp_pat
     assert "sn1: no GPU GRES; left out" in text
 
 
+@pytest.mark.slow(
+    "a Slurm job, a node's daemons killed, recover's new job on the survivor: three real job starts"
+)
 def test_a_vanished_node_is_a_lost_host_and_recover_resumes_on_slurm(
     slurm: SlurmCluster, sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

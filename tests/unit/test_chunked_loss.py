@@ -241,6 +241,7 @@ def test_the_fused_form_for_torch_compile_equals_the_in_place_one(
         assert vocab == 512 or b_grad[:, vocab:].abs().max() == 0  # padding rows
 
 
+@pytest.mark.slow("inductor compiles the chunked cross-entropy's forward and backward (C++)")
 def test_the_compiled_loss_equals_eager_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_loss()`` (the runtime calls it where it compiles its blocks): the head's
     loss and gradients through the compiled per-chunk cross-entropy, several groups."""

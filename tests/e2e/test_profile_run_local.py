@@ -1,4 +1,5 @@
-"""`autohet profile run` on this machine's CPU cluster, then `autohet plan` from it."""
+"""`autohet profile run` on this machine's CPU cluster, then `autohet plan` from it
+(the probes and runtime runs start gloo workers: this tier, not the unit tests)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCALHOST = str(ROOT / "profiles" / "clusters" / "localhost.yaml")
 
 
+@pytest.mark.slow("profiles a 2-device cluster: probes, then the runtime at DP 2, TP 2, 2 stages")
 def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     out = tmp_path / "cpu.yaml"
     res = autohet(
