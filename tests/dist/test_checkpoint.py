@@ -24,14 +24,14 @@ import pickle
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 from realdata import data_flags
-from test_runtime_exact import NUM_LAYERS, ROOT, _env, _free_port, make_plan
+from test_runtime_exact import NUM_LAYERS, ROOT, _env, make_plan
+from zygote import run_workers
 
 from autohet_cli.ckpt.checkpointer import sha256_file
 from autohet_cli.plan import Device, Plan, write_plan
@@ -85,15 +85,15 @@ def _losses(metrics: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in lines if "loss" in m}  # not the save records
 
 
-def _run(cmd: list[str], *, expect_ok: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, *cmd],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
+def _run(
+    cmd: list[str], *, expect_ok: bool = True, count: int = 1
+) -> subprocess.CompletedProcess[str]:
+    """``python CMD`` (``-m module ...``) as ``count`` ranks on one host (``zygote``:
+    forked from a server that imported torch once); the ranks' stderr together."""
+    ranks = run_workers(cmd, count, env=_env(), cwd=ROOT, timeout_s=TIMEOUT_S)
+    code = next((c for c, _, _ in ranks if c != 0), 0)
+    proc = subprocess.CompletedProcess(
+        cmd, code, "".join(o for _, o, _ in ranks), "".join(e for _, _, e in ranks)
     )
     if expect_ok:
         assert proc.returncode == 0, f"{cmd[:2]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -152,40 +152,21 @@ def _workers(
     """One worker per letter of ``hosts`` (its host; ranks in that order, each host's
     local ranks counting up), started as one torchrun agent per host would start them
     (``AUTOHET_HOST``, and ``host_env(host)``, as the launcher's per-host variables) with
-    ``extra(host)`` as arguments; their stderr, all succeeded."""
-    port = str(_free_port())
-    procs = []
-    for rank, host in enumerate(hosts):
-        env = _env() | {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(len(hosts)),
-            "LOCAL_RANK": str(hosts[:rank].count(host)),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "AUTOHET_HOST": host,
-            **host_env(host),
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *_args(plan_path, steps, *extra(host))],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    ``extra(host)`` as arguments (forked from a server that imported torch once:
+    ``zygote``); their stderr, all succeeded."""
+    rank_env = [
+        {"LOCAL_RANK": str(hosts[:rank].count(host)), "AUTOHET_HOST": host, **host_env(host)}
+        for rank, host in enumerate(hosts)
+    ]
+    rank_argv = [_args(plan_path, steps, *extra(host)) for host in hosts]
+    ranks = run_workers(
+        rank_argv[0], len(hosts), env=_env(), cwd=ROOT, timeout_s=TIMEOUT_S,
+        rank_env=rank_env, rank_argv=rank_argv,
+    )  # fmt: skip
     errors = []
-    try:
-        for p in procs:
-            _, stderr = p.communicate(timeout=TIMEOUT_S)
-            assert p.returncode == 0, f"worker failed ({p.returncode}):\n{stderr[-4000:]}"
-            errors.append(stderr)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    for code, _, stderr in ranks:
+        assert code == 0, f"worker failed ({code}):\n{stderr[-4000:]}"
+        errors.append(stderr)
     return errors
 
 
@@ -290,7 +271,6 @@ def test_the_manifest_records_what_each_file_holds(saved: Saved) -> None:
         assert set().union(*held.values()) == set(range(NUM_LAYERS))
 
 
-@pytest.mark.slow("resumes under two plans, each given only the files it needs")
 def test_a_plan_given_only_the_files_the_layers_rule_selects_resumes_exactly(
     saved: Saved,
 ) -> None:
@@ -334,10 +314,9 @@ def test_a_plan_given_only_the_files_the_layers_rule_selects_resumes_exactly(
 def _torchrun(
     plan: Plan, saved: Saved, steps: int, *extra: str
 ) -> subprocess.CompletedProcess[str]:
+    """``plan``'s ranks on one host, with torchrun's variables."""
     _, path = write_plan(plan, saved.plans)
-    n = len(plan.devices())
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-    return _run([*launcher, *_args(path, steps, *extra)])
+    return _run(_args(path, steps, *extra), count=len(plan.devices()))
 
 
 def _resumes_from_the_saved_run(saved: Saved, plan: Plan, tag: str) -> None:
@@ -383,13 +362,11 @@ def test_resume_under_one_pipeline_with_tp2_continues_the_loss_curve(saved: Save
 MIXED_TP = [(3, [(0, 3, 2), (3, 6, 1)]), (5, [(0, 2, 1), (2, 4, 2), (4, 6, 1)])]
 
 
-@pytest.mark.slow("a 5-worker resume across pipeline cuts and TP degrees")
 def test_resume_under_a_mixed_tp_plan_continues_the_loss_curve(saved: Saved) -> None:
     """Loading reshards the saved TP-1 layout into stages of TP 1 and TP 2."""
     _resumes_from_the_saved_run(saved, make_plan(NAME, MIXED_TP, optimizer="adam"), "mixed-in")
 
 
-@pytest.mark.slow("a 4-worker mixed-TP run that saves, then one process resuming it")
 def test_a_mixed_tp_plan_saves_what_one_device_resumes_exactly(saved: Saved) -> None:
     """A name held at two TP degrees is saved in one layout (``writes_layout``), so
     the checkpoint is valid and a one-device plan continues the loss curve."""
@@ -406,7 +383,6 @@ def test_resume_under_zero1_continues_the_loss_curve(saved: Saved) -> None:
     _resumes_from_the_saved_run(saved, plan, "zero-in")
 
 
-@pytest.mark.slow("a 4-worker ZeRO-1 TP-2 resume")
 def test_resume_under_zero1_with_tp2_continues_the_loss_curve(saved: Saved) -> None:
     """ZeRO-1 slices of TP-sharded parameters (DTensors) cut from a load that reads
     every parameter's full state on each member, with no collective."""

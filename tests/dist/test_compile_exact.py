@@ -1,9 +1,10 @@
 """torch.compile per block trains like eager: pipeline cuts, recomputation, TP, the chunked loss.
 
 The worker entry point under torchrun (gloo, CPU; inductor compiles C++ here)
-with ``--compile on``, against the same plan with ``--compile off``. Inductor fuses and reorders floating-point work, so
-agreement is within 1e-4 relative (losses, gradient norms, every parameter after
-3 SGD steps), not the 1e-5 that plan shapes keep among themselves in eager mode.
+with ``--compile on``, against the same plan with ``--compile off``. Inductor fuses
+and reorders floating-point work, so agreement is within 1e-4 relative (losses,
+gradient norms, every parameter after 3 SGD steps), not the 1e-5 that plan shapes
+keep among themselves in eager mode.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.dist
 TOL = 1e-4
 
 
-def _run(layout: list, tmp: Path, name: str, *, compile_flag: str, tp: int = 1) -> tuple[RunResult, list[dict]]:
+def _run(
+    layout: list, tmp: Path, name: str, *, compile_flag: str, tp: int = 1
+) -> tuple[RunResult, list[dict]]:
     plan = make_plan(name, layout, tp=tp, recompute_first=True)
     out = tmp / name
     out.mkdir(parents=True)
@@ -66,7 +69,9 @@ def _close(run: RunResult, ref: RunResult) -> None:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.slow("inductor compiles the blocks in each of 4 workers (the eager run beside it is its reference)")
+@pytest.mark.slow(
+    "inductor compiles the blocks in each of 4 workers (the eager run beside it is its reference)"
+)
 def test_compiled_pipeline_with_recompute_and_tp_matches_eager(tmp_path: Path) -> None:
     # One pipeline of two stages (the first recomputes) beside a single-stage TP 2 one.
     layout = [(3, [(0, 6, 2)]), (5, [(0, 2, 1), (2, 6, 1)])]

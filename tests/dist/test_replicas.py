@@ -62,7 +62,6 @@ def _files(d: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.slow("a 4-worker run replicating shards to partners, then a resume on the survivors")
 def test_every_hosts_shards_live_on_a_partner_and_survivors_resume(tmp_path: Path) -> None:
     dirs, errs = _three_hosts(tmp_path)
     key = read_key(dirs["a"] / NS)

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 from realdata import CLIP, data_flags
+from zygote import run_workers
 
 from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
 from autohet_cli.settings import TrainingSettings
@@ -138,22 +139,19 @@ def _check(proc: subprocess.CompletedProcess[str], what: str) -> None:
     assert "FutureWarning" not in proc.stderr, proc.stderr[-4000:]
 
 
-def run_plan(plan: Plan, tmp: Path, *, torchrun: bool = True) -> RunResult:
-    """Run ``plan`` through the worker entry point; collect metrics and dumped state."""
+def run_plan(plan: Plan, tmp: Path) -> RunResult:
+    """Run ``plan`` through the worker entry point, one process per rank with torchrun's
+    variables (forked from a server that imported torch once: ``zygote``); collect
+    metrics and dumped state. One device runs as a plain ``python -m`` process."""
     out = tmp / plan.name
     out.mkdir(parents=True)
     _, path = write_plan(plan, out)
     args = _worker_args(path, out, plan.training.optimizer)
-    if torchrun:
-        n = len(plan.devices())
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
-        cmd = [sys.executable, *launcher, *args]
-    else:
-        cmd = [sys.executable, *args]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    ranks = run_workers(
+        args, len(plan.devices()), env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=TIMEOUT_S
     )
-    _check(proc, " ".join(cmd[1:4]))
+    for code, _stdout, stderr in ranks:
+        _check(subprocess.CompletedProcess(args, code, "", stderr), " ".join(args[:2]))
     return collect(out, plan)
 
 
@@ -216,7 +214,7 @@ def assert_matches(run: RunResult, ref: RunResult, *, adam_lr: float | None = No
 
 def _reference(tmp_path_factory: pytest.TempPathFactory, optimizer: str) -> RunResult:
     plan = make_plan(f"reference-{optimizer}", [(8, [(0, NUM_LAYERS)])], optimizer=optimizer)
-    return run_plan(plan, tmp_path_factory.mktemp("ref"), torchrun=False)
+    return run_plan(plan, tmp_path_factory.mktemp("ref"))
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +254,6 @@ RECOMPUTE = {"recompute"}
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.slow("up to 5 workers under torchrun (one start per plan shape)")
 def test_plan_shape_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
@@ -268,7 +265,6 @@ def test_plan_shape_matches_single_process(
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("shape", ["asymmetric-pipelines", "combined", "mixed-tp"])
-@pytest.mark.slow("up to 5 workers under torchrun (one start per plan shape)")
 def test_zero1_plan_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
@@ -280,14 +276,12 @@ def test_zero1_plan_matches_single_process(
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.slow("4 workers under torchrun with AdamW")
 def test_adamw_zero1_plan_matches_single_process(reference_adam: RunResult, tmp_path: Path) -> None:
     plan = make_plan("zero-adam", COMBINED, tp=2, optimizer="adam", zero1=True)
     assert_matches(run_plan(plan, tmp_path), reference_adam, adam_lr=LR["adam"])
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.slow("two 3-worker runs under torchrun, AdamW and ZeRO-1")
 def test_adamw_combined_plan_matches_single_process(
     reference_adam: RunResult, tmp_path: Path
 ) -> None:
