@@ -109,3 +109,10 @@ class SlowGuard:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # not an xdist worker
         config.pluginmanager.register(SlowGuard(), "autohet-slow-guard")
+    else:
+        # An xdist worker has one of the machine's cores, not the two the planner sees:
+        # it forks no helper process unless a test asks for one (test_planner_parallel,
+        # test_planner_speed_parts set it). In one full run a planner child forked from a
+        # worker (execnet's thread, earlier tests' threads) never answered and the search
+        # waited out its 60 s limit; alone it takes 1.7 s.
+        os.environ.setdefault("AUTOHET_PLANNER_PROCESSES", "1")
