@@ -29,10 +29,15 @@ PROBE = (
     'printf "err "; head -c 8192 "$d/errors/rank$r.json"; echo; fi; done; echo "boot $n"'
 )
 # Make the run directory; one that exists is refused unless this very launch made it
-# (another host sharing the directory): a run directory is never reused.
+# (another host sharing the directory): a run directory is never reused. The maker
+# writes the launch's token whole (a rename); a host that finds the directory waits a
+# few seconds for the token, since the host that made it may not have written it yet
+# (hosts on one NFS home start together: under load one was refused its own run).
 MKRUN = (
     'umask 077; mkdir -p -- "$1" "$2" || exit 1; if mkdir -- "$3" 2>/dev/null; then '
-    'printf "%s" "$4" > "$3/.launch"; else [ "$(cat "$3/.launch" 2>/dev/null)" = "$4" ]; fi'
+    'printf "%s" "$4" > "$3/.launch.$$" && mv -f -- "$3/.launch.$$" "$3/.launch"; else '
+    'i=0; while [ ! -s "$3/.launch" ] && [ "$i" -lt 25 ]; do sleep 0.2; i=$((i+1)); done; '
+    '[ "$(cat "$3/.launch" 2>/dev/null)" = "$4" ]; fi'
 )
 
 

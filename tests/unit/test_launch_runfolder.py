@@ -200,3 +200,35 @@ def test_launches_in_the_same_second_each_get_their_own_folder(tmp_path: Path) -
     _local_run_dir(tmp_path, p, "mine")
     with pytest.raises(LaunchError, match="already exists: a run id is used once"):
         _local_run_dir(tmp_path, p, "mine")
+
+
+def test_a_host_sharing_the_run_directory_waits_for_the_makers_token(tmp_path: Path) -> None:
+    """Hosts on one NFS home: the one that made the directory may not have written the
+    launch's token yet when another looks; that one waits for it instead of refusing
+    its own launch's directory. Another launch's directory is refused at once."""
+    import subprocess
+    import threading
+    import time
+
+    from autohet_cli.launch import hostcmds
+
+    work, run = tmp_path / "work", tmp_path / "work" / "runs" / "p.v1" / "r1"
+
+    def mkrun(token: str) -> int:
+        argv = ["sh", "-c", hostcmds.MKRUN, "sh", str(work), str(run.parent), str(run), token]
+        return subprocess.run(argv, check=False).returncode
+
+    run.mkdir(parents=True)  # the maker's mkdir, its token not written yet
+    late = threading.Timer(0.5, lambda: (run / ".launch").write_text("T1"))
+    late.start()
+    started = time.monotonic()
+    assert mkrun("T1") == 0  # waited for the token rather than refusing
+    assert 0.4 < time.monotonic() - started < 4
+    late.join()
+    started = time.monotonic()
+    assert mkrun("T2") != 0  # another launch: refused at once
+    assert time.monotonic() - started < 1
+    fresh = tmp_path / "work" / "runs" / "p.v1" / "r2"
+    argv = ["sh", "-c", hostcmds.MKRUN, "sh", str(work), str(fresh.parent), str(fresh), "T3"]
+    assert subprocess.run(argv, check=False).returncode == 0
+    assert (fresh / ".launch").read_text() == "T3" and not list(fresh.glob(".launch.*"))
