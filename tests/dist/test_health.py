@@ -64,6 +64,7 @@ def _wait_for_steps(metrics: Path, procs: list[subprocess.Popen[str]], steps: in
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("hosts", ["one-run-dir", "run-dir-per-worker"])
+@pytest.mark.slow("two ranks under torchrun, one killed: the survivor's exit is waited for")
 def test_killed_worker_makes_the_others_exit_naming_it(hosts: str, tmp_path: Path) -> None:
     _, path = write_plan(
         make_plan("health", [(3, [(0, 3), (3, 6)]), (5, [(0, 2), (2, 6)])]), tmp_path

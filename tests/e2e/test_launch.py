@@ -202,6 +202,7 @@ def test_mixed_tp_plan_trains_over_three_hosts(farm3: SshdFarm, tmp_path: Path) 
     assert not _workers_alive(farm3)
 
 
+@pytest.mark.slow("a 3-host launch stopped by Ctrl-C after its first step, which every rank saves")
 def test_ctrl_c_leaves_no_process_on_any_host(farm3: SshdFarm, tmp_path: Path) -> None:
     plan = _plan(tmp_path, _cluster_file(farm3, tmp_path / "cluster.yaml"))
     proc = _launch(plan, tmp_path, "--steps", "100000")

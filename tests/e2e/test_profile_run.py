@@ -43,6 +43,7 @@ def _request(cluster: Cluster, farm: SshdFarm, **kw: object) -> ProfileRunReques
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow("profiles three sshd hosts: probes, links and the runtime on each")
 def test_three_hosts_are_profiled_in_parallel_and_plannable(sshd_farm: SshdFarm) -> None:
     sshd_farm.start(3)
     cluster = _cluster(sshd_farm)

@@ -255,6 +255,7 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("e2e/*/step-*") if p.is_dir())
 
 
+@pytest.mark.slow("a 3-host launch, recovers against incomplete and corrupt steps, then a rerun")
 def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

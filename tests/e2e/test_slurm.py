@@ -181,6 +181,7 @@ def _rest(proc: subprocess.Popen[str], timeout_s: float) -> str:
     return rest
 
 
+@pytest.mark.slow("a Slurm heterogeneous job of two components starts and trains")
 def test_a_plan_trains_as_a_two_component_heterogeneous_job(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:

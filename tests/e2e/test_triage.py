@@ -84,6 +84,7 @@ def test_a_crash_on_one_host_is_failed_workers_with_its_root_cause_not_a_lost_ho
     assert not _workers_gone(sshd_farm)
 
 
+@pytest.mark.slow("waits out the 20 s start deadline it tests")
 def test_workers_that_never_start_are_named_after_the_start_deadline(
     sshd_farm: SshdFarm, tmp_path: Path
 ) -> None:

@@ -352,6 +352,9 @@ def _check(
 
 
 @pytest.mark.parametrize("case", _params("xfail_search"))
+@pytest.mark.slow(
+    "the brute-force oracle enumerates every plan of clusters of up to 8 GPUs of 3 types"
+)
 def test_search_within_one_percent_of_brute_force(case: Case) -> None:
     req = SearchRequest(
         cluster=case.cluster(),

@@ -71,6 +71,7 @@ def test_a_gain_under_the_threshold_keeps_the_replicated_optimizer() -> None:
     assert auto.eval.memory_peak_fraction < 0.8
 
 
+@pytest.mark.slow("plans OPT-30B on 64 GPUs three times (SCIP)")
 def test_one_deep_pipeline_is_kept_when_sharding_makes_nothing_faster() -> None:
     from benchmarks import opt30b
 
