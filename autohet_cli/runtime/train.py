@@ -21,6 +21,7 @@ how the launcher tells a crash from a lost host.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import hashlib
 import math
@@ -28,6 +29,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -273,7 +275,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def leave(code: int) -> NoReturn:
+    """End a worker whose failure is recorded (stderr, ``errors/rankN.json``) without
+    the interpreter's teardown: exit hooks, then a flush of stdout and stderr, then
+    ``os._exit``. A save thread that failed beside the one the error names can still
+    hold torch objects when the teardown destroys them, and then a C++ destructor
+    aborts the process ("terminate called without an active exception", SIGABRT;
+    seen once in a loaded suite run, tests/dist/test_guards.py, after every save had
+    failed), where the launcher must read exit 1 and the recorded cause, not a
+    signal. A worker that succeeded exits normally."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     code = main()
     notices().hold_through_exit()  # a late repeat of a shutdown's SIGTERM: not a failure
+    if code != 0:
+        leave(code)
     sys.exit(code)

@@ -42,6 +42,14 @@ for line in sys.stdin:
         print(json.dumps({"pid": pid}), flush=True)
         continue
     code = 1
+    real_exit = os._exit
+
+    def _exit(status, _path=req["status"]):  # the worker's own os._exit: its code too
+        with open(_path, "w") as f:
+            f.write(str(status))
+        real_exit(status)
+
+    os._exit = _exit
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.chdir(req["cwd"])
@@ -68,8 +76,6 @@ for line in sys.stdin:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            with open(req["status"], "w") as f:
-                f.write(str(code))
             os._exit(code)
 """
 
