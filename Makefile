@@ -40,14 +40,14 @@ demo: install
 
 # Both cores by default (pytest-xdist; a file's tests stay on one worker, so a module's
 # shared run, sshd hosts or Slurm start once), after the few tests that time themselves
-# against a wall-clock promise (marked alone) have run with nothing beside them. Ends
+# against a wall clock or another process (marked alone) ran with nothing beside them. Ends
 # with the slowest tests; a test over 30 s without @pytest.mark.slow("why") fails the
 # run (tests/conftest.py).
 JOBS ?= 2
 PYTEST_PAR := -n $(JOBS) --dist loadfile
 
 test: install lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m alone tests/unit
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m alone
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PAR) -m "not alone" --durations=15
 
 # The torch range, proven: `make test-torch TORCH=2.11.0` runs the tests marked

@@ -238,6 +238,9 @@ def test_ctrl_c_saves_the_step_and_leaves_no_process(slurm: SlurmCluster, tmp_pa
 SIGNAL_BEFORE_END_S = 180
 
 
+@pytest.mark.alone(
+    "which nodes the first notice line names depends on both agents answering at once"
+)
 @pytest.mark.parametrize("sender", ["scancel", "time_limit"])
 @pytest.mark.slow("waits for Slurm's own time limit (or scancel) to signal a running job's steps")
 def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the_step(
