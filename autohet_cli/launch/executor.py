@@ -274,8 +274,14 @@ class Job:
             return f"host preempting: {who}; every rank saves step {step}, then stops"
         if event.get("event") == "saved" and self.preemption is not None:
             saved = isinstance(step, int)
+            # Hosts whose notice came during the save (runtime.preempt asks again).
+            known = dict(self.preemption.hosts)
+            more = tuple((h, w) for h, w in hosts if h not in known)
             self.preemption = dataclasses.replace(
-                self.preemption, saved=saved, step=step if isinstance(step, int) else 0
+                self.preemption,
+                saved=saved,
+                step=step if isinstance(step, int) else 0,
+                hosts=self.preemption.hosts + more,
             )
             return (
                 f"emergency checkpoint: step {step} saved on every rank"

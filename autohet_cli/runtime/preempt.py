@@ -49,6 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -61,6 +62,8 @@ from autohet_cli.runtime.metrics import StepResult
 from autohet_cli.runtime.records import PREEMPT_PREFIX
 
 CHECK_TIMEOUT_S = 10.0
+# How long the ranks wait for each other to name notices that came during the save.
+LATE_NOTICE_WAIT_S = 5.0
 
 
 def poll_once(spec: CheckSpec) -> str | None:
@@ -225,6 +228,7 @@ class PreemptionHook(Hook):
         self.stopped_at: int | None = None
         self.notice_at: float | None = None  # unix time of the earliest rank's notice
         self.hosts: dict[str, str] = {}
+        self.rank_hosts: list[str] = []  # every rank's host, in rank order (the agreement)
         # One gloo group: the agreement runs on CPU whatever the training backend.
         self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         if install_signal:
@@ -250,6 +254,7 @@ class PreemptionHook(Hook):
         if self.group is not None:
             reports = [None] * dist.get_world_size()
             dist.all_gather_object(reports, report, group=self.group)
+        self.rank_hosts = [host for host, _why, _at in reports]
         for host, why, at in reports:
             if why is not None:
                 self.hosts.setdefault(host, why)
@@ -270,7 +275,10 @@ class PreemptionHook(Hook):
     def on_train_end(self, trainer: Any) -> None:
         """After the checkpoint hook's final save (this hook comes after it)."""
         self.close()
-        if self.stopped_at is None or self.rank != 0:
+        if self.stopped_at is None:
+            return
+        self._late_notices()
+        if self.rank != 0:
             return
         saved = self.stopped_at if self.stopped_at in self.saved_steps() else None
         took = round(time.time() - self.notice_at, 3) if self.notice_at is not None else None
@@ -282,6 +290,33 @@ class PreemptionHook(Hook):
             else "preempted: no checkpoint saved (checkpoints are off, or "
             "--no-emergency-save); exiting"
         )
+
+    def _late_notices(self) -> None:
+        """Add the hosts whose notice came after the agreement, during the save.
+
+        A shutdown signals every host at once, but not in the same millisecond: the
+        step end that agreed on the first host's notice may come before the second
+        host's, which then saves with everyone and leaves too. Asked once more after
+        the save, so that the launcher's verdict (and the recover line it prints)
+        names every host that is going. Every rank that agreed calls this; a rank
+        whose save raised never does, so the gather waits a bounded time and the
+        hosts stay as agreed (the notice already named the first ones)."""
+        if self.group is None or not self.rank_hosts:
+            return
+        mine = self.notices.first()
+        code = 0 if mine is None else (1 if mine[0] == "SIGTERM" else 2)
+        gathered = [torch.zeros(1, dtype=torch.int64) for _ in self.rank_hosts]
+        try:
+            work = dist.all_gather(
+                gathered, torch.tensor([code], dtype=torch.int64), group=self.group, async_op=True
+            )
+            assert work is not None
+            work.wait(timeout=timedelta(seconds=LATE_NOTICE_WAIT_S))
+        except RuntimeError:
+            return  # a rank did not come (its save failed): the agreed hosts stand
+        for host, got in zip(self.rank_hosts, gathered, strict=True):
+            if int(got.item()) and host not in self.hosts:
+                self.hosts[host] = "SIGTERM" if int(got.item()) == 1 else "preemption check"
 
     def close(self) -> None:
         self.notices.close()

@@ -270,3 +270,67 @@ def test_sigterm_to_the_agent_and_every_worker_at_once_is_one_notice(tmp_path: P
     assert saved["step"] == notice["step"] and isinstance(saved["notice_to_complete_s"], float)
     assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
     _check_resumes_exactly(tmp_path, step)
+
+
+_LATE = """
+import json, sys, time, types
+import torch.distributed as dist
+from autohet_cli.runtime.preempt import Notices, PreemptionHook
+rank, port, skip = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "skip"
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+src = Notices()
+lines = []
+hook = PreemptionHook(
+    host=f"h{rank}", rank=rank, install_signal=False, source=src, emit=lines.append
+)
+trainer = types.SimpleNamespace(step=5, stop_reason=None)
+if rank == 1:
+    src.notify("SIGTERM")  # before the step end: agreed on
+hook.on_step_end(trainer, None)
+assert trainer.stop_reason == "preempted"
+if rank == 0:
+    src.notify("SIGTERM")  # during the save: after the agreement
+start = time.monotonic()
+if not (skip and rank == 1):
+    hook.on_train_end(trainer)
+else:  # a rank whose save hangs never asks again
+    time.sleep(float(sys.argv[4]) + 3)
+print(json.dumps({"lines": lines, "took": time.monotonic() - start}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["both", "skip"])
+def test_a_notice_that_comes_during_the_save_is_named_by_the_saved_line(
+    tmp_path: Path, mode: str
+) -> None:
+    """The shutdown reaches the second host a moment after the step end that agreed on
+    the first host's notice: both hosts save and leave, so the saved line (what the
+    launcher's verdict and recover line use) names both. When a rank never comes (its
+    save raised), the others wait a bounded time and keep the agreed hosts."""
+    from autohet_cli.runtime.preempt import LATE_NOTICE_WAIT_S
+
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LATE, str(rank), port, mode, str(LATE_NOTICE_WAIT_S)],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
+    said = json.loads(outs[0][0].strip().splitlines()[-1])
+    lines, took = said["lines"], said["took"]
+    events = [json.loads(line[len(PREEMPT_PREFIX) :]) for line in lines]
+    assert events[0]["event"] == "notice" and events[0]["hosts"] == {"h1": "SIGTERM"}
+    assert events[1]["event"] == "saved"
+    if mode == "both":
+        assert events[1]["hosts"] == {"h1": "SIGTERM", "h0": "SIGTERM"}
+    else:
+        assert events[1]["hosts"] == {"h1": "SIGTERM"}
+        # It waited its bound for the hung rank, then went on (the rank still sleeps).
+        assert LATE_NOTICE_WAIT_S - 0.5 <= took < LATE_NOTICE_WAIT_S + 2.5

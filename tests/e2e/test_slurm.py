@@ -238,9 +238,7 @@ def test_ctrl_c_saves_the_step_and_leaves_no_process(slurm: SlurmCluster, tmp_pa
 SIGNAL_BEFORE_END_S = 180
 
 
-@pytest.mark.alone(
-    "which nodes the first notice line names depends on both agents answering at once"
-)
+@pytest.mark.alone("the saved line names both nodes when both TERMs come within the 0.2 s save")
 @pytest.mark.parametrize("sender", ["scancel", "time_limit"])
 @pytest.mark.slow("waits for Slurm's own time limit (or scancel) to signal a running job's steps")
 def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the_step(
@@ -293,14 +291,18 @@ def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the
     for node, n in (("sn1", 2), ("sn2", 1)):
         assert f"[{node}] [autohet agent] SIGTERM: a preemption notice; forwarded to {n}" in out
     assert "SIGTERM again" not in out and "SignalException" not in out, out[-6000:]
-    assert "host preempting: sn1 (SIGTERM); sn2 (SIGTERM)" in out, out[-6000:]
+    # The first step end that saw a notice names the nodes whose TERM had come by then
+    # (slurmd signals each node's step on its own, milliseconds apart); the saved line
+    # names both, so the verdict (and the recover line) lets both go.
+    assert re.search(r"^host preempting: sn[12] \(SIGTERM\)", out, re.M), out[-6000:]
+    final = re.search(r"^preempted: host preempting \((.*)\); every rank saved step", out, re.M)
+    assert final and sorted(final.group(1).split("; ")) == ["sn1: SIGTERM", "sn2: SIGTERM"], out
     saved = re.search(r"emergency checkpoint: step (\d+) saved on every rank", out)
     assert saved, out[-6000:]
     step = int(saved.group(1))
     assert max(_losses(out)) == step - 1  # the last printed step is in the checkpoint
     (d,) = tmp_path.glob(f"ckpt-sn1/e2e/*/step-{step:08d}")  # rank 0's node
     assert (d / "COMPLETE").is_file() and list(d.glob("*.distcp"))
-    assert re.search(r"^preempted: host preempting .*every rank saved step", out, re.M), out
     run_dir = next((tmp_path / "runs").glob("e2e.v1/*"))
     script = (run_dir / "job.sbatch").read_text()
     assert script.count(f"#SBATCH --signal=TERM@{SIGNAL_BEFORE_END_S}") == 2  # each component

@@ -190,8 +190,14 @@ def test_the_launcher_reads_rank_0s_preemption_lines(tmp_path: Path) -> None:
     hosts = {"c": "preemption check: command 'x' exited 0"}
     on_line("stdout", PREEMPT_PREFIX + json.dumps({"event": "notice", "step": 9, "hosts": hosts}))
     assert job.preemption == triage.Preemption(hosts=tuple(hosts.items()), step=9, saved=False)
-    on_line("stdout", PREEMPT_PREFIX + json.dumps({"event": "saved", "step": 9, "hosts": hosts}))
+    # A host whose notice came during the save is named by the saved line: it leaves too.
+    late = {**hosts, "d": "SIGTERM"}
+    on_line("stdout", PREEMPT_PREFIX + json.dumps({"event": "saved", "step": 9, "hosts": late}))
     assert job.preemption is not None and job.preemption.saved
+    assert job.preemption.hosts == (*hosts.items(), ("d", "SIGTERM"))
+    assert triage.preempted(
+        triage.Verdict(status=triage.FINISHED, exit_code=0), job.preemption, ["a", "c", "d"]
+    ).lost_hosts == ("c", "d")
     assert printed[0].startswith("host preempting: c (preemption check")
     assert printed[1] == "emergency checkpoint: step 9 saved on every rank"
     on_line("stdout", PREEMPT_PREFIX + "not json")  # ignored, not a crash
