@@ -3,7 +3,8 @@
 Pure (no torch; the launcher and ``autohet recover`` import them):
 ``format`` (layout, manifest, key), ``policy`` (when to save, ``--checkpoint-every``),
 ``retention`` (which complete steps stay, ``--keep-checkpoints``, pins),
-``notice`` (will a save fit a spot host's notice).
+``notice`` (will a save fit a spot host's notice), ``lineage`` (what model and data
+order a checkpoint is of).
 
 The workers' side (torch.distributed, imported only by workers and exports):
 ``checkpointer`` (save and load, collectively), ``files`` (private directories, the

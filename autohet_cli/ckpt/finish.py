@@ -187,7 +187,11 @@ def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dic
 def _write_manifest(
     ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]], placement: Placement | None
 ) -> Manifest:
+    lineage = getattr(ckpt.trainer, "lineage", None)
+    model, order = lineage(job.step) if lineage is not None else (None, None)
     manifest = Manifest(
+        model=model,
+        data_order=order,
         step=job.step,
         plan=ckpt.plan_ref,
         plan_sha256=ckpt.plan_sha256,

@@ -47,6 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autohet_cli.ckpt.lineage import (
+    DataOrder,
+    ModelRecord,
+    data_order_from_dict,
+    model_record_from_dict,
+)
 from autohet_cli.errors import ConfigError
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce
 from autohet_cli.yamlio import field as get
@@ -107,6 +113,10 @@ class Manifest:
     # Host -> the partner hosts that keep a copy of its shards (``peer.replicate``);
     # None: not recorded (replication off, or an older writer).
     replicas: Mapping[str, tuple[str, ...]] | None = None
+    # What the weights are of and where the data stand (``ckpt.lineage``); None: not
+    # recorded (an older writer).
+    model: ModelRecord | None = None
+    data_order: DataOrder | None = None
 
     def layer_info_missing(self) -> str | None:
         """Why the manifest does not say which data files hold which layers (None: it
@@ -153,7 +163,7 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
         d,
         where,
         ["schema", "step", "plan", "plan_sha256", "world_size", "files"],
-        [MAC_FIELD, "tied_layers", "replicas"],
+        [MAC_FIELD, "tied_layers", "replicas", "model", "data_order"],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -198,6 +208,12 @@ def parse_manifest(raw: Any, where: str) -> Manifest:
         files=files,
         tied_layers=tied,
         replicas=_replicas(d["replicas"], f"{where}: replicas") if "replicas" in d else None,
+        model=model_record_from_dict(d["model"], f"{where}: model") if "model" in d else None,
+        data_order=(
+            data_order_from_dict(d["data_order"], f"{where}: data_order")
+            if "data_order" in d
+            else None
+        ),
     )
 
 
@@ -305,6 +321,10 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         d["tied_layers"] = [list(g) for g in m.tied_layers]
     if m.replicas is not None:
         d["replicas"] = {h: list(ps) for h, ps in m.replicas.items()}
+    if m.model is not None:
+        d["model"] = m.model.to_dict()
+    if m.data_order is not None:
+        d["data_order"] = m.data_order.to_dict()
     return d
 
 

@@ -105,8 +105,12 @@ def _load(ckpt: Checkpointer, step: int, source: int) -> None:
     manifest = verified_manifest(got.manifest_text, ckpt.key, MANIFEST)
     if hashlib.sha256(got.metadata).hexdigest() != manifest.file(METADATA).sha256:
         raise CheckpointError(f"{METADATA} of step {step} does not match its manifest")
-    metadata = pickle.loads(got.metadata)  # authenticated above: the job wrote it
     local = ckpt.plan_dir / step_dir_name(step)
+    # Before any tensor: another architecture with the same shapes would load silently.
+    check_model = getattr(ckpt.trainer, "check_same_model", None)
+    if check_model is not None:
+        check_model(manifest.model, str(local))
+    metadata = pickle.loads(got.metadata)  # authenticated above: the job wrote it
     remote = ckpt.remote
 
     def fetch(name: str, dest: Any) -> bool:

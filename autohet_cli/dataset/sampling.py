@@ -52,6 +52,10 @@ def num_val_samples_for(num_samples: int, val_fraction: float) -> int:
 class TokenDataset:
     """The runtime's batches (``microbatches``, ``eval_microbatches``) over a ``TokenSource``."""
 
+    # Step s's row r is sample s * batch_size + r of the shuffled stream: a resume under
+    # another global batch continues at the next unseen sample (ckpt.lineage).
+    samples_indexed = True
+
     def __init__(
         self,
         source: TokenSource,

@@ -30,6 +30,10 @@ module and pass ``--data-fn package.module:build``. The contract:
   the same samples every run so that evaluation losses compare.
 - optional ``describe() -> dict``: JSON-able facts that identify the data (logged
   and stored with checkpoints, to refuse resuming on other data).
+- optional ``samples_indexed = True``: row ``r`` of step ``step`` is sample
+  ``step * batch_size + r`` of one stream, whatever ``batch_size``. Then a resume
+  under another global batch continues at the checkpoint's next sample (it asks
+  for the step that starts there); without it such a resume is refused.
 
 The function runs on every rank; keep it cheap (memory-map files, do not load them).
 """

@@ -66,7 +66,8 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
     """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``.
 
     Refuses a checkpoint whose data differ from this run's: the same step would
-    then see other samples than the interrupted run.
+    then see other samples than the interrupted run; under another global batch the
+    data continue at the checkpoint's next sample, or the resume is refused.
     """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -100,5 +101,7 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
         for group, flags in zip(trainer.optimizer.param_groups, built, strict=True):
             group.update(flags)
     trainer.step = int(state["step"])
+    if saved is not None:
+        trainer.data_shift = run_state.resume_shift(trainer, saved, f"step {trainer.step}")
     if trainer.scaler is not None and state.get("loss_scale"):
         trainer.scaler.scale = float(state["loss_scale"])

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autohet_cli.ckpt.lineage import DataOrder, ModelRecord
 from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state, train_state
@@ -174,6 +175,9 @@ class Trainer:
         self._flops_per_token = flops_per_token(plan)
         self._peak_flops = peak_flops(plan, self.runtime.device)
         self.step = 0  # the next step to run
+        # The data's step is step + data_shift: nonzero after a resume under another global
+        # batch, so that the samples continue where the checkpoint left them (ckpt.lineage).
+        self.data_shift = 0
         self.last_step = 0  # the step fit() ends at
         # Set by a hook (a preemption notice): fit() ends after the current step's hooks.
         self.stop_reason: str | None = None
@@ -308,7 +312,7 @@ class Trainer:
         t, info = self.plan.training, self.runtime.info
         return list(
             self.data.microbatches(
-                step,
+                step + self.data_shift,
                 batch_size=t.global_batch_size,
                 sample_range=self.runtime.topology.sample_range(info.pipeline),
                 micro_batch_size=t.micro_batch_size,
@@ -379,7 +383,11 @@ class Trainer:
             skipped=skipped,
             lr=lr,
             grad_norm=grad_norm,
-            epoch=epoch_of(self.step + 1, t.global_batch_size) if callable(epoch_of) else None,
+            epoch=(
+                epoch_of(self.step + 1 + self.data_shift, t.global_batch_size)
+                if callable(epoch_of)
+                else None
+            ),
             peak_mem_bytes=peaks,
             mfu=mfu,
         )
@@ -438,6 +446,14 @@ class Trainer:
     def run_state(self) -> dict[str, Any]:
         """What a checkpoint records beside model and optimizer (``run_state``)."""
         return run_state.describe(self)
+
+    def lineage(self, step: int) -> tuple[ModelRecord, DataOrder]:
+        """What the manifest of step ``step``'s checkpoint records of the model and data."""
+        return run_state.lineage(self, step)
+
+    def check_same_model(self, saved: ModelRecord | None, where: str) -> None:
+        """Refuse a checkpoint of another architecture (``run_state.check_same_model``)."""
+        run_state.check_same_model(self, saved, where)
 
     def state_dict(self, *, flat_optimizer: bool = False, template: bool = False) -> dict[str, Any]:
         """This rank's training state (``runtime.train_state.state_dict``)."""

@@ -1,0 +1,218 @@
+"""A checkpoint says what it is: the architecture its weights were trained as and
+where its data stand; a resume trains that model on the next unseen samples, or
+refuses with both sides named (issue 45, items 1 and 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from autohet_cli.ckpt.checkpointer import Checkpointer
+from autohet_cli.ckpt.format import manifest_from_json, manifest_to_dict
+from autohet_cli.ckpt.lineage import (
+    batch_change_refusal,
+    data_shift,
+    model_differences,
+    model_record,
+)
+from autohet_cli.errors import ConfigError
+from autohet_cli.models import get_model
+from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.recovery.manifest import load_manifest
+from autohet_cli.runtime.trainer import TrainConfig, Trainer
+from autohet_cli.settings import TrainingSettings
+
+GPT_TINY = get_model("gpt-tiny")
+
+
+def _plan(batch: int = 4, architecture: object = None) -> Plan:
+    return Plan(
+        name="one",
+        version=3,
+        model_name="gpt-tiny",
+        num_layers=6,
+        architecture=architecture,  # type: ignore[arg-type]
+        training=TrainingSettings(
+            global_batch_size=batch,
+            micro_batch_size=2,
+            seq_len=16,
+            precision="fp32",
+            optimizer="adam",
+        ),
+        tensor_parallel=1,
+        pipelines=(
+            Pipeline(
+                num_microbatches=batch // 2,
+                stages=(
+                    Stage(
+                        layer_start=0,
+                        layer_end=6,
+                        gpu_type="cpu",
+                        tensor_parallel=1,
+                        devices=(Device(host="h0", gpu=0),),
+                    ),
+                ),
+            ),
+        ),
+    )
+
+
+# --------------------------------------------------------------------- pure
+
+
+def test_the_same_shapes_with_other_heads_and_rope_are_another_model() -> None:
+    """The issue's case: hidden 128 in both, 4 heads / 2 KV heads / rope 1e4 then,
+    8 / 4 / 5e5 now: every weight has the same shape, the model is not the same."""
+    then = get_model("llama-tiny")
+    now = dataclasses.replace(then, num_heads=8, num_kv_heads=4, rope_theta=500000.0)
+    assert (then.hidden_size, now.hidden_size) == (128, 128)
+    differ = model_differences(model_record(then), model_record(now))
+    assert differ == [
+        "num_heads 4 then, 8 now",
+        "num_kv_heads 2 then, 4 now",
+        "rope_theta 10000.0 then, 500000.0 now",
+    ]
+    # A display name or the planner's default length changes nothing the weights mean.
+    renamed = dataclasses.replace(then, name="my-llama", default_seq_len=64)
+    assert model_differences(model_record(then), model_record(renamed)) == []
+
+
+def test_the_manifest_carries_model_and_data_order_and_refuses_edits() -> None:
+    from autohet_cli.ckpt.format import Manifest, ManifestFile
+    from autohet_cli.ckpt.lineage import DataOrder
+
+    m = Manifest(
+        step=8,
+        plan="one.v3",
+        plan_sha256="a" * 64,
+        world_size=1,
+        files=(ManifestFile(path=".metadata", sha256="b" * 64, num_bytes=3, host="h", rank=0),),
+        model=model_record(GPT_TINY),
+        data_order=DataOrder(global_batch_size=8, samples_seen=64, seed=7, data_sha256="c" * 64),
+    )
+    d = manifest_to_dict(m)
+    back = manifest_from_json(json.dumps(d), "m.json")
+    assert back.model == m.model and back.data_order == m.data_order
+    d["model"]["fields"]["num_heads"] = 8  # edited without the hash
+    with pytest.raises(ConfigError, match=r"m.json: model.sha256: does not match"):
+        manifest_from_json(json.dumps(d), "m.json")
+    d = manifest_to_dict(m)
+    d["data_order"]["extra"] = 1
+    with pytest.raises(ConfigError, match="extra"):
+        manifest_from_json(json.dumps(d), "m.json")
+
+
+def test_the_data_shift_continues_at_the_next_sample_or_is_refused() -> None:
+    # Saved at step 8 of batch 8 (64 samples): batch 16 reads data step 4 at step 8.
+    assert data_shift(samples_seen=64, step=8, global_batch_size=16) == -4
+    assert data_shift(samples_seen=64, step=8, global_batch_size=4) == 8
+    assert data_shift(samples_seen=64, step=8, global_batch_size=8) == 0
+    assert data_shift(samples_seen=72, step=9, global_batch_size=16) is None
+    why = batch_change_refusal(where="step 9", samples_seen=72, step=9, saved_batch=8, batch=16)
+    assert "72 samples (step 9 at a global batch of 8)" in why
+    assert "global batch of 16 does not divide 72" in why and "e.g. 18" in why
+
+
+# --------------------------------------------------------------------- in one process
+
+
+def _tokens(tmp: Path) -> Path:
+    rng = np.random.default_rng(0)
+    path = tmp / "tokens.npy"
+    np.save(path, rng.integers(0, 256, size=20_000, dtype=np.uint16))
+    return path
+
+
+def _trainer(plan: Plan, data: Path | None) -> Trainer:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    config = TrainConfig(seed=3, device="cpu", data=None if data is None else str(data))
+    return Trainer(plan, config)
+
+
+def _ckpt(trainer: Trainer, tmp: Path) -> Checkpointer:
+    return Checkpointer(
+        trainer, root=tmp / "ckpt", plan_ref="one.v3", plan_sha256="a" * 64, job="j1"
+    )
+
+
+@pytest.mark.usefixtures("alone")
+def test_resume_refuses_another_architecture_of_the_same_shapes(tmp_path: Path) -> None:
+    trainer = _trainer(_plan(), None)
+    trainer.fit(2)
+    ckpt = _ckpt(trainer, tmp_path)
+    step_dir = ckpt.save()
+    ckpt.close()
+    manifest = load_manifest(step_dir / "manifest.json")
+    assert manifest.model == model_record(GPT_TINY)
+    assert manifest.data_order is not None and manifest.data_order.samples_seen == 8
+    # 8 heads of 8 instead of 4 of 16: every tensor keeps its shape.
+    other = dataclasses.replace(GPT_TINY, num_heads=8, num_kv_heads=8)
+    resumed = _trainer(_plan(architecture=other), None)
+    before = {k: v.clone() for k, v in resumed.stage.state_dict().items()}
+    with pytest.raises(ConfigError) as err:
+        _ckpt(resumed, tmp_path).resume()
+    text = str(err.value)
+    assert str(step_dir) in text and "another model than this plan's" in text
+    assert "num_heads 4 then, 8 now" in text and "num_kv_heads 4 then, 8 now" in text
+    assert "--init-from" in text
+    assert resumed.step == 0  # nothing loaded
+    for k, v in resumed.stage.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.usefixtures("alone")
+def test_resume_under_another_batch_continues_at_the_next_unseen_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _tokens(tmp_path)
+    trainer = _trainer(_plan(batch=4), data)
+    trainer.fit(2)  # samples 0..7 of the shuffled stream
+    ckpt = _ckpt(trainer, tmp_path)
+    ckpt.save()
+    ckpt.close()
+
+    # Batch 8: step 2 must train samples 8..15, what batch 4's steps 2 and 3 would have.
+    resumed = _trainer(_plan(batch=8), data)
+    ckpt = _ckpt(resumed, tmp_path)
+    assert ckpt.resume() == 2 and resumed.data_shift == -1
+    assert "global batch changed from 4 to 8: step 2 starts at sample 8" in capsys.readouterr().err
+    dataset = resumed.data
+    got = np.concatenate(
+        [dataset.train_sample_indices(s, 4) for s in (2, 3)]  # type: ignore[attr-defined]
+    )
+    rows = torch.cat([x for x, _ in resumed._microbatches(resumed.step)])
+    want = dataset.global_batch(1, 8)[0]  # type: ignore[attr-defined]
+    assert torch.equal(rows, want)
+    assert np.array_equal(dataset.train_sample_indices(1, 8), got)  # type: ignore[attr-defined]
+    resumed.fit(1)
+    step_dir = ckpt.save()
+    ckpt.close()
+    order = load_manifest(step_dir / "manifest.json").data_order
+    assert order is not None and (order.global_batch_size, order.samples_seen) == (8, 16)
+
+    # Batch 6 does not divide the 8 samples of step 2: refused, both batches named.
+    again = _trainer(_plan(batch=6), data)
+    with pytest.raises(ConfigError) as err:
+        _ckpt(again, tmp_path).resume(2)
+    assert "global batch of 6 does not divide 8" in str(err.value)
+    assert "(step 2 at a global batch of 4)" in str(err.value)
+
+
+@pytest.mark.usefixtures("alone")
+def test_synthetic_data_refuse_another_batch(tmp_path: Path) -> None:
+    """Synthetic batches are drawn per step, not placed by sample: no next sample."""
+    trainer = _trainer(_plan(batch=4), None)
+    trainer.fit(2)
+    ckpt = _ckpt(trainer, tmp_path)
+    ckpt.save()
+    ckpt.close()
+    resumed = _trainer(_plan(batch=8), None)
+    with pytest.raises(ConfigError, match="not placed by sample.*global_batch_size 4"):
+        _ckpt(resumed, tmp_path).resume()
