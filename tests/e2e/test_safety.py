@@ -25,6 +25,19 @@ def _jobs(root: Path) -> list[Path]:
     return sorted(d for d in (root / "e2e").iterdir() if d.is_dir())
 
 
+def _other_heads(plan_file: Path, out: Path) -> Path:
+    """The same plan with gpt-tiny's weights read as 8 heads of 8 (the same shapes)."""
+    import dataclasses
+
+    from autohet_cli.models import get_model
+    from autohet_cli.plan import load_plan, write_plan
+
+    plan = load_plan(plan_file)
+    spec = dataclasses.replace(get_model("gpt-tiny"), num_heads=8, num_kv_heads=8)
+    _, path = write_plan(dataclasses.replace(plan, architecture=spec, version=0), out)
+    return path
+
+
 def _digests(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -152,6 +165,17 @@ def test_runs_never_mix_never_delete_checkpoints_and_tilde_means_the_hosts_home(
         assert len(jobs) == 2 and job1 in jobs
         after = _digests(ck)
         assert {k: v for k, v in after.items() if k in before} == before
+
+        # Issue 45: a plan of the same name and shapes but another model (8 heads of 8,
+        # not 4 of 16) is refused before any tensor loads, both sides named.
+        other = _other_heads(plan, tmp_path / "plans-other")
+        refused = _launch(other, tmp_path, "--steps", "5", "--resume")
+        out, _ = refused.communicate(timeout=300)
+        assert refused.returncode == 1, out
+        assert "another model than this plan's" in out and "num_heads 4 then, 8 now" in out, out
+        assert re.search(r"^failed: .*root cause: .*another model than this plan's", out, re.M)
+        assert "Size mismatch" not in out and "autohet_cli/ckpt" not in out, out
+        assert len(_jobs(ck / "ck0")) == 2  # no new job
 
         resumed = _launch(plan, tmp_path, "--steps", "5", "--resume")
         out, _ = resumed.communicate(timeout=300)
