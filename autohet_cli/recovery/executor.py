@@ -45,13 +45,45 @@ def is_unreachable(exc: BaseException) -> bool:
 
 
 def check_lost_names(plan: Plan, cluster: Cluster, lost: Sequence[str]) -> None:
+    """Lost hosts are named against the job: the plan's, or the cluster file's (a host
+    an earlier recovery moved away from, still listed): those are never added back."""
     hosts = plan.hosts()
-    unknown = [h for h in lost if h not in hosts]
+    listed = {h.name for h in cluster.hosts}
+    unknown = [h for h in lost if h not in hosts and h not in listed]
     if unknown:
         raise RecoveryError(
-            f"--lost {','.join(unknown)}: not a host of plan {plan.name}.v{plan.version} "
-            f"(its hosts: {', '.join(hosts)}); check the spelling"
+            f"--lost {','.join(unknown)}: neither a host of plan {plan.name}.v{plan.version} "
+            f"(its hosts: {', '.join(hosts)}) nor of cluster {cluster.name!r}; check the "
+            "spelling"
         )
+
+
+def probe_additions(
+    plan: Plan, cluster: Cluster, pool: HostPool, excluded: Sequence[str], say: Say
+) -> list[str]:
+    """Cluster hosts the plan does not use that do not answer now: never added back.
+
+    A wave of spot losses leaves earlier victims in the cluster file; a replan from
+    memory would add a host lost an hour ago and the relaunch would die connecting
+    to it. Only a host that answers now joins; one that answers but refuses us is
+    left out too (said, not fatal: the job does not need it)."""
+
+    def probe(host: Host) -> None:
+        runner = pool.runner(host.name)
+        runner.run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
+
+    todo = [h for h in cluster.hosts if h.name not in plan.hosts() and h.name not in excluded]
+    results = fan_out(todo, probe)
+    absent = []
+    for name, r in results.items():
+        if isinstance(r, Exception):
+            why = "does not answer" if is_unreachable(r) else "answers but refuses us"
+            say(f"{name}: in the cluster file but {why} ({r}); not added to the plan")
+            absent.append(name)
+    for name in excluded:
+        if name not in plan.hosts():
+            say(f"{name}: named lost (not in plan {plan.name}.v{plan.version}); not added back")
+    return sorted(absent)
 
 
 def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: Say) -> list[str]:
@@ -89,7 +121,7 @@ def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: 
             "lost; fix the cause (or name a host with --lost if it really is gone)"
         )
     lost = [*given_lost, *unreachable]
-    if len(lost) == len(plan.hosts()):
+    if all(h in lost for h in plan.hosts()):
         reasons = "; ".join(f"{n}: {results[n]}" for n in unreachable) or "all named by --lost"
         raise RecoveryError(
             f"no host of plan {plan.name}.v{plan.version} survives ({reasons}). Recover "

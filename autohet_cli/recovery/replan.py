@@ -290,7 +290,8 @@ def replan(
             raise RecoveryError(f"no plan fits the survivors of {', '.join(lost_t)}: {infeasible}")
         raise RecoveryError(f"no plan for the survivors of {', '.join(lost_t)}: {'; '.join(notes)}")
     chosen = choose(candidates, tolerance)
-    header = f"recovered from the loss of {', '.join(lost_t)}"
+    # Hosts left out that the old plan did not use (an earlier wave's) were no loss now.
+    header = f"recovered from the loss of {', '.join(h for h in lost_t if h in old.hosts())}"
     if added_t:
         header += f" (hosts added: {', '.join(added_t)})"
     notes = [header, tradeoff(chosen, candidates, tolerance), *notes]

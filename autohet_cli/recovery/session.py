@@ -111,6 +111,8 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     ):
         with clock.phase("detect"):
             gone = rx.probe_survivors(old, pool, req.lost, say)
+            # Probed, not remembered: an earlier wave's host joins only if it answers.
+            absent = rx.probe_additions(old, cl, pool, gone, say)
         survivors = [h for h in old.hosts() if h not in gone]
         with clock.phase("checkpoint"):
             job, key = _job_and_key(old, survivors, pool, req.job, say)
@@ -134,7 +136,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
                 if r is None:
                     with clock.phase("replan"):
-                        r = _replan(old, cl, cluster_path, gone, req, choice)
+                        r = _replan(old, cl, cluster_path, [*gone, *absent], req, choice)
                     for note in r.plan.notes:
                         say(f"plan: {note}")
                     paths = host_paths(cl, r.plan.hosts(), req.train_args, caller())

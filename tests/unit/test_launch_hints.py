@@ -97,3 +97,50 @@ def test_recover_with_no_host_of_the_plan_left_says_what_to_run_instead(tmp_path
     message = str(info.value)
     assert "no host of plan lab.v1 survives" in message
     assert "autohet launch PLAN --resume" in message and "add new hosts" not in message
+
+
+def _free_closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): connecting is refused."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_host_lost_in_an_earlier_wave_is_never_added_back(tmp_path: Path) -> None:
+    """Issue 46: after a recovery moved away from 'gone', the cluster file still lists
+    it; the next recovery probes it (refused: not added) instead of planning on it, and
+    --lost may name it although the plan no longer has it."""
+    from autohet_cli.recovery.errors import RecoveryError
+
+    def host(name: str, address: str, port: int = 22) -> Host:
+        return Host(
+            name=name,
+            address=address,
+            port=port,
+            gpu_type="cpu",
+            num_gpus=1,
+            gpu_mem_bytes=1 << 30,
+            intra_node_gbps=80.0,
+            checkpoint_dir=str(tmp_path / name),
+        )
+
+    hosts = (
+        host("localhost", "localhost"),
+        host("spare", "local"),  # answers: may join
+        host("gone", "127.0.0.1", _free_closed_port()),  # an earlier wave's loss
+    )
+    cluster = Cluster(name="c", hosts=hosts, inter_node_gbps=10.0)
+    plan = _plan("localhost")
+    said: list[str] = []
+    with HostPool(cluster, ConnectOptions(connect_timeout_s=5)) as pool:
+        assert rx.probe_additions(plan, cluster, pool, [], said.append) == ["gone"]
+        assert any(s.startswith("gone: in the cluster file but does not answer") for s in said)
+        said.clear()
+        # Named lost: not probed, said, and never a candidate.
+        assert rx.probe_additions(plan, cluster, pool, ["gone"], said.append) == []
+        assert said == ["gone: named lost (not in plan lab.v1); not added back"]
+    rx.check_lost_names(plan, cluster, ["gone"])  # named against the job: accepted
+    with pytest.raises(RecoveryError, match="--lost nosuch: neither a host of plan lab.v1"):
+        rx.check_lost_names(plan, cluster, ["nosuch"])
