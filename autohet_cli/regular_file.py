@@ -29,6 +29,18 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def path_kind(path: str | Path) -> str | None:
+    """What is at ``path`` ("a regular file", "a named pipe (FIFO)", ...), links
+    followed; None when nothing is (a dangling link included). For messages: a FIFO
+    fails ``is_file()`` as a missing file does, and "no such file" sends the user
+    looking for a typo in a path that is right."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return "a regular file" if stat.S_ISREG(mode) else _kind(mode)
+
+
 def open_regular(path: str | Path, error: type[AutohetError] = ConfigError) -> int:
     """A read-only descriptor of ``path``, which must be a regular file (symlinks to
     one are followed); otherwise ``error`` naming the path and what it is."""

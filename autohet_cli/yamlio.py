@@ -20,6 +20,7 @@ import difflib
 import hashlib
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -237,10 +238,37 @@ def field(d: Mapping[str, Any], key: str, typ: type[T], where: str, default: Any
     return coerce(d[key], typ, at)
 
 
+# A number in exponent form that YAML 1.1 (PyYAML) reads as text: its floats need a
+# dot and a signed exponent (1.0e-9, 1.0e+9), so 1e-9, 1.0e9 and 1E5 are strings.
+_TEXT_EXPONENT = re.compile(r"([-+]?)(\d*)(?:\.(\d*))?([eE])([-+]?)(\d+)")
+
+
+def yaml_number_hint(value: Any, typ: type) -> str:
+    """``"; YAML reads 1e-9 as text; write 1.0e-9"`` when ``value`` is text a reader
+    would take for a number (``typ``: float or int), else "". For every field that
+    expects a number: the error alone (``got '1e-9'``) looks like a number refused."""
+    m = _TEXT_EXPONENT.fullmatch(value) if isinstance(value, str) else None
+    if m is None or not (m[2] or m[3]):
+        return ""
+    sign, whole, frac, e, exp_sign, exp = m.groups()
+    if typ is int:
+        number = float(value)
+        if not number.is_integer() or abs(number) > MAX_INT:
+            return ""
+        written = str(int(number))
+    else:
+        written = f"{sign}{whole}.{frac or ('' if not whole else '0')}{e}{exp_sign or '+'}{exp}"
+    if written == value:  # YAML's own spelling, so it was quoted
+        return f"; write {value} without quotes"
+    return f"; YAML reads {value} as text; write {written}"
+
+
 def coerce(value: Any, typ: type[T], at: str) -> T:
     if typ is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{at}: expected a number, got {_show(value)}")
+            raise ConfigError(
+                f"{at}: expected a number, got {_show(value)}{yaml_number_hint(value, float)}"
+            )
         try:
             number = float(value)
         except OverflowError:  # an integer beyond any double
@@ -252,7 +280,9 @@ def coerce(value: Any, typ: type[T], at: str) -> T:
         return number  # type: ignore[return-value]
     if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{at}: expected an integer, got {_show(value)}")
+            raise ConfigError(
+                f"{at}: expected an integer, got {_show(value)}{yaml_number_hint(value, int)}"
+            )
         if abs(value) > MAX_INT:
             side = "larger" if value > 0 else "smaller"
             raise ConfigError(

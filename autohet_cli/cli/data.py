@@ -115,6 +115,8 @@ def prepare_command(
             f"interrupted: {out} was not written{resume if partial.exists() else ''}", err=True
         )
         raise typer.Exit(130) from None
+    for line in result.redone:
+        typer.echo(f"note: {line}", err=True)
     typer.echo(json.dumps(_summary(result), indent=2) if json_output else _line(result))
 
 
@@ -126,6 +128,8 @@ def _summary(result: PrepareResult) -> dict[str, object]:
         "num_tokens": result.num_tokens,
         "num_input_bytes": result.num_input_bytes,
         "num_inputs_reused": result.num_inputs_reused,
+        "num_inputs_redone": len(result.redone),
+        "redone": list(result.redone),
         "elapsed_s": round(result.elapsed_s, 3),
         "tokens_per_s": round(result.tokens_per_s, 1),
         "meta": result.meta,
@@ -135,6 +139,8 @@ def _summary(result: PrepareResult) -> dict[str, object]:
 def _line(result: PrepareResult) -> str:
     meta = result.meta
     reused = f", {result.num_inputs_reused} reused" if result.num_inputs_reused else ""
+    if result.redone:
+        reused += f", {len(result.redone)} re-encoded"
     return (
         f"{_count(result.num_documents, 'document')}, {result.num_tokens:,} tokens "
         f"({meta['dtype']}, vocab {meta['vocab_size']:,}) from "

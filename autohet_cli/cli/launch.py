@@ -13,6 +13,7 @@ import typer
 from autohet_cli.cli import trainopts
 from autohet_cli.launch import runfolder, session
 from autohet_cli.launch.executor import JobOutcome
+from autohet_cli.launch.jobs import NothingToTrain
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.transport.pool import ConnectOptions
 
@@ -57,7 +58,8 @@ def launch(
             "--checkpoint-every",
             metavar="K|auto|0",
             help="Save every K steps and after the last; auto: under 2% overhead, at "
-            "least every 30 min; 0: off. [default: auto]",
+            "least every 30 min; 0: no periodic saves, the last step is still saved "
+            "(nothing at all with --no-emergency-save). [default: auto]",
         ),
     ] = None,
     no_emergency_save: trainopts.NoEmergencyOpt = False,
@@ -172,7 +174,11 @@ def launch(
     if dry_run:
         typer.echo(session.dry_run(req))
         return
-    result = session.launch(req, (lambda _line: None) if as_json else typer.echo)
+    try:
+        result = session.launch(req, (lambda _line: None) if as_json else typer.echo)
+    except NothingToTrain as done:  # the job is where --steps ends it: not a failure
+        typer.echo(_nothing_json(done) if as_json else f"nothing to train: {done}")
+        raise typer.Exit(0) from None
     out = result.outcome
     if as_json:
         typer.echo(
@@ -191,6 +197,12 @@ def launch(
         typer.echo(f"auto-recover: autohet {' '.join(argv)}")
         raise typer.Exit(subprocess.call([sys.executable, "-m", "autohet_cli", *argv]))
     raise typer.Exit(out.exit_code)
+
+
+def _nothing_json(done: NothingToTrain) -> str:
+    return json.dumps(
+        {"status": "nothing_to_train", "exit_code": 0, "detail": str(done), "last_step": done.step}
+    )
 
 
 def _print_outcome(out: JobOutcome, hint: str | None, resume: str | None = None) -> None:

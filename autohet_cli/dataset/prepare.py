@@ -37,6 +37,7 @@ from autohet_cli.dataset.encode import Chunk, ordered_map
 from autohet_cli.dataset.partial import COPY_BUFFER_BYTES, PartialDir, PartStats, PartWriter
 from autohet_cli.dataset.pieces import PIECE_CHARS
 from autohet_cli.dataset.readers import MAX_LINE_CHARS, DocSeparator, expand_inputs, read_pieces
+from autohet_cli.regular_file import path_kind
 
 FORMAT = "autohet.tokens/v1"
 PARTIAL_FORMAT = "autohet.tokens.partial/v1"
@@ -108,6 +109,9 @@ class PrepareResult:
     num_inputs_reused: int
     num_tokens_tokenized: int  # by this run, not reused from an interrupted one
     elapsed_s: float
+    # Finished parts of an interrupted run that failed their check, so their inputs
+    # were encoded again: one line each, naming the part, why, and the input.
+    redone: tuple[str, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -140,9 +144,12 @@ def resolve_tokenizer_path(spec: str) -> Path:
                 "fast tokenizer file); give its path, or `sample` for the shipped one"
             )
     elif not path.is_file():
+        what = path_kind(path)
         raise DataError(
-            f"--tokenizer {spec}: no such file; give a local tokenizer.json (or a "
-            "directory holding one), or `sample` for the shipped one"
+            f"--tokenizer {spec}: "
+            + (f"is {what}, not a regular file" if what else "no such file")
+            + "; give a local tokenizer.json (or a directory holding one), or `sample` "
+            "for the shipped one"
         )
     return path
 
@@ -211,7 +218,15 @@ def prepare(options: PrepareOptions, progress: Progress | None = None) -> Prepar
         inputs.append(InputFile(path=path, num_bytes=path.stat().st_size, sha256=file_sha256(path)))
     partial = PartialDir.open(partial_dir(out_dir), _settings(options, info))
     unique = {item.sha256: item for item in inputs}
-    stats = {sha: s for sha in unique if (s := partial.finished(sha)) is not None}
+    stats = {
+        sha: s
+        for sha, item in unique.items()
+        if (s := partial.finished(sha, item.num_bytes)) is not None
+    }
+    redone = tuple(
+        f"{partial.parts / (sha + '.bin')}: {why}; re-encoding {unique[sha].path}"
+        for sha, why in partial.rejected.items()
+    )
     reused = sum(1 for item in inputs if item.sha256 in stats)
     todo = [item for sha, item in unique.items() if sha not in stats]
     workers = _useful_workers(todo, options)
@@ -245,6 +260,7 @@ def prepare(options: PrepareOptions, progress: Progress | None = None) -> Prepar
         num_inputs_reused=reused,
         num_tokens_tokenized=sum(part.num_tokens for part in tokenized.values()),
         elapsed_s=time.monotonic() - started,
+        redone=redone,
     )
 
 
@@ -293,7 +309,7 @@ def _write_parts(
             fraction = (done_bytes + chunk.bytes_read) / total_bytes
             report(fraction, f"{item.path.name}: {writer.num_tokens:,} tokens")
             if chunk.last:
-                results[chunk.sha256] = writer.finish(item.path)
+                results[chunk.sha256] = writer.finish(item.path, item.num_bytes)
                 done_bytes += item.num_bytes
                 writer = None
     return results

@@ -22,6 +22,7 @@ from typing import Any
 
 from autohet_cli.dataset import DataError
 from autohet_cli.dataset.pieces import PIECE_CHARS, Fragment, Piece, cut_pieces
+from autohet_cli.regular_file import path_kind
 
 # File name endings (lower-cased) and the kind of reader each needs.
 KINDS = {
@@ -68,6 +69,11 @@ def expand_inputs(paths: Sequence[Path]) -> list[Path]:
             if input_suffix(path) is None:
                 raise DataError(f"{path}: unsupported input; supported kinds are {SUPPORTED}")
             out.append(path)
+        elif (what := path_kind(path)) is not None:
+            raise DataError(
+                f"{path}: is {what}, not a regular file; prepare reads each input twice "
+                "(to hash it, then to tokenize it), so save the stream to a file and give that"
+            )
         else:
             raise DataError(f"{path}: no such input file or directory")
     unique: dict[Path, Path] = {}

@@ -82,6 +82,11 @@ class Status:
             text += " = " + " + ".join(parts)
         return text
 
+    def outcome_line(self) -> str:
+        """The last status for a job that ended: ``line()``, but "starting" would read
+        as if the job were still starting (``finished: starting``)."""
+        return self.line() if self.loss is not None else "no training step reported"
+
 
 @dataclass(slots=True, kw_only=True)
 class JobOutcome:
@@ -590,7 +595,7 @@ class Job:
             root_cause=asdict(cause) if cause is not None else None,
             detail=verdict.detail,
             local_run_dir=str(self.local_run_dir),
-            last_status=self.status.line(),
+            last_status=self.status.outcome_line(),
             last_step=self.status.step if self.status.loss is not None else None,
         )
         events = {

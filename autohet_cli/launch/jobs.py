@@ -42,6 +42,19 @@ class JobError(AutohetError):
     """A job (run namespace) cannot be chosen or prepared; names the host and the fix."""
 
 
+class NothingToTrain(JobError):
+    """``--resume`` of a job whose newest checkpoint is at ``--steps`` or past it.
+
+    Not a failure: the job is where it was asked to end. Raised before any key is
+    sent or worker started (workers would load the checkpoint, train no step and
+    exit, and the launch could only report ``finished: starting``); ``autohet
+    launch`` prints it and exits 0, so a retry loop around ``--resume`` ends."""
+
+    def __init__(self, message: str, *, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobInfo:
     name: str
@@ -174,14 +187,51 @@ def distribute_key(
             raise JobError("; ".join(f"{n}: {e}" for n, e in failed.items()))
 
 
+def steps_of(args: Sequence[str]) -> int | None:
+    """The ``--steps`` the built-in trainer will get: the last one in ``args``
+    (argparse keeps the last, and ``--train-arg`` comes after ours); None if absent or
+    not a number (the workers' own check says so)."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--steps" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--steps="):
+            value = arg.split("=", 1)[1]
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _check_steps_left(info: JobInfo | None, plan_name: str, steps: int | None) -> None:
+    """Refuse to resume a job that has reached ``steps`` (see ``NothingToTrain``)."""
+    if steps is None or info is None or info.newest_step is None:
+        return
+    if info.newest_step >= steps:
+        raise NothingToTrain(
+            f"job {info.name} of plan {plan_name} is already at step {info.newest_step} "
+            f"(its newest complete checkpoint), and --steps {steps} is the step training "
+            f"ends at: nothing to train, no worker started; to train on, pass a --steps "
+            f"above {info.newest_step}",
+            step=info.newest_step,
+        )
+
+
 def choose_job(
-    jobs: dict[str, JobInfo], *, resume: bool, job: str | None, plan_name: str, say: Say
+    jobs: dict[str, JobInfo],
+    *,
+    resume: bool,
+    job: str | None,
+    plan_name: str,
+    say: Say,
+    steps: int | None = None,
 ) -> tuple[str, bool]:
-    """(job, is_new). Fresh runs get a new job unless ``--job`` names one to continue."""
+    """(job, is_new). Fresh runs get a new job unless ``--job`` names one to continue.
+    ``steps``: where the workers end training; resuming a job already there raises
+    ``NothingToTrain``."""
     if job is not None:
         check_job(job)
         if resume and job not in jobs:
             raise JobError(f"--job {job}: plan {plan_name} has no such job on any host")
+        if resume:
+            _check_steps_left(jobs.get(job), plan_name, steps)
         return job, job not in jobs
     if resume:
         usable = [j for j in jobs.values() if j.newest_step is not None]
@@ -191,6 +241,7 @@ def choose_job(
                 "without --resume to start afresh"
             )
         newest = usable[-1]
+        _check_steps_left(newest, plan_name, steps)
         say(f"job: resuming {newest.name} (newest complete step {newest.newest_step})")
         return newest.name, False
     fresh = new_job_id()

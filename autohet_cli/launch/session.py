@@ -31,7 +31,7 @@ from typing import Any
 
 from autohet_cli.ckpt.format import new_key
 from autohet_cli.ckpt.notice import notice_warnings
-from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every
+from autohet_cli.ckpt.policy import checkpoint_every_of, describe_every, saves_anything
 from autohet_cli.ckpt.retention import DEFAULT_KEEP, describe_keep, keep_of
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
@@ -92,6 +92,7 @@ class JobChoice:
     resume: bool = False
     job: str | None = None  # None: new (or, resuming, the newest)
     key: bytes | None = None  # known already (recover): distribute it as is
+    steps: int | None = None  # where training ends: resuming a job already there stops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,11 +234,12 @@ def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
     """Run the plan to its end (or its failure); Ctrl-C/SIGTERM stop every host."""
     check_worker_flags(req)
     p = prepare(req.plan_file, req.cluster, force=req.force, backend=req.backend)
+    train_args = worker_args(req)
     with HostPool(p.cluster, req.connect) as pool:
         outcome = run_job(
             p,
             pool,
-            train_args=worker_args(req),
+            train_args=train_args,
             script=req.script,
             master_port=req.master_port,
             run_id=req.run_id,
@@ -245,7 +247,7 @@ def launch(req: LaunchRequest, printer: Printer) -> LaunchResult:
             start_timeout_s=req.start_timeout_s,
             runs_root=req.runs_root,
             printer=printer,
-            job_choice=JobChoice(resume=req.resume, job=req.job),
+            job_choice=JobChoice(resume=req.resume, job=req.job, steps=jobs.steps_of(train_args)),
         )
     hint, resume = next_commands(req, p.plan, outcome)
     return LaunchResult(outcome=outcome, recover_command=hint, resume_command=resume)
@@ -369,9 +371,15 @@ def run_job(
     port = master_port if master_port is not None else reports[master].free_port
     assert port is not None
     local_dir, rid = _local_run_dir(runs_root, p.plan, run_id)  # refuses a reused run id
-    job_name, measured = (
-        (None, {}) if script else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
-    )
+    try:
+        job_name, measured = (
+            (None, {})
+            if script
+            else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
+        )
+    except jobs.NothingToTrain:
+        local_dir.rmdir()  # just made, still empty: no run to list (nor a --run-id used up)
+        raise
     options = LaunchOptions(
         run_id=rid,
         master_port=port,
@@ -473,7 +481,7 @@ def _prepare_job(
         return choice.job, {}
     found = jobs.list_jobs(pool, hosts, name)
     job, is_new = jobs.choose_job(
-        found, resume=choice.resume, job=choice.job, plan_name=name, say=printer
+        found, resume=choice.resume, job=choice.job, plan_name=name, say=printer, steps=choice.steps
     )
     if choice.resume and choice.key is None and len(hosts) > 1 and p.remote_storage is None:
         printer(
@@ -510,16 +518,8 @@ def _announce_checkpoints(
         is_spot = _spot_test(p.cluster)
         for warning in notice_warnings(p.plan, is_spot, measured_s=measured):
             printer(warning)
-    if every == 0:
-        printer(
-            "checkpoints: no periodic saves (--checkpoint-every 0): a lost host cannot be "
-            "recovered"
-            + (
-                "; a preemption notice still saves its step"
-                if emergency
-                else ", and a preemption notice saves nothing (--no-emergency-save)"
-            )
-        )
+    if not saves_anything(every, emergency=emergency):
+        printer(f"checkpoints: {describe_every(every, emergency=emergency)}")
         return
     where = ", ".join(
         f"{s.host}:{s.argv[s.argv.index('--checkpoint-dir') + 1]}/{p.plan.name}/"
@@ -531,7 +531,8 @@ def _announce_checkpoints(
         "lost cannot be recovered without one)"
     )
     keep = describe_keep(keep_of(train_args))
-    printer(f"checkpoints: {describe_every(every)}; {keep}; in {where}; remote copy: {remote}")
+    what = describe_every(every, emergency=emergency)
+    printer(f"checkpoints: {what}; {keep}; in {where}; remote copy: {remote}")
 
 
 def _spot_test(cluster: Cluster) -> Callable[[str], bool]:

@@ -30,9 +30,13 @@ def when(iso: str | None) -> str:
 
 
 def loss_text(value: float | None) -> str:
+    """Four decimals for a loss in the usual range (the column lines up), else four
+    significant digits: a diverged run's 1e308 reads as ``1e+308``, not 309 digits."""
     if value is None:
         return "-"
-    return f"{value:.4f}" if math.isfinite(value) else str(value)
+    if not math.isfinite(value):
+        return str(value)  # inf, -inf, nan
+    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.4g}"
 
 
 def table_row(run: RunSummary) -> tuple[str, ...]:

@@ -4,7 +4,10 @@ The text plot needs nothing but the series, so it works over SSH, in CI logs and
 a pipe. Each point is drawn where its step and loss fall (several steps share a
 column when there are more steps than columns: the spread then shows the noise);
 validation points are drawn over the training ones. NaN and infinite losses are not
-drawn, and the header says how many there were. matplotlib is imported only to draw
+drawn, nor are losses beyond ``MAX_DRAWN`` (a diverged run's 1e308: the axis
+arithmetic overflows on them, in our labels and in matplotlib's ticks, and the
+real curve would be one flat line under it); the header (the PNG's title) says
+how many were left out. matplotlib is imported only to draw
 the PNG, so that ``autohet --help`` and ``autohet runs`` stay fast.
 """
 
@@ -20,16 +23,30 @@ from autohet_cli.runfiles.metricsfile import LossSeries
 
 TRAIN_MARK, EVAL_MARK = "*", "o"
 PNG_FILE = "loss.png"
+MAX_DRAWN = 1e30  # no loss gets near it but a diverged one
+
+
+def drawable(
+    series: LossSeries,
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]], str]:
+    """The train and validation points that can be drawn, and what was left out
+    (``"; 2 not finite (nan/inf), not drawn"``, "" when nothing was)."""
+    train = [(s, v) for s, v in series.train if math.isfinite(v) and abs(v) <= MAX_DRAWN]
+    evals = [(s, v) for s, v in series.eval if math.isfinite(v) and abs(v) <= MAX_DRAWN]
+    values = [v for _, v in (*series.train, *series.eval)]
+    not_finite = sum(1 for v in values if not math.isfinite(v))
+    huge = sum(1 for v in values if math.isfinite(v) and abs(v) > MAX_DRAWN)
+    note = f"; {not_finite} not finite (nan/inf), not drawn" if not_finite else ""
+    if huge:
+        note += f"; {huge} above {MAX_DRAWN:.0e}, not drawn"
+    return train, evals, note
 
 
 def terminal_plot(series: LossSeries, *, width: int = 72, height: int = 14) -> str:
     """The loss curve in ``width`` columns: a header, ``height`` rows, the step axis."""
-    train = [(s, v) for s, v in series.train if math.isfinite(v)]
-    evals = [(s, v) for s, v in series.eval if math.isfinite(v)]
-    dropped = len(series.train) + len(series.eval) - len(train) - len(evals)
+    train, evals, left_out = drawable(series)
     header = f"loss ({TRAIN_MARK} train" + (f", {EVAL_MARK} validation)" if evals else ")")
-    if dropped:
-        header += f"; {dropped} not finite (nan/inf), not drawn"
+    header += left_out
     points = train + evals
     if not points:
         return header + "\n(no finite loss to plot)"
@@ -71,19 +88,21 @@ def write_png(series: LossSeries, path: Path, *, title: str) -> Path:
     """Draw the loss curve into ``path`` (replaced atomically); returns ``path``."""
     from matplotlib.figure import Figure  # lazily: see the module's docstring
 
+    train, evals, left_out = drawable(series)
     fig = Figure(figsize=(8, 4.5), dpi=100)
     ax = fig.add_subplot()
-    if series.train:
-        steps, losses = zip(*series.train, strict=True)
+    if train:
+        steps, losses = zip(*train, strict=True)
         ax.plot(steps, losses, linewidth=1.2, label="train loss")
-    if series.eval:
-        steps, losses = zip(*series.eval, strict=True)
+    if evals:
+        steps, losses = zip(*evals, strict=True)
         ax.plot(steps, losses, "o-", markersize=4, label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(title)
+    ax.set_title(title + (f"\n{left_out.removeprefix('; ')}" if left_out else ""))
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or evals:
+        ax.legend()
     fig.tight_layout()
     # A fresh, exclusive temporary name (mkstemp), never one a symlink planted at a
     # predictable name could redirect; renamed over the old plot when complete.

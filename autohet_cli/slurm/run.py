@@ -104,6 +104,7 @@ def choose_job(
     job: str | None,
     key: bytes | None,
     printer: Printer,
+    steps: int | None = None,
 ) -> tuple[str, bytes]:
     """(job, key): new, or the one to resume with its key when this machine sees it."""
     name = p.plan.name
@@ -116,7 +117,9 @@ def choose_job(
             f"--resume on Slurm: no job of plan {name} in the checkpoint directories as "
             "this machine sees them (node-local disks?); name it with --job JOB"
         )
-    chosen, is_new = jobs.choose_job(found, resume=resume, job=job, plan_name=name, say=printer)
+    chosen, is_new = jobs.choose_job(
+        found, resume=resume, job=job, plan_name=name, say=printer, steps=steps
+    )
     if is_new:
         return chosen, new_key()
     holders = found[chosen].key_hosts if chosen in found else ()
@@ -157,7 +160,7 @@ def run_slurm_job(
     job_name, job_key = (None, None)
     if not script:
         c = job_choice
-        job_name, job_key = choose_job(p, hosts, c.resume, c.job, c.key, printer)
+        job_name, job_key = choose_job(p, hosts, c.resume, c.job, c.key, printer, c.steps)
     launch = build(
         p.plan,
         p.cluster,

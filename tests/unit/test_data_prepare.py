@@ -9,6 +9,7 @@ through the same public ``prepare`` entry point.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -190,11 +191,19 @@ def test_a_finished_part_is_really_reused_not_redone(tmp_path: Path) -> None:
     parts = partial_dir(out) / "parts"
     sha = file_sha256(doc)
     assert not (parts / f"{sha}.json").exists()  # cut short before its done marker
-    # Plant a finished part with other (well-formed) tokens: a resume must take it as is.
-    np.array([7, 8, 9], dtype="<u2").tofile(parts / f"{sha}.bin")
-    (parts / f"{sha}.json").write_text(json.dumps({"documents": 1, "tokens": 3}))
+    # Plant a finished part with other (well-formed) tokens and the marker prepare would
+    # write for them (their hash, the whole input): a resume must take it as is.
+    tokens = np.array([7, 8, 9], dtype="<u2").tobytes()
+    (parts / f"{sha}.bin").write_bytes(tokens)
+    marker = {
+        "input": {"sha256": sha, "start": 0, "end": doc.stat().st_size},
+        "part_sha256": hashlib.sha256(tokens).hexdigest(),
+        "documents": 1,
+        "tokens": 3,
+    }
+    (parts / f"{sha}.json").write_text(json.dumps(marker))
     result = prepare(options)
-    assert result.num_inputs_reused == 1
+    assert (result.num_inputs_reused, result.redone) == (1, ())
     assert _tokens(out) == [7, 8, 9]
 
 
