@@ -328,7 +328,8 @@ def _job_and_key(
 def _never_checkpointed(what: str) -> RecoveryError:
     return RecoveryError(
         f"the run never checkpointed: {what}. Nothing to resume from: start again with "
-        "autohet launch (checkpoints are on by default; --checkpoint-every 0 turns them off)"
+        "autohet launch (checkpoints are on by default; --checkpoint-every 0 with "
+        "--no-emergency-save turns them off)"
     )
 
 
@@ -361,6 +362,7 @@ def _choose(
     choice = newest_complete(listings, manifests, remote=remote, before_step=before)
     for d, why in choice.skipped:
         say(f"skipped {d}: {why}")
+    _check_model(old, choice)
     if step is not None and choice.step != step:
         raise RecoveryError(
             f"--step {step}: no usable checkpoint of that step "
@@ -378,6 +380,24 @@ def _choose(
             f"remote storage {root}: {', '.join(choice.remote_only)}"
         )
     return choice, remote, texts[choice.step_dir]
+
+
+def _check_model(old: Plan, choice: CheckpointChoice) -> None:
+    """The plan recovered from must describe the model the checkpoint holds: an edited
+    plan file of the same name would replan (and resume) another architecture."""
+    from autohet_cli.ckpt.lineage import model_differences, model_record
+    from autohet_cli.models import get_model
+
+    saved = choice.manifest.model
+    if saved is None:
+        return  # an older writer: nothing recorded to compare
+    differ = model_differences(saved, model_record(old.architecture or get_model(old.model_name)))
+    if differ:
+        raise RecoveryError(
+            f"{choice.step_dir} holds the weights of another model than plan "
+            f"{old.name}.v{old.version}: {'; '.join(differ)}. Recover with the plan the job "
+            "ran with"
+        )
 
 
 def _dry_run(

@@ -216,3 +216,29 @@ def test_synthetic_data_refuse_another_batch(tmp_path: Path) -> None:
     resumed = _trainer(_plan(batch=8), None)
     with pytest.raises(ConfigError, match="not placed by sample.*global_batch_size 4"):
         _ckpt(resumed, tmp_path).resume()
+
+
+def test_recover_refuses_a_plan_of_another_model_than_the_checkpoint() -> None:
+    from autohet_cli.ckpt.format import Manifest, ManifestFile
+    from autohet_cli.recovery.errors import RecoveryError
+    from autohet_cli.recovery.manifest import CheckpointChoice
+    from autohet_cli.recovery.session import _check_model
+
+    def choice(model: object) -> CheckpointChoice:
+        manifest = Manifest(
+            step=8,
+            plan="one.v3",
+            plan_sha256="a" * 64,
+            world_size=1,
+            files=(ManifestFile(path=".metadata", sha256="b" * 64, num_bytes=3, host="h", rank=0),),
+            model=model,  # type: ignore[arg-type]
+        )
+        return CheckpointChoice(
+            step_dir="step-00000008", manifest=manifest, holders={}, remote_only=()
+        )
+
+    _check_model(_plan(), choice(model_record(GPT_TINY)))  # the same: no word
+    _check_model(_plan(), choice(None))  # not recorded (older writer): as before
+    other = dataclasses.replace(GPT_TINY, num_heads=8, num_kv_heads=8)
+    with pytest.raises(RecoveryError, match=r"step-00000008 holds .* num_heads 4 then, 8 now"):
+        _check_model(_plan(architecture=other), choice(model_record(GPT_TINY)))
