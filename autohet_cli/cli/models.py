@@ -87,6 +87,15 @@ def list_models(
     _print_table("Model zoo", rows, columns)
 
 
+def params_text(n: int) -> str:
+    """``354.6K``, ``124.4M``, ``6.738B``: the unit that keeps 4 significant digits
+    readable (a tiny model's "0.0003546B" is not)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return str(n)
+
+
 def show_model(
     model: Annotated[
         str, typer.Argument(metavar="NAME_OR_CONFIG_JSON", help="Zoo name or config.json path.")
@@ -121,7 +130,7 @@ def show_model(
         "params": "params",
         "fwd_gflops_per_sample": f"fwd GFLOPs/sample @ {seq}",
     }
-    title = f"{spec.name} ({spec.family}, {spec.num_params / 1e9:.4g}B params)"
+    title = f"{spec.name} ({spec.family}, {params_text(spec.num_params)} params)"
     _print_table(title, layers, columns)
     shared = sum(layer.shared_params for layer in spec.layers())
     if shared:

@@ -5,15 +5,24 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from autohet_cli.cli.clock import process_age_s
 from autohet_cli.cli.progress import progress_bar
-from autohet_cli.errors import ConfigError
+from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.inputs import load_inputs, tables_for
-from autohet_cli.plan import default_plan_name, validate_name, write_plan
+from autohet_cli.plan import (
+    Plan,
+    default_plan_name,
+    load_plan,
+    next_version,
+    plan_to_dict,
+    validate_name,
+    write_plan,
+)
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text, provenance, summary_json
 from autohet_cli.runtime.models import unsupported_reason
@@ -53,7 +62,14 @@ def plan(
     ] = None,
     name: Annotated[str | None, typer.Option(help="Plan name (default: <cluster>-<model>)")] = None,
     out_dir: Annotated[str, typer.Option(help="Where plans/<name>.v<N>.yaml go")] = "plans",
-    precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
+    precision: Annotated[
+        str,
+        typer.Option(
+            help="bf16, fp16 or fp32. Profile entries count as measured only in this "
+            "precision (autohet profile run --precision); on CPU hosts the runtime "
+            "trains in fp32 whatever this says, so plan them in fp32"
+        ),
+    ] = "bf16",
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
     objective: Annotated[str, typer.Option(help="time (s/iteration) or cost ($/token)")] = "time",
     time_limit: Annotated[
@@ -183,18 +199,45 @@ def plan(
         if not explain:  # --explain prints it with the plan's other notes: once
             typer.secho(f"note: {reason}", fg=typer.colors.YELLOW, err=True)
         planned = replace(planned, notes=(*planned.notes, reason))
-    written, path = write_plan(planned, out_dir)
+    unchanged = _same_as_newest(planned, Path(out_dir))
+    written, path = unchanged or write_plan(planned, out_dir)
+    if unchanged is not None and not as_json:
+        typer.echo(f"unchanged: {path} is this plan already (same inputs, same result)")
     sources = provenance(written, tables)
     if as_json:
         summary = summary_json(written, outcome.eval, inputs.cluster, str(path), sources=sources)
-        typer.echo(json.dumps(summary))
+        typer.echo(json.dumps({**summary, "unchanged": unchanged is not None}))
         return
     if explain:
         typer.echo(explain_text(written, outcome.eval, inputs.cluster, sources=sources))
     ev = outcome.eval
     typer.echo(
-        f"wrote {path}: {ev.iteration_ms / 1e3:.3f} s/iteration, {ev.tokens_per_s:,.0f} tokens/s"
+        f"{'kept' if unchanged else 'wrote'} {path}: {ev.iteration_ms / 1e3:.3f} s/iteration, "
+        f"{ev.tokens_per_s:,.0f} tokens/s"
     )
+
+
+def _same_as_newest(planned: Plan, out_dir: Path) -> tuple[Plan, Path] | None:
+    """The newest version of this plan's name when it is this plan (all but its version
+    and creation time): planning twice from the same inputs (``make demo`` twice) keeps
+    one version, not identical v1, v2, v3; a checkpoint's plan sha256 stays valid."""
+    version = next_version(out_dir, planned.name) - 1
+    path = out_dir / f"{planned.name}.v{version}.yaml"
+    if version < 1 or not path.is_file():
+        return None
+    try:
+        newest = load_plan(path)
+    except AutohetError:
+        return None  # not ours to judge here: a new version is written beside it
+
+    def body(p: Plan) -> dict[str, object]:
+        d = plan_to_dict(replace(p, version=0, created=""))
+        solver = d.get("solver")
+        if isinstance(solver, dict):  # how long the solve took is no part of the plan
+            d["solver"] = {k: v for k, v in solver.items() if k != "time_s"}
+        return d
+
+    return (newest, path) if body(newest) == body(planned) else None
 
 
 def register(app: typer.Typer) -> None:

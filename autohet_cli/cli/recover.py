@@ -11,6 +11,7 @@ import typer
 from autohet_cli.cli import trainopts
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.recovery import session
+from autohet_cli.recovery.report import dry_run_text, phases_text
 from autohet_cli.transport.pool import ConnectOptions
 
 EPILOG = (
@@ -51,12 +52,13 @@ def recover(
     config: trainopts.ConfigOpt = None,
     data: trainopts.DataOpt = None,
     data_fn: trainopts.DataFnOpt = None,
+    lr_extend: trainopts.LrExtendOpt = None,
     checkpoint_every: Annotated[
         str | None,
         typer.Option(
             "--checkpoint-every",
             metavar="K|auto|0",
-            help="As for launch: K steps, auto, or 0 (off). [default: auto]",
+            help="As for launch: K steps, auto, or 0 (the last step only). [default: auto]",
         ),
     ] = None,
     no_emergency_save: trainopts.NoEmergencyOpt = False,
@@ -128,6 +130,7 @@ def recover(
         replica_budget=replica_budget,
         data=data,
         data_fn=data_fn,
+        lr_extend=lr_extend,
         train_arg=trainopts.switches(
             train_arg, no_emergency_save=no_emergency_save, no_compile=no_compile
         ),
@@ -156,10 +159,13 @@ def recover(
         break_lock=break_lock,
     )
     result = session.recover(req, say)
-    if dry_run or as_json:
-        typer.echo(json.dumps(result.report, indent=2 if dry_run and not as_json else None))
+    if as_json:
+        typer.echo(json.dumps(result.report))
+    elif dry_run:
+        for line in dry_run_text(result.report):
+            typer.echo(line)
     else:
-        typer.echo(f"recovered: phases {result.report.get('phases')}")
+        typer.echo(f"recovery phases: {phases_text(result.report.get('phases') or {})}")
     raise typer.Exit(result.exit_code)
 
 

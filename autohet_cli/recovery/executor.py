@@ -52,9 +52,9 @@ def check_lost_names(plan: Plan, cluster: Cluster, lost: Sequence[str]) -> None:
     unknown = [h for h in lost if h not in hosts and h not in listed]
     if unknown:
         raise RecoveryError(
-            f"--lost {','.join(unknown)}: neither a host of plan {plan.name}.v{plan.version} "
-            f"(its hosts: {', '.join(hosts)}) nor of cluster {cluster.name!r}; check the "
-            "spelling"
+            f"--lost {','.join(unknown)}: not a host of plan {plan.name}.v{plan.version} "
+            f"(its hosts: {', '.join(hosts)}) nor of cluster {cluster.name!r} (which lists "
+            f"{', '.join(sorted(listed))}); check the spelling"
         )
 
 

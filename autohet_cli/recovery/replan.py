@@ -381,6 +381,8 @@ def tradeoff(chosen: Candidate, candidates: Sequence[Candidate], tolerance: floa
             f"the {stable.kind} plan would keep {stable.stability.fraction:.0%} in place but "
             f"is {delta:+.1%} slower ({stable.iteration_time_s:.3f} s; tolerance {tolerance:.0%})"
         )
+    elif delta < 0.0005:  # "+0.0% slower" reads as a reason; there is none
+        why = f"the {stable.kind} plan is as fast and keeps no more in place"
     else:
         why = f"the {stable.kind} plan is {delta:+.1%} slower and keeps no more in place"
     return f"{chosen.kind} plan: {kept} at {chosen.iteration_time_s:.3f} s/iteration; {why}"

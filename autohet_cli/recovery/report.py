@@ -169,3 +169,38 @@ def build_report(
         notes=replan.plan.notes,
         transfers=tuple(transfers),
     )
+
+
+def phases_text(phases: Mapping[str, float]) -> str:
+    """``detect 0.4 s, checkpoint 0.2 s, ... (total 31.9 s)``: a line, not a dict."""
+    parts = [f"{name} {seconds:.1f} s" for name, seconds in phases.items()]
+    return ", ".join(parts) + f" (total {sum(phases.values()):.1f} s)"
+
+
+def dry_run_text(planned: Mapping[str, Any]) -> list[str]:
+    """A dry run's plan as lines a person reads (``--json`` gives the mapping)."""
+    diff = planned.get("plan_diff") or {}
+    moves = planned.get("transfers") or {}
+    items = moves.get("items") or []
+    lines = [
+        "dry run: nothing moved, no plan written, nothing started (--json for every detail)",
+        f"  lost: {', '.join(planned.get('lost') or []) or 'none'}; resume job "
+        f"{planned.get('job', '?')} at step {planned.get('step')}",
+        f"  new plan on: {', '.join(planned.get('new_plan_hosts') or [])}",
+    ]
+    for before, after in zip(diff.get("old") or [], diff.get("new") or [], strict=False):
+        lines.append(f"    was {before}")
+        lines.append(f"    now {after}")
+    for extra in (diff.get("new") or [])[len(diff.get("old") or []) :]:
+        lines.append(f"    now {extra}")
+    lines.append(
+        f"  copies: {len(items)} file(s), {moves.get('bytes_from_peers', 0):,} B from peers, "
+        f"{moves.get('bytes_from_remote', 0):,} B from remote storage (rule "
+        f"{moves.get('rule', '?')}; about {moves.get('predicted_time_s', 0.0):.1f} s)"
+    )
+    for host, flags in (planned.get("paths") or {}).items():
+        if flags:
+            given = ", ".join(f"{flag} {path}" for flag, path in flags.items())
+            lines.append(f"  paths on {host}: {given}")
+    lines += [f"  note: {n}" for n in planned.get("notes") or []]
+    return lines

@@ -347,9 +347,13 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
         assert res.returncode == 0, res.stdout + res.stderr
         return json.loads(res.stdout.strip().splitlines()[-1])
 
-    dry = _recover(tmp_path, plan, "--dry-run")  # no --lost: probes, finds fake-4 gone
+    human = _recover(tmp_path, plan, "--dry-run")  # no --lost: probes, finds fake-4 gone
+    assert human.returncode == 0, human.stdout + human.stderr
+    assert "dry run: nothing moved" in human.stdout and "{" not in human.stdout, human.stdout
+    assert re.search(r"^  lost: fake-4; resume job \S+ at step \d+$", human.stdout, re.M)
+    dry = _recover(tmp_path, plan, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout + dry.stderr
-    moved = json.loads(dry.stdout[dry.stdout.index("{") :])
+    moved = json.loads(dry.stdout)
     assert moved["lost"] == ["fake-4"]
     assert moved["plan_diff"]["hosts_dropped"] == ["fake-4"]
     assert all("fake-4" not in row for row in moved["plan_diff"]["new"])

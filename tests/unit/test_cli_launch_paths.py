@@ -194,8 +194,15 @@ def test_recover_reads_relative_paths_like_launch(tmp_path: Path) -> None:
         env={"HOME": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
-    paths = json.loads("\n".join(lines[lines.index("{") :]))["paths"]  # after its notes
+    for h in ("a", "b"):
+        assert f"  paths on {h}: --data {cwd}/tokens.bin" in res.stdout, res.stdout
+    res = autohet(
+        *("recover", str(site.plan_file), "--lost", "c", "--dry-run", "--data", "tokens.bin"),
+        "--json",
+        cwd=cwd,
+        env={"HOME": str(tmp_path)},
+    )
+    paths = json.loads(res.stdout)["paths"]
     assert paths == {h: {"--data": f"{cwd}/tokens.bin"} for h in ("a", "b")}
     err = _fails_fast(
         ("recover", str(site.plan_file), "--lost", "c", "--train-arg=--data=tok.bin"),

@@ -73,12 +73,25 @@ def test_plan_json_has_the_contract_fields(planned: tuple[Path, dict[str, object
         assert value is None or value >= float(out["iteration_time_s"]) * (1 - 1e-6)
 
 
-def test_second_plan_is_a_new_version(planned: tuple[Path, dict[str, object]]) -> None:
+def test_a_second_plan_is_a_new_version_unless_it_is_the_same(
+    planned: tuple[Path, dict[str, object]],
+) -> None:
+    """Planning again from the same inputs keeps the version that is this plan (issue 46:
+    `make demo` twice wrote identical v1 and v2); another result is the next version,
+    and no version is ever rewritten."""
     work, first = planned
     before = (work / str(first["plan_path"])).read_bytes()
     res = autohet(*PLAN_SMALL_JSON, cwd=work)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["plan_path"].endswith("small-mix-OPT-350M.v2.yaml")
+    again = json.loads(res.stdout)
+    assert again["plan_path"].endswith("small-mix-OPT-350M.v1.yaml") and again["unchanged"]
+    assert not (work / "out" / "small-mix-OPT-350M.v2.yaml").exists()
+    other = [*PLAN_SMALL_JSON]
+    other[other.index("32")] = "64"  # another global batch: another plan
+    res = autohet(*other, cwd=work)
+    assert res.returncode == 0, res.stderr
+    new = json.loads(res.stdout)
+    assert new["plan_path"].endswith("small-mix-OPT-350M.v2.yaml") and not new["unchanged"]
     assert (work / str(first["plan_path"])).read_bytes() == before
 
 

@@ -568,7 +568,11 @@ def test_choose_and_tradeoff_text() -> None:
     assert choose([twin, solved], 0.05) is solved
     better = cand("kept", 1.9, 90)
     assert choose([solved, better], 0.0) is better
-    assert "keeps no more in place" in tradeoff(solved, [solved, twin], 0.05)
+    assert "is +0.5% slower and keeps no more in place" in tradeoff(solved, [solved, twin], 0.05)
+    same = cand("kept", 2.0, 40)
+    assert tradeoff(solved, [solved, same], 0.05).endswith(
+        "the kept plan is as fast and keeps no more in place"
+    )
     assert tradeoff(solved, [solved], 0.05) == (
         "solved plan: kept 40% of layer placements in place (2.000 s/iteration)"
     )
