@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml
 
 demo: install
 	@echo "== 1. plan a heterogeneous fleet (A100 + V100 + RTX 3090, Sailor's measured OPT-350M)"
+	@echo "   (planning only: this fleet is not here, and its closing note is expected: OPT trains"
+	@echo "   with your own --model-fn; step 3 trains a LLaMA the runtime has built in)"
 	$(VENV)/bin/autohet plan --cluster profiles/clusters/paper-mix.yaml --model OPT-350M \
 	  --profile profiles/sailor/OPT-350M.yaml --global-batch-size 64 --name demo-paper-mix \
 	  --out-dir $(PLANS) --time-limit 20 --explain
