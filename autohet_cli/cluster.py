@@ -9,6 +9,7 @@ hostfile cannot, and its error prints the YAML to write instead.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -74,6 +75,9 @@ class Cluster:
     # "slurm" (one heterogeneous batch job; host names are node names).
     backend: str = "ssh"
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    # The known_hosts file SSH checks host keys against (``--known-hosts`` overrides);
+    # None: the user's ~/.ssh/known_hosts and the system's.
+    known_hosts: str | None = None
     _by_name: Mapping[str, Host] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +126,7 @@ class Cluster:
             gpu_specs=self.gpu_specs,
             backend=self.backend,
             slurm=self.slurm,
+            known_hosts=self.known_hosts,
         )
 
     def total_mem_bytes(self) -> int:
@@ -143,7 +148,12 @@ def load_cluster(path: str | Path) -> Cluster:
         text = read_text(p)
         if _looks_like_hostfile(text):
             return parse_hostfile(text, str(p), name=p.stem)
-    return cluster_from_dict(load_yaml(p), str(p))
+    cluster = cluster_from_dict(load_yaml(p), str(p))
+    kh = cluster.known_hosts
+    if kh is not None and not kh.startswith("~") and not Path(kh).is_absolute():
+        # Relative to the cluster file, as a path written in a file is read.
+        cluster = dataclasses.replace(cluster, known_hosts=str(p.resolve().parent / kh))
+    return cluster
 
 
 def _looks_like_hostfile(text: str) -> bool:
@@ -231,7 +241,16 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
         d,
         where,
         ["schema", "name", "hosts"],
-        ["defaults", "network", "remote_storage", "notes", "gpu_types", "backend", "slurm"],
+        [
+            "defaults",
+            "network",
+            "remote_storage",
+            "notes",
+            "gpu_types",
+            "backend",
+            "slurm",
+            "known_hosts",
+        ],
     )
     if d["schema"] != SCHEMA:
         raise ConfigError(f"{where}: schema: expected {SCHEMA!r}, got {d['schema']!r}")
@@ -285,6 +304,7 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
         gpu_specs=defined,
         backend=backend_from(d.get("backend"), f"{where}: backend"),
         slurm=settings_from_dict(d.get("slurm"), where, {h.gpu_type for h in hosts}),
+        known_hosts=get(d, "known_hosts", str, where, None),
     )
 
 
@@ -406,4 +426,6 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
         out["backend"] = c.backend
     if c.slurm != SlurmSettings():
         out["slurm"] = c.slurm.to_dict()
+    if c.known_hosts:
+        out["known_hosts"] = c.known_hosts
     return out

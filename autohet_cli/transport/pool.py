@@ -9,6 +9,7 @@ together at the end.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,14 @@ class ConnectOptions:
         return out + (["--accept-new-host-keys"] if self.accept_new_host_keys else [])
 
 
+def with_cluster_known_hosts(connect: ConnectOptions, cluster: Cluster) -> ConnectOptions:
+    """``--known-hosts`` if given, else the cluster file's ``known_hosts:``: a team's
+    cluster file names its known_hosts once instead of every command repeating it."""
+    if connect.known_hosts is not None or cluster.known_hosts is None:
+        return connect
+    return dataclasses.replace(connect, known_hosts=Path(cluster.known_hosts).expanduser())
+
+
 def remote_home(runner: Runner) -> str:
     """The home directory of the user on the runner's host, as that host sees it."""
     return runner.run(["sh", "-c", 'printf %s "$HOME"'], timeout_s=30).check().stdout.strip()
@@ -41,7 +50,7 @@ class HostPool:
 
     def __init__(self, cluster: Cluster, connect: ConnectOptions) -> None:
         self.cluster = cluster
-        self.connect = connect
+        self.connect = with_cluster_known_hosts(connect, cluster)
         self._runners: dict[str, Runner] = {}
         self._homes: dict[str, str] = {}
 

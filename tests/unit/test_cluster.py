@@ -508,3 +508,29 @@ def test_host_names_and_ip_addresses_are_addresses(tmp_path: Path, address: str)
     d = _base()
     d["hosts"][0]["address"] = address
     assert load_cluster(_write(tmp_path, d)).hosts[0].address == address
+
+
+def test_a_cluster_file_names_its_known_hosts_once(tmp_path: Path) -> None:
+    """Issue 46: --known-hosts had to be given to every command; the cluster file may
+    name it (relative to the file), and --known-hosts still wins."""
+    from autohet_cli.cluster import cluster_to_dict, load_cluster
+    from autohet_cli.transport.pool import ConnectOptions, HostPool
+
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "c.yaml"
+    path.write_text(
+        "schema: autohet.cluster/v1\nname: c\nknown_hosts: keys/known\n"
+        "hosts:\n  - {name: a, address: localhost, gpus: {type: cpu, count: 1}}\n"
+    )
+    cluster = load_cluster(path)
+    assert cluster.known_hosts == str(tmp_path / "sub" / "keys" / "known")
+    assert cluster.without({"x"}).known_hosts == cluster.known_hosts
+    assert cluster_to_dict(cluster)["known_hosts"] == cluster.known_hosts
+    with HostPool(cluster, ConnectOptions()) as pool:
+        assert pool.connect.known_hosts == tmp_path / "sub" / "keys" / "known"
+    mine = tmp_path / "mine"
+    with HostPool(cluster, ConnectOptions(known_hosts=mine)) as pool:
+        assert pool.connect.known_hosts == mine
+    path.write_text(path.read_text().replace("known_hosts:", "known_host:"))
+    with pytest.raises(ConfigError, match="known_host"):
+        load_cluster(path)
