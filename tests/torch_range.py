@@ -19,6 +19,9 @@ TORCH_RANGE: dict[str, str] = {
     "tests/unit/test_ckpt_failures.py": "DCP save and load failures, resume fallbacks",
     "tests/unit/test_ckpt_parallel_load.py": "DCP load through our parallel reader",
     "tests/unit/test_ckpt_redteam.py": "DCP metadata never unpickled before its hash",
+    "tests/unit/test_export_toctou.py": (
+        "export: DCP metadata unpickled (its classes only) from hashed bytes, a verified copy"
+    ),
     "tests/unit/test_ckpt_layer_record.py": "the layer record DCP's metadata carries",
     "tests/unit/test_runtime_checkpoint.py": "dcp.save return values, uploads, markers",
     "tests/dist/test_checkpoint.py::test_each_host_holds_its_ranks_files_and_the_manifest_lists_them": (  # noqa: E501

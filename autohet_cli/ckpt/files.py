@@ -91,12 +91,26 @@ def ensure_private_dir(path: Path, root: Path) -> None:
 
 
 def read_key(job_dir: Path) -> bytes | None:
-    """The job key if this host has it; refuses one others could read or replace."""
+    """The job key if this host has it; refuses one others could read or replace.
+
+    The checks are made again on the open descriptor (``O_NOFOLLOW``, ``fstat``) and the
+    key read from it: a key renamed into place between a check by path and a read by
+    path would be the attacker's, and with it any manifest verifies."""
     path = job_dir / KEY_FILE
     try:
-        st = path.lstat()
+        _check_key_stat(path, path.lstat())  # a device or FIFO is never opened
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError:  # ELOOP: swapped for a symlink since the lstat
+        raise CheckpointError(f"{path} is not a regular file of yours: refusing it") from None
+    with os.fdopen(fd, "rb") as f:
+        _check_key_stat(path, os.fstat(fd))
+        data = f.read()  # a regular file of ours: its size is what check_key reports
+    return check_key(data, str(path))
+
+
+def _check_key_stat(path: Path, st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
         raise CheckpointError(f"{path} is not a regular file of yours: refusing it")
     if st.st_mode & 0o077:
@@ -104,7 +118,6 @@ def read_key(job_dir: Path) -> bytes | None:
             f"{path} is readable or writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
             "anyone who reads it can forge checkpoints; chmod 600 it"
         )
-    return check_key(path.read_bytes(), str(path))
 
 
 def write_key(job_dir: Path, key: bytes) -> bytes:

@@ -9,6 +9,11 @@ GPT-2's Conv1D weights transposed, per the family's ``hf_sources``) and written
 before the next file's are read, so memory stays near one file (``max_shard_bytes``)
 plus the largest tensor. Several files come with ``model.safetensors.index.json``,
 as ``save_pretrained`` writes them.
+
+Nothing is read from the step directory after it was checked (``ckpt.verified``):
+``.metadata`` is unpickled from the bytes whose sha256 was checked, and DCP reads
+the tensors from a private copy made of the data files' checked bytes, so a file
+swapped in the step directory between check and use is never read (issue 45).
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import inspect
 import json
 import os
 import shutil
+import stat
 import tempfile
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -33,6 +41,12 @@ from autohet_cli.runtime.grouping import consecutive_groups
 from autohet_cli.runtime.hf_weights import INDEX_FILE, SINGLE_FILE
 from autohet_cli.runtime.models import family_module
 from autohet_cli.runtime.models.common import HFSource
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from autohet_cli.ckpt.format import Manifest
+    from autohet_cli.ckpt.verified import VerifiedReader
 
 MODEL_PREFIX = "model."  # Trainer.state_dict()'s model entries, as DCP flattens them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,28 +73,33 @@ class HFTensor:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
-    """What export reads of a step directory (through DCP's reader, never by hand)."""
+    """What export reads of a step directory: its authenticated manifest and DCP's
+    metadata verified against it (``open_checkpoint``); tensors come later, through
+    DCP's reader on a verified copy (``export_hf``)."""
 
     step_dir: Path
     shapes: dict[str, tuple[int, ...]]  # our full name -> global shape
     dtypes: dict[str, torch.dtype]
     plan_ref: str | None  # "name.vN" of the plan that wrote it, from the manifest
     plan_sha256: str | None = None  # of that plan file's bytes, from the manifest
+    manifest: Manifest | None = field(default=None, compare=False, repr=False)
+    metadata: Metadata | None = field(default=None, compare=False, repr=False)
 
 
 def open_checkpoint(step_dir: str | Path) -> Checkpoint:
     """The model tensors of a complete, authentic checkpoint step directory.
 
     The one place export touches the checkpoint format (``autohet_cli.ckpt.format``):
-    the manifest must verify with the job key (``<job dir>/.autohet-key``) and every
-    file it lists must be here with its sha256 before DCP's reader unpickles
-    ``.metadata``, as the runtime's own loading does.
+    the manifest must verify with the job key (``<job dir>/.autohet-key``), every file
+    it lists must be here, a regular file of the size it lists, and ``.metadata`` is
+    unpickled only from the bytes whose sha256 it lists (``ckpt.verified``). The data
+    files' sha256 are checked as ``export_hf`` copies them, on the bytes it loads.
     """
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from autohet_cli.ckpt.files import incomplete_reason, read_key, sha256_file
+    from autohet_cli.ckpt.files import incomplete_reason, read_key
     from autohet_cli.ckpt.format import MANIFEST, verified_manifest
+    from autohet_cli.ckpt.verified import OWN_FILES, load_metadata
 
     root = Path(step_dir)
     key = read_key(root.parent) if root.parent.is_dir() else None
@@ -95,14 +114,20 @@ def open_checkpoint(step_dir: str | Path) -> Checkpoint:
     manifest = verified_manifest(text, key, str(root / MANIFEST))
     for f in manifest.files:
         path = root / f.path
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise ExportError(
                 f"{path} is missing (host {f.host} wrote it); copy every host's files of this "
                 "step into one directory first"
             )
-        if sha256_file(path) != f.sha256:
-            raise ExportError(f"{path} is corrupt: its sha256 differs from {MANIFEST}'s")
-    metadata = FileSystemReader(str(root)).read_metadata()
+        st = path.lstat()  # checked again on the descriptor each file is read through
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise ExportError(f"{path} is {what}; {OWN_FILES}")
+        if st.st_size != f.num_bytes:
+            raise ExportError(
+                f"{path} is corrupt: it has {st.st_size} bytes, {MANIFEST} says {f.num_bytes}"
+            )
+    metadata = load_metadata(root, manifest, ExportError)  # a symlink or FIFO: refused
     shapes, dtypes = {}, {}
     for name, meta in metadata.state_dict_metadata.items():
         if name.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata):
@@ -115,6 +140,8 @@ def open_checkpoint(step_dir: str | Path) -> Checkpoint:
         dtypes=dtypes,
         plan_ref=manifest.plan,
         plan_sha256=manifest.plan_sha256,
+        manifest=manifest,
+        metadata=metadata,
     )
 
 
@@ -139,8 +166,9 @@ def hf_tensors(spec: ModelSpec, ckpt: Checkpoint) -> list[HFTensor]:
     return out
 
 
-def _load(ckpt: Checkpoint, names: list[str]) -> dict[str, Tensor]:
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
+def _load(
+    ckpt: Checkpoint, names: list[str], reader: Callable[[], VerifiedReader]
+) -> dict[str, Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import load
 
     state = {MODEL_PREFIX + n: torch.empty(ckpt.shapes[n], dtype=ckpt.dtypes[n]) for n in names}
@@ -149,7 +177,7 @@ def _load(ckpt: Checkpoint, names: list[str]) -> dict[str, Tensor]:
     one = {"no_dist": True} if "no_dist" in inspect.signature(load).parameters else {}
     with warnings.catch_warnings():  # "no process group: loading in one process": intended
         warnings.simplefilter("ignore", UserWarning)
-        load(state, storage_reader=FileSystemReader(str(ckpt.step_dir)), **one)
+        load(state, storage_reader=reader(), **one)
     return {n: state[MODEL_PREFIX + n] for n in names}
 
 
@@ -199,13 +227,14 @@ def export_hf(
         raise ExportError(f"{out.parent}: cannot create the output there: {exc.strerror}") from None
     try:
         weight_map, written = {}, []
-        for file, group in _files(groups):
-            ours = _load(ckpt, [n for t in group for n, _ in t.pieces])
-            data = {t.name: _assemble(t, ours, DTYPES[name]) for t in group}
-            del ours
-            save_file(data, str(tmp / file), metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(data, file))
-            written.append(out / file)
+        with _verified(ckpt, tensors, near=out.parent) as reader:
+            for file, group in _files(groups):
+                ours = _load(ckpt, [n for t in group for n, _ in t.pieces], reader)
+                data = {t.name: _assemble(t, ours, DTYPES[name]) for t in group}
+                del ours
+                save_file(data, str(tmp / file), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(data, file))
+                written.append(out / file)
         if len(groups) > 1:
             total = sum(t.numel() * DTYPES[name].itemsize for t in tensors)
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -225,6 +254,20 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return [out / "config.json", *written]
+
+
+def _verified(
+    ckpt: Checkpoint, tensors: list[HFTensor], *, near: Path
+) -> AbstractContextManager[Callable[[], VerifiedReader]]:
+    """The data files' bytes that hold ``tensors``, copied and checked (``ckpt.verified``)."""
+    from autohet_cli.ckpt.verified import verified_copy
+
+    if ckpt.manifest is None or ckpt.metadata is None:
+        raise ExportError(f"{ckpt.step_dir}: open it with open_checkpoint to export it")
+    entries = {MODEL_PREFIX + n for t in tensors for n, _ in t.pieces}
+    return verified_copy(
+        ckpt.step_dir, ckpt.manifest, ckpt.metadata, entries, near=near, error=ExportError
+    )
 
 
 def _refuse_existing(out: Path) -> None:
