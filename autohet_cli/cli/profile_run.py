@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,8 +19,23 @@ from autohet_cli.cluster import load_cluster
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, ProfileError
 from autohet_cli.models import get_model
-from autohet_cli.profiling.run import ProfileRunRequest, ProfileRunResult, run_profiling
+from autohet_cli.profiling.run import (
+    ProfileRunRequest,
+    ProfileRunResult,
+    measured_precision,
+    run_profiling,
+)
 from autohet_cli.profiling.schema import load_profile, save_profile
+from autohet_cli.settings import TrainingSettings
+
+PLAN_PRECISION = TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=1).precision
+
+
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -59,6 +75,17 @@ def run(
     all_hosts: Annotated[
         bool, typer.Option("--all-hosts", help="Measure every host, not one per GPU type")
     ] = False,
+    precision: Annotated[
+        Precision,
+        typer.Option(
+            help="Precision to time the layers in. auto: bf16 on GPUs that compute it "
+            "natively (Ampere and newer), fp16 on older ones, fp32 on CPU hosts (the "
+            "runtime trains in fp32 on a CPU whatever a plan asks, so a CPU is measured "
+            "in fp32 only). A plan uses an entry only at its own --precision (bf16 unless "
+            "told), so measure in the precision you will plan in; measuring again in "
+            "another replaces the entries it measures",
+        ),
+    ] = Precision.auto,
     timeout: Annotated[float, typer.Option(help="Seconds per host for the measurement")] = 900.0,
     accept_new_host_keys: Annotated[
         bool,
@@ -129,6 +156,7 @@ def run(
         runtime_runs=runtime_runs,
         runtime_steps=runtime_steps,
         runtime_budget_s=runtime_budget,
+        precision=precision.value,
     )
     result = _with_live_view(req, enabled=not as_json)
     if result.profile is None:
@@ -142,11 +170,13 @@ def run(
             json.dumps(
                 {
                     "profile_path": str(out),
+                    "precision": precision.value,  # as asked; each host's as measured
                     "hosts": {
                         o.host: {
                             "ok": o.error is None,
                             "seconds": round(o.seconds, 3),
                             "error": o.error,
+                            "precision": measured_precision(o),
                         }
                         for o in result.outcomes
                     },
@@ -191,8 +221,25 @@ def run(
             f"wrote {out}: {len(result.outcomes) - len(result.failed)} host(s) measured, "
             f"{len(result.failed)} failed"
         )
+        for note in precision_notes(result):
+            typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
     if result.failed:
         raise typer.Exit(1)
+
+
+def precision_notes(result: ProfileRunResult) -> list[str]:
+    """Per precision measured other than a plan's default, the --precision that uses
+    it: without it the plan calls these entries unmeasured (issue 46)."""
+    by_dtype: dict[str, list[str]] = {}
+    for o in result.outcomes:
+        dtype = measured_precision(o)
+        if dtype is not None and dtype != PLAN_PRECISION and "," not in dtype:
+            by_dtype.setdefault(dtype, []).append(o.host)
+    return [
+        f"{', '.join(hosts)} measured in {dtype}: plan with --precision {dtype} to use "
+        f"these entries (autohet plan asks {PLAN_PRECISION} unless told)"
+        for dtype, hosts in by_dtype.items()
+    ]
 
 
 def _run_line(r: dict[str, object]) -> str:

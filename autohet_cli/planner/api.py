@@ -29,6 +29,7 @@ from autohet_cli.planner.baselines import baselines as compute_baselines
 from autohet_cli.planner.decide import decide, first_space, reevaluated, same_space
 from autohet_cli.planner.parallel import Pending
 from autohet_cli.planner.phases import phase
+from autohet_cli.planner.precision import advice, cpu_advice, measured_as, precision_flag
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
@@ -418,13 +419,24 @@ def measured_only_message(req: SearchRequest, reason: str | None, model_ref: str
         head = f"the profile measures none of the combinations {req.model.name} could use "
         head += f"on {req.cluster.name}"
     said = f" (the search said: {reason})" if reason else ""
-    return (
+    text = (
         f"--measured-only: {head}{said}. Measured at seq_len {t.seq_len}, {t.precision}: "
-        f"{'; '.join(per_type)}. Measure more with `autohet profile run CLUSTER --model "
-        f"{model_ref} --tp {tps} --micro-batch-sizes {mbss}{seq}` and pass the "
-        "profile it writes with --profile, or plan without --measured-only to let "
-        "estimates fill the gaps"
+        f"{'; '.join(per_type)}. "
     )
+    # Measured in another precision: say so, or "measure more" repeats what was done.
+    found = {g: d for g, tp, mbs in usable if (d := measured_as(req.tables, g, tp, mbs))}
+    if found:
+        said_found = advice(req.model.name, t.precision, found, None)
+        text += f"{said_found[0].upper()}{said_found[1:]}. "
+    types = req.cluster.gpu_types()
+    flag = precision_flag(t.precision, types, always=bool(found))
+    cpus = cpu_advice((g for g in types if g not in found), t.precision)  # not said twice
+    text += (
+        f"Measure more with `autohet profile run CLUSTER --model {model_ref} --tp {tps} "
+        f"--micro-batch-sizes {mbss}{seq}{flag}` and pass the profile it writes with "
+        f"--profile{cpus}, or plan"
+    )
+    return f"{text} without --measured-only to let estimates fill the gaps"
 
 
 def training_for(

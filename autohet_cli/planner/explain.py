@@ -14,6 +14,13 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.plan import Plan, SolverInfo
+from autohet_cli.planner.precision import (
+    advice,
+    cpu_advice,
+    measurable,
+    measured_as,
+    precision_flag,
+)
 
 GIB = float(1 << 30)
 MEASURED_SOURCES = ("measured", "sailor")
@@ -23,13 +30,18 @@ MEASURED_SOURCES = ("measured", "sailor")
 class EntrySource:
     """Where the cost model's numbers for one (GPU type, TP, micro-batch size) come
     from: ``measured``, ``sailor``, ``calibrated`` (an estimate scaled to the
-    measurement at ``anchor``, its (TP, micro-batch size)) or ``analytic``."""
+    measurement at ``anchor``, its (TP, micro-batch size)) or ``analytic``.
+    ``measured_precision``: the profile measured this very combination, but in
+    another precision than the plan's; ``anchor_precision``: the anchor's, where
+    it is not the plan's."""
 
     gpu_type: str
     tensor_parallel: int
     micro_batch_size: int
     source: str
     anchor: tuple[int, int] | None = None
+    measured_precision: str | None = None
+    anchor_precision: str | None = None
 
     @property
     def from_runs(self) -> bool:
@@ -46,7 +58,8 @@ class EntrySource:
             return "calibrated from runs"
         if self.anchor is None:
             return self.source
-        return f"calibrated from tp={self.anchor[0]} mbs={self.anchor[1]}"
+        dtype = f" in {self.anchor_precision}" if self.anchor_precision else ""
+        return f"calibrated from tp={self.anchor[0]} mbs={self.anchor[1]}{dtype}"
 
     @property
     def combination(self) -> str:
@@ -58,6 +71,7 @@ class EntrySource:
             "tensor_parallel": self.tensor_parallel,
             "micro_batch_size": self.micro_batch_size,
             "source": self.source,
+            "measured_precision": self.measured_precision,
         }
 
 
@@ -71,6 +85,8 @@ class Provenance:
     profiled: bool
     model_ref: str  # what `autohet profile run --model` takes for this model
     seq_len: int | None  # for --seq-len, when not the model's default
+    model_name: str
+    precision: str  # the plan's
 
     def unmeasured(self) -> list[EntrySource]:
         """Distinct unmeasured combinations, in stage order."""
@@ -97,6 +113,10 @@ def provenance(plan: Plan, tables: CostTables) -> Provenance:
                 anchor=None
                 if anchor is None
                 else (anchor.key.tensor_parallel, anchor.key.micro_batch_size),
+                measured_precision=measured_as(tables, s.gpu_type, s.tensor_parallel, mbs),
+                anchor_precision=None
+                if anchor is None or anchor.dtype == tables.training.precision
+                else anchor.dtype,
             )
     seq_len = tables.training.seq_len
     return Provenance(
@@ -106,17 +126,21 @@ def provenance(plan: Plan, tables: CostTables) -> Provenance:
         profiled=bool(tables.profile.entries),
         model_ref=plan.inputs.get("model", {}).get("path") or plan.model_name,
         seq_len=None if seq_len == tables.model.default_seq_len else seq_len,
+        model_name=tables.model.name,
+        precision=tables.training.precision,
     )
 
 
-def profile_command(prov: Provenance, entries: list[EntrySource]) -> str:
-    """The `autohet profile run` that measures ``entries``."""
+def profile_command(prov: Provenance, entries: list[EntrySource], *, always: bool = False) -> str:
+    """The `autohet profile run` that measures ``entries`` in the plan's precision
+    (--precision where its default would not, or ``always``)."""
     tps = ",".join(str(t) for t in sorted({e.tensor_parallel for e in entries}))
     mbss = ",".join(str(m) for m in sorted({e.micro_batch_size for e in entries}))
     seq = "" if prov.seq_len is None else f" --seq-len {prov.seq_len}"
+    flag = precision_flag(prov.precision, (e.gpu_type for e in entries), always=always)
     return (
         f"autohet profile run CLUSTER --model {prov.model_ref} --tp {tps} "
-        f"--micro-batch-sizes {mbss}{seq}"
+        f"--micro-batch-sizes {mbss}{seq}{flag}"
     )
 
 
@@ -125,19 +149,34 @@ def source_lines(prov: Provenance) -> list[str]:
     unmeasured = prov.unmeasured()
     if not unmeasured:
         return []
-    command = profile_command(prov, unmeasured)
+    elsewhere = [e for e in unmeasured if e.measured_precision is not None]
+    rest = [e for e in unmeasured if e.measured_precision is None]
+    cpus = cpu_advice((e.gpu_type for e in rest), prov.precision)
     if not prov.profiled:
+        command = profile_command(prov, unmeasured)
         return [
             "Source: no profile was given, so every stage time is an analytic estimate "
-            f"from the GPU catalog; measure them with `{command}` and plan with --profile."
+            f"from the GPU catalog; measure them with `{command}` and plan with "
+            f"--profile{cpus}."
         ]
     total = sum(len(p) for p in prov.stages)
     listed = "; ".join(f"{e.combination}: {e.label}" for e in unmeasured)
-    return [
-        f"Stages {prov.num_unmeasured_stages()} of {total} rest on unmeasured entries "
-        f"({listed}): their times are estimates; profile them with `{command}` or plan "
-        "with --measured-only."
-    ]
+    head = f"Stages {prov.num_unmeasured_stages()} of {total} rest on unmeasured entries"
+    if not elsewhere:
+        command = profile_command(prov, unmeasured)
+        return [
+            f"{head} ({listed}): their times are estimates; profile them with `{command}` "
+            f"or plan with --measured-only{cpus}."
+        ]
+    # Measured, but in another precision: measuring again as before would not help.
+    again = [e for e in elsewhere if measurable(e.gpu_type, prov.precision)]
+    found = {e.gpu_type: e.measured_precision or "" for e in elsewhere}
+    measure = profile_command(prov, again, always=True) if again else None
+    text = f"{head} ({listed}): {advice(prov.model_name, prov.precision, found, measure)}."
+    if rest:
+        others = "; ".join(e.combination for e in rest)
+        text += f" The others ({others}): profile them with `{profile_command(prov, rest)}`{cpus}."
+    return [text]
 
 
 def sources_json(plan: Plan, prov: Provenance) -> dict[str, Any]:

@@ -21,7 +21,9 @@ Profile with ``profile_from_probe``:
   declared, is refused) and kept in meta. Without a declared type: the canonical
   catalog type of the device (``cpu`` without a GPU);
 - meta: the host, when, software versions and the probe's version, plus a
-  history entry with notes, so merged profiles keep every measurement's record.
+  history entry with the precision and notes, so merged profiles keep every
+  measurement's record (each entry carries its ``dtype`` too: plans use an entry
+  only at their own precision).
 
 A malformed result raises ProfileError naming the host and the field.
 """
@@ -415,6 +417,7 @@ def _meta(
         "hostname": facts.get("hostname"),
         "gpu_type": device.gpu_type,
         "device_name": dev.get("name"),
+        "dtype": doc.get("dtype"),  # every entry of this measurement is in it
         "created": created,
         "probe_version": version,
         "software": software,

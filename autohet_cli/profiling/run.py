@@ -20,7 +20,7 @@ from pathlib import Path
 from autohet_cli.cluster import Cluster, Host, python_for
 from autohet_cli.errors import AutohetError, ConfigError, ProfileError
 from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.measure import profile_from_probe, spec_for
+from autohet_cli.profiling.measure import DTYPES, profile_from_probe, spec_for
 from autohet_cli.profiling.schema import Profile
 from autohet_cli.transport.base import Runner
 from autohet_cli.transport.fanout import fan_out, runner_for
@@ -47,6 +47,9 @@ class ProfileRunRequest:
     time_budget_s: float | None = None
     measure_network: bool = True
     base_port: int = 29611
+    # The precision the probe times layers in (``measure.DTYPES``): auto is the
+    # probe's choice per host (bf16 or fp16 on a GPU, fp32 on a CPU).
+    precision: str = "auto"
     # Phase 2 (``runcheck``): short runs of the runtime itself on each probed host.
     runtime_runs: bool = True
     runtime_steps: int = 8
@@ -93,9 +96,38 @@ def select_hosts(cluster: Cluster, names: Sequence[str], all_hosts: bool) -> lis
     return list(best.values())
 
 
+def check_precision(hosts: Sequence[Host], precision: str) -> None:
+    """Refuse a precision no plan could use before any host is reached: the runtime
+    trains in fp32 on a CPU whatever a plan asks (``runtime.trainer``), so a CPU
+    timed in 16 bits would file numbers no run of it ever shows."""
+    if precision not in DTYPES:
+        raise ConfigError(f"--precision: expected one of {', '.join(DTYPES)}, got {precision!r}")
+    cpus = [h.name for h in hosts if h.gpu_type == "cpu"]
+    if precision in ("auto", "fp32") or not cpus:
+        return
+    which = "is a CPU host" if len(cpus) == 1 else "are CPU hosts"
+    raise ConfigError(
+        f"--precision {precision}: {', '.join(cpus)} {which} (gpus.type cpu in the "
+        "cluster file), and the runtime trains in fp32 on a CPU whatever a plan asks, so "
+        f"{precision} times there would predict nothing that runs; measure with "
+        "--precision auto or fp32 and plan with --precision fp32, or leave the CPU hosts "
+        "out with --hosts"
+    )
+
+
+def measured_precision(outcome: HostOutcome) -> str | None:
+    """The precision ``outcome``'s entries were measured in ("fp32, bf16" if mixed);
+    None when the host failed or only its device facts were measured."""
+    if outcome.profile is None:
+        return None
+    dtypes = sorted({e.dtype for e in outcome.profile.entries.values()})
+    return ", ".join(dtypes) or None
+
+
 def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> ProfileRunResult:
     note = on_event or (lambda _h, _m: None)
     hosts = select_hosts(req.cluster, req.hosts, req.all_hosts)
+    check_precision(hosts, req.precision)
 
     def one(host: Host) -> HostOutcome:
         start = time.monotonic()
@@ -246,6 +278,7 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
         req.seq_len,
         tps,
         req.micro_batch_sizes,
+        req.precision,
         time_budget_s=req.time_budget_s,
         cpu_threads=1 if host.gpu_type == "cpu" and host.num_gpus > 1 else None,
     )

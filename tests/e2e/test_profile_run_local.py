@@ -36,7 +36,11 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["hosts"]["localhost"]["ok"] is True
+    # --precision auto: a CPU is timed in fp32, what the runtime trains in there.
+    assert report["precision"] == "auto"
+    assert report["hosts"]["localhost"]["precision"] == "fp32"
     profile = load_profile(out)
+    assert {e.dtype for e in profile.entries.values()} == {"fp32"}
     assert profile.meta["hosts"] == ["localhost"]
     assert "torch" in json.dumps(profile.meta)  # software versions recorded
     keys = {(k.gpu_type, k.tensor_parallel, k.micro_batch_size) for k in profile.entries}

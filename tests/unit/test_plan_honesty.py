@@ -115,7 +115,13 @@ def test_estimate_marks_unmeasured_stages_in_text_and_json(tmp_path: Path) -> No
     assert out["stages"][1]["calibrated_from"] is None
     assert out["stages"][2]["layer_start"] == 18 and out["stages"][2]["layer_end"] == 26
     assert out["unmeasured"] == [
-        {"gpu_type": gpu, "tensor_parallel": 1, "micro_batch_size": 1, "source": source}
+        {
+            "gpu_type": gpu,
+            "tensor_parallel": 1,
+            "micro_batch_size": 1,
+            "source": source,
+            "measured_precision": None,  # not measured in another precision either
+        }
         for gpu, source in (("A100-40", "calibrated"), ("V100-16", "analytic"))
     ]
 
