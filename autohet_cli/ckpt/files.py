@@ -154,7 +154,10 @@ def incomplete_reason(step_dir: Path, key: bytes | None) -> str | None:
     if not (step_dir / MANIFEST).is_file():
         return f"no {MANIFEST}"
     if key is None:
-        return "no job key on this host to authenticate it"
+        return (
+            f"no job key {step_dir.parent / KEY_FILE} to authenticate it (a step copied "
+            f"elsewhere needs its job directory's {KEY_FILE} beside it, mode 0600)"
+        )
     try:
         m = verified_manifest((step_dir / MANIFEST).read_text(encoding="utf-8"), key, "")
     except ManifestAuthError:

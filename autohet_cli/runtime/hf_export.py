@@ -294,17 +294,33 @@ def spec_for(ckpt: Checkpoint, plan_file: str | Path | None) -> ModelSpec:
             f"{ckpt.step_dir}: cannot find the plan that wrote it "
             f"({ckpt.plan_ref or 'unknown'}; looked for {path}); pass --plan PLAN_FILE"
         )
-    _check_provenance(ckpt, path)
     plan = load_plan(path)
-    return plan.architecture or get_model(plan.model_name)
+    spec = plan.architecture or get_model(plan.model_name)
+    _check_provenance(ckpt, path, spec)
+    return spec
 
 
-def _check_provenance(ckpt: Checkpoint, path: Path) -> None:
-    """``path`` is the plan whose sha256 the manifest records: another plan of the same
-    name (another model in plans/, an edited copy) would describe other shapes or heads,
-    and config.json would say 8 heads for a 4-head checkpoint."""
+def _check_provenance(ckpt: Checkpoint, path: Path, spec: ModelSpec) -> None:
+    """``path`` describes the model the checkpoint holds: another plan of the same name
+    (another model in plans/, an edited copy) would describe other shapes or heads, and
+    config.json would say 8 heads for a 4-head checkpoint. A manifest that records the
+    architecture (``ckpt.lineage``) is compared field by field, so any plan of that
+    model will do (the first version, or a recovered one); an older manifest only has
+    the sha256 of the plan that wrote it."""
+    from autohet_cli.ckpt.lineage import model_differences, model_record
     from autohet_cli.yamlio import sha256_file
 
+    saved = ckpt.manifest.model if ckpt.manifest is not None else None
+    if saved is not None:
+        differ = model_differences(saved, model_record(spec))
+        if differ:
+            raise ExportError(
+                f"{ckpt.step_dir} holds the weights of another model than {path} describes: "
+                + "; ".join(differ)
+                + f". Pass --plan with a plan of the model the job trained ({ckpt.plan_ref}"
+                ".yaml as launch or recover wrote it)"
+            )
+        return
     if ckpt.plan_sha256 is None:
         return
     have = sha256_file(path)

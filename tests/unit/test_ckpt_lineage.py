@@ -242,3 +242,24 @@ def test_recover_refuses_a_plan_of_another_model_than_the_checkpoint() -> None:
     other = dataclasses.replace(GPT_TINY, num_heads=8, num_kv_heads=8)
     with pytest.raises(RecoveryError, match=r"step-00000008 holds .* num_heads 4 then, 8 now"):
         _check_model(_plan(architecture=other), choice(model_record(GPT_TINY)))
+
+
+@pytest.mark.usefixtures("alone")
+def test_export_compares_the_recorded_model_not_the_plan_bytes(tmp_path: Path) -> None:
+    """Any plan of the checkpoint's model exports it (a recovered v2 has other bytes);
+    a plan of another model with the same shapes is refused, both sides named."""
+    from autohet_cli.plan import write_plan
+    from autohet_cli.runtime.hf_export import ExportError, open_checkpoint, spec_for
+
+    trainer = _trainer(_plan(), None)
+    trainer.fit(1)
+    ckpt = _ckpt(trainer, tmp_path)
+    step_dir = ckpt.save()
+    ckpt.close()
+    opened = open_checkpoint(step_dir)
+    _, same = write_plan(dataclasses.replace(_plan(), notes=("recovered",)), tmp_path / "p")
+    assert spec_for(opened, same) == GPT_TINY  # its sha256 is not the manifest's: fine
+    other = dataclasses.replace(GPT_TINY, num_heads=8, num_kv_heads=8)
+    _, wrong = write_plan(_plan(architecture=other), tmp_path / "q")
+    with pytest.raises(ExportError, match=r"another model than .* num_heads 4 then, 8 now"):
+        spec_for(opened, wrong)
