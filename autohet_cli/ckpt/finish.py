@@ -24,7 +24,7 @@ from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
 from autohet_cli.ckpt.remote import UploadJob
 from autohet_cli.ckpt.state import manifest_files, stored_layers, tied_layer_groups
 from autohet_cli.peer.placement import Placement
-from autohet_cli.peer.replicate import Tally, summary
+from autohet_cli.peer.tally import Tally, summary
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:

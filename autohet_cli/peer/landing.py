@@ -41,10 +41,18 @@ class HashMismatch(PeerError):
 
 
 def receive_into(
-    sock: socket.socket, dest: str, nbytes: int, sha256: str, *, make_dirs: bool = True
+    sock: socket.socket,
+    dest: str,
+    nbytes: int,
+    sha256: str,
+    *,
+    make_dirs: bool = True,
+    durable: bool = False,
 ) -> None:
-    """``nbytes`` from ``sock`` into ``dest``: under a temporary name, hashed as they
-    land, renamed into place only when the sha256 is ``sha256`` (HashMismatch else)."""
+    """``nbytes`` from ``sock`` into ``dest``: under a temporary name in its
+    directory, hashed as they land, renamed into place only when the sha256 is
+    ``sha256`` (HashMismatch else). ``durable``: flushed to the disk before the rename
+    (a file that replaces another, so a crash cannot leave a torn one in its place)."""
     if make_dirs:  # a replica receiver never recreates a step directory being removed
         os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.{secrets.token_hex(4)}{PART}"
@@ -58,6 +66,8 @@ def receive_into(
             got = _land_buffered(sock, fd, nbytes)
         if got != sha256:
             raise HashMismatch(got)
+        if durable:
+            os.fsync(fd)
         os.replace(tmp, dest)
         ok = True
     finally:

@@ -9,7 +9,7 @@ How (in the checkpointer's persist thread, after the step is COMPLETE, so
 training goes on meanwhile):
 
 * each host's directory owner runs a receiver (``peer.stream.PeerServer``) on the
-  host's cluster address (``AUTOHET_HOST_ADDR``, set by the launcher), started
+  host's cluster address only (``AUTOHET_HOST_ADDR``, set by the launcher), started
   with the checkpointer; its port travels with the save's gathered entries, along
   with the host's failure domain and its room, so every rank computes the same
   placement and rank 0 records it in the manifest (``replicas``);
@@ -19,14 +19,16 @@ training goes on meanwhile):
   host is lost;
 * the receiver writes each file into ITS step directory of the job (where recover
   and the loader look), hashed as it lands and renamed into place only when its
-  sha256 is the one the sender's authenticated header names; a file it has is
-  skipped; a file beyond its budget or its disk's room is refused, named, and not
-  written;
+  sha256 is the one the sender's authenticated header names; a file it holds with
+  that sha256 is skipped (``peer.held``), another in its way replaced; a file beyond
+  its budget or its disk's room is refused, named, and not written;
 * the ranks then agree on what moved; rank 0 prints one line, and a failure is a
   warning (the step is saved; only its second copy is missing), never a stop.
 
-The receiver does not fsync: a replica only matters when its origin is gone, and a
-partner that crashed meanwhile leaves a file whose sha256 recover checks anyway.
+The receiver does not fsync a new file: a replica only matters when its origin is
+gone, and a partner that crashed meanwhile leaves a file whose sha256 recover checks
+anyway. One that replaces a file is flushed before the rename, so a crash cannot
+leave a torn file where one whole, if stale, was.
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autohet_cli.ckpt.files import sha256_file
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
+from autohet_cli.peer.held import HeldFiles
 from autohet_cli.peer.placement import (
     ADDR_ENV,
     DOMAIN_ENV,
@@ -54,6 +56,7 @@ from autohet_cli.peer.placement import (
     place_replicas,
     shard_bytes_by_host,
 )
+from autohet_cli.peer.tally import Tally
 
 STREAMS = 4  # files in flight per rank
 # Files received at once per host. Each lands through a 1 MiB pipe (Linux: splice, its
@@ -74,16 +77,6 @@ def reserve_bytes(total_bytes: int) -> int:
     held back on a 252 GB disk with 10 GB free) for no gain: the own save is already
     reserved."""
     return min(2 << 30, max(256 << 20, total_bytes // 20))
-
-
-@dataclass(slots=True)
-class Tally:
-    sent_bytes: int = 0
-    skipped: int = 0
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
-    reached: list[str] = field(default_factory=list)  # partners every push reached
-    host: str = ""
 
 
 class Replicator:
@@ -113,17 +106,19 @@ class Replicator:
         self.owner = owner
         self.own_bytes = 0  # this host's shards in the latest save: its next one needs as much
         self._in_flight = 0  # bytes being received now (not on the disk's books yet)
+        self._held = HeldFiles()
         if owner and replicas > 0:
-            for bind in (self.addr, "0.0.0.0"):  # a NAT'd address (a cloud VM's public
-                try:  # IP) is not on any interface: listen on all, advertise it still
-                    self.server = stream.PeerServer(
-                        bind, key, self._receive, max_streams=RECEIVE_STREAMS
-                    )
-                    break
-                except OSError as exc:
-                    self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
-            if self.server is not None:
-                self.problem = None
+            # The cluster address only; one on no interface here (a NAT'd public one, still
+            # advertised): the local address on the way to the rendezvous host instead.
+            route_to = [a for a in (env.get("MASTER_ADDR"),) if a]
+            try:
+                self.server = stream.PeerServer(
+                    self.addr, key, self._receive, max_streams=RECEIVE_STREAMS, route_to=route_to
+                )
+            except stream.PeerError as exc:  # says which address, and what to change
+                self.problem = str(exc)
+            except OSError as exc:
+                self.problem = f"cannot listen on {self.addr}: {exc.strerror or exc}"
 
     # ------------------------------------------------------------- facts
 
@@ -275,10 +270,17 @@ class Replicator:
     # ------------------------------------------------------------- receiving
 
     def _receive(self, conn: socket.socket, header: dict[str, Any]) -> None:
+        why = self._contract(header)
+        if why is None:
+            step, nbytes, sha = int(header["step"]), int(header["bytes"]), str(header["sha256"])
+            dest = self.plan_dir / step_dir_name(step) / str(header["name"])
+            # HAVE only for the very bytes (hashed outside the lock: a shard takes seconds)
+            if self._held.holds(dest, nbytes, sha):
+                why = "have"
         with self._lock:  # checked and reserved at once: concurrent pushes cannot overshoot
-            why = self._check(header)
             if why is None:
-                step, nbytes = int(header["step"]), int(header["bytes"])
+                why = self._over_locked(step, nbytes)
+            if why is None:
                 self._received[step] = self._received.get(step, 0) + nbytes
                 self._in_flight += nbytes
             else:
@@ -289,14 +291,14 @@ class Replicator:
         if why is not None:
             stream.refuse(conn, why)
             return
-        dest = self.plan_dir / step_dir_name(step) / str(header["name"])
         ok = False
         try:
             conn.sendall(stream.OK)
-            # No record in ckpt.sums: this copy is not fsynced (a replica matters only
-            # once its origin is gone), so recover hashes it rather than trust a record
-            # a crash of this host could leave wrong.
-            stream.receive_into(conn, str(dest), nbytes, str(header["sha256"]), make_dirs=False)
+            # No record in ckpt.sums: a new copy is not fsynced (see the module doc), so
+            # recover hashes it rather than trust a record a crash could leave wrong.
+            stream.receive_into(
+                conn, str(dest), nbytes, sha, make_dirs=False, durable=os.path.lexists(dest)
+            )
             ok = True
         except stream.HashMismatch as exc:
             stream.refuse(conn, str(exc))
@@ -308,9 +310,8 @@ class Replicator:
                     self._received[step] -= nbytes
         conn.sendall(stream.OK)
 
-    def _check(self, h: Mapping[str, Any]) -> str | None:
-        """Why this push is refused ("have": the file is here; None: accept). Called
-        under the lock."""
+    def _contract(self, h: Mapping[str, Any]) -> str | None:
+        """Why this push is refused whatever this host holds (None: it may come)."""
         name, step, nbytes, sha = h.get("name"), h.get("step"), h.get("bytes"), h.get("sha256")
         if h.get("op") != "push" or not isinstance(name, str) or not _NAME.fullmatch(name):
             return f"not a checkpoint file name: {str(name)[:100]!r}"
@@ -321,9 +322,10 @@ class Replicator:
         d = self.plan_dir / step_dir_name(step)
         if d.is_symlink() or not d.is_dir():
             return f"{self.host} has no step {step} (pruned, or its save failed)"
-        have = d / name
-        if have.is_file() and have.stat().st_size == nbytes:
-            return "have"
+        return None
+
+    def _over_locked(self, step: int, nbytes: int) -> str | None:
+        """Why ``nbytes`` more for ``step`` do not fit (None: they do). Under the lock."""
         taken = self._received.get(step, 0)
         if self.budget_bytes is not None and taken + nbytes > self.budget_bytes:
             return (
@@ -364,30 +366,3 @@ def _own_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def summary(step: int, tallies: Sequence[Tally], placement: Placement, *, first: bool) -> list[str]:
-    """Rank 0's lines for a replicated step: one figure line, then warnings (a host
-    without a partner only at the run's ``first`` save: it does not change)."""
-    sent = sum(t.sent_bytes for t in tallies)
-    secs = max((t.seconds for t in tallies), default=0.0)
-    lines: list[str] = []
-    pairs = ", ".join(f"{h}->{'+'.join(ps)}" for h, ps in placement.partners.items() if ps)
-    if sent or pairs:
-        rate = f" ({sent / secs / 1e9:.2f} GB/s)" if secs > 0 and sent else ""
-        lines.append(
-            f"replicas of step {step}: {sent / 1e9:.2f} GB to partners in {secs:.2f} s{rate} "
-            f"[{pairs or 'none'}]"
-        )
-    for host, why in placement.short.items() if first else ():
-        lines.append(f"warning: step {step}: {host}'s shards have no (or too few) partner: {why}")
-    errors = [e for t in tallies for e in t.errors]
-    if errors:
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        lines.append(
-            f"warning: step {step} is saved, but some replicas were not: "
-            + "; ".join(errors[:3])
-            + more
-            + ". A lost host's shards then come from the remote copy or an older step."
-        )
-    return lines

@@ -17,8 +17,14 @@ requests exist:
 Either way the receiving end hashes the bytes as they land, under a temporary
 name, and renames into place only when the sha256 is the one asked for
 (``peer.landing``): a copy that fails its hash is never seen under its name.
-Answers are one byte: OK, HAVE (push: already here), or REFUSED
-followed by a two-byte length and the reason.
+Answers are one byte: OK, HAVE (push: the very bytes are here already), or
+REFUSED followed by a two-byte length and the reason.
+
+The handshake runs in the server's gate (``peer.gate``), bounded before it is
+authenticated: outside the stream pool, a short deadline, limits per source, the
+cluster address only. A proven request then waits for a free stream (a push queued
+behind other big files waits its turn, not an I/O timeout), so a client allows
+QUEUE_WAIT_S for the first answer and IO_TIMEOUT_S of silence after it.
 
 Why not TLS or SSH: TLS needs certificates on every host, and SSH moves ~30 MB/s
 through its cipher in Python (paramiko); integrity comes from the authenticated
@@ -29,8 +35,6 @@ planting shards. Standard library only: recover runs this very module on hosts
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import socket
@@ -38,11 +42,11 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-# One script on the hosts: recover sends landing's source, then this one's
+# One script on the hosts: recover sends landing's source, the gate's, then this one's
 # (``script_source``), where the names below are defined already and must stay the
 # shipped ones (an autohet installed there may be another version).
 if "receive_into" not in globals():
@@ -53,14 +57,21 @@ if "receive_into" not in globals():
     from autohet_cli.peer.landing import HashMismatch as HashMismatch
     from autohet_cli.peer.landing import PeerError as PeerError
     from autohet_cli.peer.landing import receive_into as receive_into
+if "Gate" not in globals():
+    from autohet_cli.peer.gate import HANDSHAKE_S as HANDSHAKE_S
+    from autohet_cli.peer.gate import REFUSED as REFUSED
+    from autohet_cli.peer.gate import Gate as Gate
+    from autohet_cli.peer.gate import listen_on as listen_on
+    from autohet_cli.peer.gate import proof as proof
+    from autohet_cli.peer.gate import refusal as refusal
 
-DOMAIN = b"autohet-peer\0"
-OK, HAVE, REFUSED = b"\x01", b"\x02", b"\x00"
-MAX_HEADER = 64 << 10
+OK, HAVE = b"\x01", b"\x02"
 SOCK_BUF = 8 << 20
-HANDSHAKE_S = 5.0  # a client that will not prove itself holds a server this long, all told
 QUEUE_WAIT_S = 900.0  # a client waits this long for a free stream on a busy server
-MAX_WAITING = 256  # connections waiting for a stream beyond this are closed at once
+MAX_WAITING = 256  # proven connections waiting for a stream beyond this are closed at once
+# A push's verdict comes once the receiver has hashed the bytes and, replacing a file,
+# flushed them: a client allows for a disk this slow before it gives up.
+FLUSH_BYTES_PER_S = 100 << 20
 
 
 def _tune(sock: socket.socket) -> None:
@@ -71,16 +82,9 @@ def _tune(sock: socket.socket) -> None:
             pass  # capped by the kernel: the default serves
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
-    """``n`` bytes; with ``deadline`` (monotonic), all of them by then (a client
-    sending one byte every few seconds cannot hold a server)."""
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     out = bytearray()
     while len(out) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise PeerError("too slow")
-            sock.settimeout(left)
         chunk = sock.recv(n - len(out))
         if not chunk:
             raise PeerError("the peer closed the connection")
@@ -88,18 +92,16 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
     return bytes(out)
 
 
-def _proof(key: bytes, nonce: bytes, header: bytes) -> bytes:
-    return hmac.new(key, DOMAIN + nonce + header, hashlib.sha256).digest()
-
-
 def refuse(sock: socket.socket, reason: str) -> None:
-    raw = reason.encode("utf-8", "replace")[:4096]
-    sock.sendall(REFUSED + struct.pack("!H", len(raw)) + raw)
+    sock.sendall(refusal(reason))
 
 
-def read_answer(sock: socket.socket) -> bytes:
-    """OK or HAVE; REFUSED raises with the peer's reason."""
+def read_answer(sock: socket.socket, then_timeout_s: float | None = None) -> bytes:
+    """OK or HAVE; REFUSED raises with the peer's reason. ``then_timeout_s``: the
+    socket's timeout once the answer's first byte is in (see :func:`open_request`)."""
     got = _recv_exact(sock, 1)
+    if then_timeout_s is not None:
+        sock.settimeout(then_timeout_s)
     if got == REFUSED:
         (n,) = struct.unpack("!H", _recv_exact(sock, 2))
         raise PeerError(_recv_exact(sock, n).decode("utf-8", "replace"))
@@ -114,17 +116,17 @@ def read_answer(sock: socket.socket) -> bytes:
 def open_request(
     addr: str, port: int, key: bytes, header: dict[str, Any], io_timeout_s: float = IO_TIMEOUT_S
 ) -> socket.socket:
-    """Connect, prove the key with ``header``; the caller reads the first answer."""
+    """Connect, prove the key with ``header``; the caller reads the first answer with
+    ``read_answer(sock, io_timeout_s)``: the socket waits QUEUE_WAIT_S for it, since
+    the server answers when a stream is free (a push queued behind other big files
+    waits its turn, not an I/O timeout)."""
     sock = socket.create_connection((addr, port), timeout=io_timeout_s)
     try:
         _tune(sock)
-        # The server sends its nonce when a stream is free: a push queued behind other
-        # big files waits its turn, not an I/O timeout.
-        sock.settimeout(QUEUE_WAIT_S)
-        nonce = _recv_exact(sock, 32)
-        sock.settimeout(io_timeout_s)
+        nonce = _recv_exact(sock, 32)  # the gate greets every connection at once
         raw = json.dumps(header, sort_keys=True).encode()
-        sock.sendall(struct.pack("!I", len(raw)) + raw + _proof(key, nonce, raw))
+        sock.sendall(struct.pack("!I", len(raw)) + raw + proof(key, nonce, raw))
+        sock.settimeout(QUEUE_WAIT_S)
     except BaseException:
         sock.close()
         raise
@@ -143,7 +145,7 @@ def get_file(
 ) -> None:
     """Fetch ``path`` from a serving peer into ``dest`` (verified; see receive_into)."""
     with open_request(addr, port, key, {"op": "get", "path": path}, io_timeout_s) as sock:
-        read_answer(sock)
+        read_answer(sock, io_timeout_s)
         size = struct.unpack("!Q", _recv_exact(sock, 8))[0]
         if size != nbytes:
             raise PeerError(f"{path} is {size} bytes there, the manifest says {nbytes}")
@@ -161,14 +163,15 @@ def push_file(
     """Send ``src`` to a receiver (``header``: op push, step, name, bytes, sha256).
     True: sent and verified there; False: the receiver had it already."""
     with open_request(addr, port, key, header, io_timeout_s) as sock:
-        if read_answer(sock) == HAVE:
+        if read_answer(sock, io_timeout_s) == HAVE:
             return False
         nbytes = int(header["bytes"])
         with open(src, "rb") as f:
             sent = sock.sendfile(f, 0, nbytes) if nbytes else 0  # sendfile refuses 0
         if sent != nbytes:
             raise PeerError(f"{src} shrank while it was sent ({sent} bytes)")
-        read_answer(sock)  # the receiver's verdict after hashing
+        sock.settimeout(io_timeout_s + nbytes / FLUSH_BYTES_PER_S)
+        read_answer(sock)  # the receiver's verdict after hashing (and flushing)
         return True
 
 
@@ -179,8 +182,11 @@ Handler = Callable[[socket.socket, dict[str, Any]], None]
 
 class PeerServer:
     """Accepts authenticated requests on ``addr`` (port 0: any) and hands each to
-    ``handler`` in a thread of its own; a wrong proof is refused and reported to
-    ``on_refused(peer)``, and the server keeps serving."""
+    ``handler`` in a stream thread of its own. The handshake runs in the gate
+    (``peer.gate``), so only proven connections take a stream; a wrong proof is
+    refused and reported to ``on_refused(peer)``, and the server keeps serving.
+    ``addr`` is the host's cluster address; one of no interface here is met by the
+    local address routing to ``route_to`` or a PeerError, never by 0.0.0.0."""
 
     def __init__(
         self,
@@ -191,73 +197,42 @@ class PeerServer:
         on_refused: Callable[[str], None] = lambda _p: None,
         io_timeout_s: float = IO_TIMEOUT_S,
         max_streams: int = 16,
+        route_to: Sequence[str] = (),
     ) -> None:
-        self.key, self.handler, self.on_refused = key, handler, on_refused
-        self.io_timeout_s = io_timeout_s
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((addr, 0))
-        self.sock.listen(64)
+        self.handler, self.io_timeout_s = handler, io_timeout_s
+        self.sock = listen_on(addr, route_to)
+        self.addr = str(self.sock.getsockname()[0])
         self.port = int(self.sock.getsockname()[1])
         self._pool = ThreadPoolExecutor(max_streams, thread_name_prefix="autohet-peer")
-        self._closed = threading.Event()
         self._lock = threading.Lock()
         self._waiting = 0
-        self._thread = threading.Thread(
-            target=self._accept, name="autohet-peer-accept", daemon=True
-        )
-        self._thread.start()
+        self.gate = Gate(self.sock, key, self._admit, on_refused)
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                if self._closed.is_set():
-                    return
-                time.sleep(0.05)  # EMFILE, ECONNABORTED: keep serving
-                continue
-            with self._lock:
-                crowded = self._waiting >= MAX_WAITING
-                if not crowded:
-                    self._waiting += 1
-            if crowded:  # a flood of connections cannot pile up file descriptors
-                conn.close()
-                continue
-            self._pool.submit(self._serve, conn, f"{peer[0]}:{peer[1]}")
+    def _admit(self, conn: socket.socket, peer: str, header: dict[str, Any]) -> None:
+        """In the gate's thread: a proven connection waits for a stream."""
+        with self._lock:
+            crowded = self._waiting >= MAX_WAITING
+            if not crowded:
+                self._waiting += 1
+        if crowded:  # a flood of requests cannot pile up file descriptors
+            conn.close()
+            return
+        self._pool.submit(self._serve, conn, header)
 
-    def _serve(self, conn: socket.socket, peer: str) -> None:
+    def _serve(self, conn: socket.socket, header: dict[str, Any]) -> None:
         with self._lock:
             self._waiting -= 1
         with conn:
             try:
-                deadline = time.monotonic() + HANDSHAKE_S
-                conn.settimeout(HANDSHAKE_S)
-                _tune(conn)
-                nonce = os.urandom(32)
-                conn.sendall(nonce)
-                (n,) = struct.unpack("!I", _recv_exact(conn, 4, deadline))
-                if n > MAX_HEADER:
-                    raise PeerError("header too long")
-                raw = _recv_exact(conn, n, deadline)
-                proof = _recv_exact(conn, 32, deadline)
-                if not hmac.compare_digest(proof, _proof(self.key, nonce, raw)):
-                    self.on_refused(peer)
-                    refuse(conn, "the job key differs (wrong job, or not one of its hosts)")
-                    return
-                header = json.loads(raw)
-                if not isinstance(header, dict):
-                    raise PeerError("header is not an object")
                 conn.settimeout(self.io_timeout_s)
+                _tune(conn)
                 self.handler(conn, header)
             except (OSError, PeerError, ValueError):
                 return  # the client sees the cut and falls back
 
     def close(self) -> None:
-        self._closed.set()
         try:
-            self.sock.close()
+            self.gate.close()  # stops accepting; closes the listening socket
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -291,6 +266,10 @@ def serve_files(paths: set[str]) -> Handler:
 
 
 def _serve_main(addr: str, keyfile: str, timeout_s: str, *paths: str) -> None:
+    """``addr``: the host's cluster address, then, comma-separated, the addresses of
+    the peers that will fetch (to find the local address routing to them where the
+    cluster address is on no interface here, as behind a NAT)."""
+    own, *route_to = addr.split(",")
     with open(keyfile, "rb") as fh:
         key = fh.read()
     missing = [p for p in paths if not os.path.isfile(p)]
@@ -301,9 +280,11 @@ def _serve_main(addr: str, keyfile: str, timeout_s: str, *paths: str) -> None:
         print(f"REFUSED {peer}", flush=True)
 
     try:
-        server = PeerServer(addr, key, serve_files(set(paths)), on_refused=refused)
-    except OSError:  # a NAT'd address on no interface: listen on all (the key still gates)
-        server = PeerServer("0.0.0.0", key, serve_files(set(paths)), on_refused=refused)
+        server = PeerServer(
+            own, key, serve_files(set(paths)), on_refused=refused, route_to=route_to
+        )
+    except (OSError, PeerError) as exc:
+        sys.exit(str(exc))
     print(f"PORT {server.port}", flush=True)
     time.sleep(float(timeout_s))
     server.close()
@@ -335,13 +316,15 @@ def _fetch_main(keyfile: str, streams: str, items_json: str) -> None:
 
 def script_source() -> str:
     """This module as one standalone script (``python -c``): landing's source, then
-    this one's without its ``__future__`` line (legal only at a file's top)."""
+    the gate's and this one's without their ``__future__`` lines (legal only at a
+    file's top)."""
     import inspect
 
-    from autohet_cli.peer import landing
+    from autohet_cli.peer import gate, landing
 
-    own = inspect.getsource(sys.modules[__name__])
-    return inspect.getsource(landing) + own.replace("from __future__ import annotations\n", "", 1)
+    future = "from __future__ import annotations\n"
+    rest = [inspect.getsource(m) for m in (gate, sys.modules[__name__])]
+    return inspect.getsource(landing) + "".join(r.replace(future, "", 1) for r in rest)
 
 
 if __name__ == "__main__":
@@ -350,4 +333,6 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "fetch":
         _fetch_main(*sys.argv[2:])
     else:
-        sys.exit("usage: serve ADDR KEYFILE TIMEOUT PATH... | fetch KEYFILE STREAMS ITEMS_JSON")
+        sys.exit(
+            "usage: serve ADDR[,PEER...] KEYFILE TIMEOUT PATH... | fetch KEYFILE STREAMS ITEMS_JSON"
+        )

@@ -106,9 +106,11 @@ def _direct_phase(
     servers = Servers(say)
     try:
         by_src: dict[str, list[str]] = {}
+        fetchers: dict[str, set[str]] = {}  # source -> addresses of the hosts fetching
         for i in items:
             assert i.source.host is not None
             by_src.setdefault(i.source.host, []).append(i.source.path)
+            fetchers.setdefault(i.source.host, set()).add(pool.host(i.dest_host).address)
         fan_out(
             [pool.host(h) for h in by_src],
             lambda h: servers.start(
@@ -116,6 +118,7 @@ def _direct_phase(
                 h,
                 sorted(set(by_src[h.name])),
                 key_path(pool, h.name, tp.plan_name),
+                sorted(fetchers[h.name]),
             ),
         )
         for host, why in servers.failed.items():

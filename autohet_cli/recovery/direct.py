@@ -61,12 +61,22 @@ class Servers:
         self.failed: dict[str, str] = {}
         self._handles: list[ProcessHandle] = []
 
-    def start(self, runner: Runner, host: Host, paths: Sequence[str], key_file: str) -> None:
+    def start(
+        self,
+        runner: Runner,
+        host: Host,
+        paths: Sequence[str],
+        key_file: str,
+        route_to: Sequence[str] = (),
+    ) -> None:
         """Servers on ``host`` for ``paths``: one per SERVE_PATHS of them (one command
-        line stays far below Linux's 128 KiB for a single argument)."""
+        line stays far below Linux's 128 KiB for a single argument). ``route_to``: the
+        addresses of the hosts that will fetch; a server listens on ``host``'s address
+        only, or where that is on no interface there (NAT), on the local address that
+        routes to them; never on all."""
         for i in range(0, len(paths), SERVE_PATHS):
             chunk = paths[i : i + SERVE_PATHS]
-            port = self._start_one(runner, host, chunk, key_file)
+            port = self._start_one(runner, host, chunk, key_file, route_to)
             if port is None:
                 return
             for path in chunk:
@@ -76,7 +86,7 @@ class Servers:
         return (host, path) in self.where
 
     def _start_one(
-        self, runner: Runner, host: Host, paths: Sequence[str], key_file: str
+        self, runner: Runner, host: Host, paths: Sequence[str], key_file: str, route: Sequence[str]
     ) -> int | None:
         port: list[int] = []
 
@@ -89,7 +99,8 @@ class Servers:
                     "could not prove the job key"
                 )
 
-        argv = [python_for(host), "-c", _SOURCE, "serve", host.address, key_file, str(SERVE_S)]
+        addr = ",".join([host.address, *route])  # the script's "ADDR[,PEER...]"
+        argv = [python_for(host), "-c", _SOURCE, "serve", addr, key_file, str(SERVE_S)]
         handle = runner.start([*argv, *paths], on_line=on_line)
         self._handles.append(handle)
         deadline = time.monotonic() + 20

@@ -199,7 +199,9 @@ def test_a_client_dribbling_its_handshake_is_cut_off(
     import socket
     import time
 
-    monkeypatch.setattr(stream, "HANDSHAKE_S", 1.0)
+    from autohet_cli.peer import gate
+
+    monkeypatch.setattr(gate, "HANDSHAKE_S", 1.0)
     assert receiver.server is not None
     started = time.monotonic()
     with socket.create_connection(("127.0.0.1", receiver.server.port), timeout=10) as s:
