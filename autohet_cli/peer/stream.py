@@ -217,7 +217,12 @@ class PeerServer:
         if crowded:  # a flood of requests cannot pile up file descriptors
             conn.close()
             return
-        self._pool.submit(self._serve, conn, header)
+        try:
+            self._pool.submit(self._serve, conn, header)
+        except RuntimeError:  # closing: the pool takes no more (the client falls back)
+            with self._lock:
+                self._waiting -= 1
+            conn.close()
 
     def _serve(self, conn: socket.socket, header: dict[str, Any]) -> None:
         with self._lock:

@@ -230,3 +230,22 @@ def test_recovers_server_script_never_listens_on_all_addresses(
     assert "PORT" not in capsys.readouterr().out
     stream._serve_main(f"{NAT_ADDR},127.0.0.3", str(key), "0.1", str(src))  # routed: serves
     assert "PORT " in capsys.readouterr().out
+
+
+def test_a_connection_proven_while_the_server_closes_is_closed_not_a_traceback() -> None:
+    """Issue 46: 'RuntimeError: cannot schedule new futures after shutdown' from the
+    accept thread during a clean preemption: a stream that arrives as the pool shuts
+    down is closed (its client falls back), not raised in the gate's thread."""
+    import socket as socket_mod
+
+    from autohet_cli.peer.stream import PeerServer
+
+    server = PeerServer("127.0.0.1", b"k" * 32, lambda _c, _h: None)
+    try:
+        server._pool.shutdown(wait=False)
+        a, b = socket_mod.socketpair()
+        server._admit(a, "127.0.0.1", {"op": "get"})  # no RuntimeError
+        assert a.fileno() == -1 and server._waiting == 0
+        b.close()
+    finally:
+        server.close()
