@@ -58,6 +58,16 @@ def check_lost_names(plan: Plan, cluster: Cluster, lost: Sequence[str]) -> None:
         )
 
 
+def unreachable(pool: HostPool, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` do not answer now (a refusal is an answer: not loss)."""
+
+    def probe(host: Host) -> None:
+        pool.runner(host.name).run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
+
+    results = fan_out([pool.host(n) for n in names], probe)
+    return sorted(n for n, r in results.items() if isinstance(r, Exception) and is_unreachable(r))
+
+
 def probe_additions(
     plan: Plan, cluster: Cluster, pool: HostPool, excluded: Sequence[str], say: Say
 ) -> list[str]:

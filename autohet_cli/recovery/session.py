@@ -31,6 +31,7 @@ from typing import Any
 from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import Cluster, load_cluster
+from autohet_cli.errors import TransportError
 from autohet_cli.launch import jobs, runfolder
 from autohet_cli.launch.preflight import preflight_ahead
 from autohet_cli.launch.session import (
@@ -168,6 +169,26 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         raise RecoveryError(f"--step {req.step}: {exc}") from None
                     say(f"{exc}; trying an older checkpoint")
                     before = exc.step
+                    continue
+                except (RecoveryError, TransportError) as exc:
+                    # A wave goes on while we copy: a host of the new plan (a survivor,
+                    # or one just added) stopped answering. Recover from its loss too.
+                    newly = rx.unreachable(pool, [h for h in r.plan.hosts() if h not in gone])
+                    if not newly:
+                        raise
+                    say(
+                        f"{', '.join(newly)}: lost during the copy ({exc}); recovering "
+                        "without them too"
+                    )
+                    gone += newly
+                    survivors = [h for h in survivors if h not in newly]
+                    absent = [h for h in absent if h not in newly]
+                    if not survivors:
+                        raise RecoveryError(
+                            f"every host of plan {old.name}.v{old.version} is lost now "
+                            f"({', '.join(gone)}); once some answer again, run recover again"
+                        ) from None
+                    r = None
                     continue
             break  # pins gone: the relaunched run keeps the step until it saved K newer
         new_plan, new_path = write_plan(r.plan, req.plan_file.parent)

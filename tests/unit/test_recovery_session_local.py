@@ -98,3 +98,41 @@ def test_a_shard_whose_only_copy_is_corrupt_never_lands_and_an_older_step_is_use
         got = _intact(site, host, 3)
         assert set(got) == {".metadata", *(f"__{r}_0.distcp" for r in range(len(HOSTS)))}
         assert all(got.values())
+
+
+def test_a_host_lost_during_the_copy_is_recovered_from_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: a wave goes on while recover copies. c is lost; during the copy b stops
+    answering: recover replans on a alone and copies again, instead of failing."""
+    from autohet_cli.errors import HostUnreachable
+    from autohet_cli.plan import load_plan
+    from autohet_cli.recovery import copies
+    from autohet_cli.transport.pool import HostPool
+
+    site = make_site(tmp_path)
+    real_runner, real_copy = HostPool.runner, copies.execute_transfers
+    down: set[str] = set()
+
+    class Gone:
+        def run(self, *_a: object, **_k: object) -> object:
+            raise HostUnreachable("connection refused (test)", host="b")
+
+    def runner(self: HostPool, name: str) -> object:
+        return Gone() if name in down else real_runner(self, name)
+
+    def copy_once(*args: object, **kw: object) -> object:
+        if not down:
+            down.add("b")  # b vanishes mid-copy
+            raise RecoveryError("transfer failed: b: connection refused (test)")
+        return real_copy(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HostPool, "runner", runner)
+    monkeypatch.setattr(copies, "execute_transfers", copy_once)
+    said: list[str] = []
+    result = session.recover(_request(site.plan_file), said.append)
+    assert result.exit_code == 0, said
+    assert any(s.startswith("b: lost during the copy (transfer failed") for s in said), said
+    new = load_plan(result.report["new_plan_path"])
+    assert new.hosts() == ["a"]
+    assert any(s == "plan: recovered from the loss of b, c" for s in said), said
