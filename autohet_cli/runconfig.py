@@ -67,6 +67,12 @@ SETTINGS: tuple[Setting, ...] = (
         maximum=MAX_STEPS,
     ),
     Setting("lr_schedule", str, "decay after warmup", choices=("cosine", "linear", "constant")),
+    Setting(
+        "lr_extend",
+        str,
+        "a resume past the decay end: redecay, rewarm or continue",
+        choices=("redecay", "rewarm", "continue"),
+    ),
     Setting("weight_decay", float, "AdamW decay of matrices", minimum=0.0),
     Setting("beta1", float, "AdamW beta1", minimum=0.0),
     Setting("beta2", float, "AdamW beta2", minimum=0.0),

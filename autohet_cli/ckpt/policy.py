@@ -14,6 +14,11 @@ and agreed over all ranks (their maximum), so every rank picks the same steps. T
 training state is the same whichever steps are saved, so the choice never changes
 results. Every run with checkpoints on also saves once more after its last step.
 
+``0`` turns the periodic saves off, not that last save: a run that ends normally
+keeps its work (its last step saved), and a preemption notice still saves the step
+it stopped at. Only ``--checkpoint-every 0 --no-emergency-save`` saves nothing at
+all (benchmarks, throwaway tries), which the launch and the worker say.
+
 Why this default: a preemption costs half an interval of work on average,
 checkpointing costs one save per interval; 2% keeps the cost invisible beside the
 step-time noise of a shared fleet, while small models (the demo, most tests) still
@@ -42,7 +47,7 @@ FLAG = "--checkpoint-every"
 
 
 def parse_every(text: str | int) -> int | None:
-    """``auto`` → None, else a step count >= 0 (0: never save)."""
+    """``auto`` → None, else a step count >= 0 (0: no periodic saves)."""
     if isinstance(text, int):
         value = text
     elif text.strip().lower() == AUTO:
@@ -52,22 +57,37 @@ def parse_every(text: str | int) -> int | None:
             value = int(text)
         except ValueError:
             raise ValueError(
-                f"{FLAG} {text!r}: expected 'auto', 0 (off) or a number of steps"
+                f"{FLAG} {text!r}: expected 'auto', 0 (no periodic saves) or a number of steps"
             ) from None
     if value < 0:
         raise ValueError(f"{FLAG} must be >= 0 or 'auto', got {value}")
     return value
 
 
-def describe_every(every: int | None) -> str:
+def saves_anything(every: int | None, *, emergency: bool) -> bool:
+    """Whether a run saves at all: periodic saves, or (``0``) its last step and a
+    preemption notice's; off only with ``--no-emergency-save`` too."""
+    return every != 0 or emergency
+
+
+def describe_every(every: int | None, *, emergency: bool = True) -> str:
+    """The saves a run makes, as the launch and the worker announce them."""
     if every is None:
         return (
             f"auto (after the first step, then as often as keeps saving under "
             f"{OVERHEAD_FRACTION:.0%} of the time, at least every {MAX_INTERVAL_S / 60:.0f} min, "
             "and after the last step)"
         )
+    if every == 0 and not emergency:
+        return (
+            f"none ({FLAG} 0 with --no-emergency-save): a lost host cannot be recovered, "
+            "and neither the last step nor a preemption notice's step is saved"
+        )
     if every == 0:
-        return "off"
+        return (
+            f"no periodic saves ({FLAG} 0: a lost host cannot be recovered); the last step "
+            "is saved, and a preemption notice saves its step"
+        )
     return f"every {every} step{'s' if every != 1 else ''} and after the last step"
 
 

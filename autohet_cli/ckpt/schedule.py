@@ -1,7 +1,9 @@
 """The runtime side of ``--checkpoint-every``: a trainer hook that saves on the policy's
 schedule (``autohet_cli.ckpt.policy``), once more after the last step, and the step a
-preemption notice stopped at (``runtime.preempt``; also with ``--checkpoint-every 0``,
-unless ``--no-emergency-save``).
+preemption notice stopped at (``runtime.preempt``). ``--checkpoint-every 0`` only
+turns the schedule off: the last step and a notice's step are still saved, since
+losing the work of a whole run to a flag that reads "no periodic saves" is worse
+than one save (``--no-emergency-save`` with it: the worker builds no hook at all).
 
 Saves are asynchronous: ``save()`` returns once training may go on, and the hook
 waits for durability only at the end of training (``close``), which is what an
@@ -15,6 +17,7 @@ from typing import Any, Protocol
 
 from autohet_cli.ckpt.persist import SaveRecord
 from autohet_cli.ckpt.policy import auto_interval_steps
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
 
 
@@ -28,7 +31,8 @@ class Saver(Protocol):
 
 class CheckpointHook(Hook):
     """Save on the schedule above (or every ``every`` steps; 0: never periodically),
-    at the end (``final``) and at a preemption notice's step (``emergency``)."""
+    at the end (``final``, whatever ``every``) and at a preemption notice's step
+    (``emergency``)."""
 
     def __init__(
         self,
@@ -43,7 +47,7 @@ class CheckpointHook(Hook):
         if every is not None and every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0 or auto, got {every}")
         self.checkpointer, self.every = checkpointer, every
-        self.final = final and every != 0
+        self.final = final
         self.emergency = emergency
         self.notice_budget_s = notice_budget_s
         self.say = say or (lambda _message: None)
@@ -104,7 +108,8 @@ class CheckpointHook(Hook):
             if trainer.runtime.global_rank == 0:
                 share = blocked_s / (k * step_s) if step_s > 0 else 0.0
                 self.say(
-                    f"checkpoint at step {trainer.step} blocked training {blocked_s:.2f} s; "
+                    f"checkpoint at step {trainer.step} ({after(trainer.step)}) blocked "
+                    f"training {blocked_s:.2f} s; "
                     f"next in {k} step(s) (~{k * step_s:.0f} s of training, {share:.1%} overhead)"
                 )
 

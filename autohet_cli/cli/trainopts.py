@@ -8,6 +8,7 @@ worker last and so win (argparse keeps the last value of a flag).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -82,7 +83,9 @@ NoEmergencyOpt = Annotated[
     typer.Option(
         "--no-emergency-save",
         help="A preemption notice (SIGTERM, the host's check) stops without saving. "
-        "By default every rank saves the step it is on, even with --checkpoint-every 0.",
+        "By default every rank saves the step it is on, even with --checkpoint-every 0. "
+        "With --checkpoint-every 0 it turns checkpoints off: not even the last step is "
+        "saved.",
     ),
 ]
 NoCompileOpt = Annotated[
@@ -92,6 +95,29 @@ NoCompileOpt = Annotated[
         help="Run the model eagerly. By default each transformer block is compiled with "
         "torch.compile on CUDA GPUs (the first step then takes a minute or so longer; "
         "the startup line says how long); CPU devices run eagerly either way.",
+    ),
+]
+
+
+class LrExtend(StrEnum):
+    """``--lr-extend``'s choices (``runtime.lr_schedule``)."""
+
+    redecay = "redecay"
+    rewarm = "rewarm"
+    continue_ = "continue"  # a keyword as a name
+
+
+LrExtendOpt = Annotated[
+    LrExtend | None,
+    typer.Option(
+        "--lr-extend",
+        help="When a resumed run (launch --resume, recover) trains past its checkpoint's "
+        "learning-rate decay (a finished run extended, or --steps beyond the first "
+        "launch's): redecay decays from the current rate to min_lr at --steps, no jump; "
+        "rewarm warms up to --lr again (--warmup-steps), then decays to --steps; continue "
+        "trains the new steps at min_lr. Rank 0's log says which. A resume to the same end "
+        "is exact whatever this says. [default: redecay]",
+        show_default=False,
     ),
 ]
 DataFnOpt = Annotated[
@@ -133,6 +159,7 @@ def resolve(
     keep_checkpoints: int | None = None,
     replicas: int | None = None,
     replica_budget: str | None = None,
+    lr_extend: str | None = None,
 ) -> Training:
     settings = load_run_config(config) if config is not None else {}
     file_every = settings.pop("checkpoint_every", None)
@@ -159,6 +186,7 @@ def resolve(
             raise ConfigError(f"--replica-budget: {exc}") from None
         explicit += [f"--replica-budget={replica_budget}"]
     explicit += [f"--data-fn={data_fn}"] if data_fn else []
+    explicit += [f"--lr-extend={lr_extend}"] if lr_extend else []
     if steps is None:
         steps = DEFAULT_STEPS if file_steps is None else int(file_steps)
     at_most(steps, MAX_STEPS, "--steps", "published runs take 10^5-10^6 steps")

@@ -257,7 +257,8 @@ def _run(
             prepared,
             pool,
             run_id=rid,
-            train_args=[f"--steps={options.steps}", "--checkpoint-every=0"],
+            # A measurement: no save at all, not even of the last step.
+            train_args=[f"--steps={options.steps}", "--checkpoint-every=0", "--no-emergency-save"],
             start_timeout_s=options.start_timeout_s,
             runs_root=tmp / "runs",
             printer=printer,
@@ -293,8 +294,8 @@ def compile_seconds(lines: Sequence[str]) -> float | None:
 
 def _clean(pool: HostPool, plan: Plan, rid: str) -> None:
     """Remove what a finished run left on its hosts: its run directory and its job's
-    key directory (no checkpoints: it ran with --checkpoint-every 0). A failed run's
-    are kept, with its logs, for the user to read. The paths are ours alone (the
+    key directory (no checkpoints: it ran with --checkpoint-every 0 --no-emergency-save).
+    A failed run's are kept, with its logs, for the user to read. The paths are ours alone (the
     plan name, a fresh run id and job), passed as arguments, never through a shell."""
     for host in plan.hosts():
         for path in (

@@ -1,11 +1,12 @@
 """The optimizer, its learning-rate schedule and gradient clipping by the global norm.
 
-``LRSchedule`` is a pure function of the step: warmup, then cosine or linear decay
-to ``min_lr``. Why not ``torch.optim.lr_scheduler``: LambdaLR would compute the
-same numbers, but its state (``last_epoch``, per-group ``base_lrs``) would have to
-travel in checkpoints and be reconciled across plans whose parameter groups hold
-different parameters. Setting each group's ``lr`` from the step makes a resumed
-run, under any plan, use exactly the rate the uninterrupted run used.
+``LRSchedule`` (``runtime.lr_schedule``) is a pure function of the step: warmup,
+then cosine or linear decay to ``min_lr``. Why not ``torch.optim.lr_scheduler``:
+LambdaLR would compute the same numbers, but its state (``last_epoch``, per-group
+``base_lrs``) would have to travel in checkpoints and be reconciled across plans
+whose parameter groups hold different parameters. Setting each group's ``lr``
+from the step makes a resumed run, under any plan, use exactly the rate the
+uninterrupted run used.
 
 ``clip_grad_norm`` is torch's ``clip_grad_norm_`` over the whole model, which no
 rank holds: each parameter's gradient is counted once (pipeline 0 holds every
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence, Set
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from autohet_cli.runtime.lr_schedule import LRSchedule as LRSchedule  # where it lived first
 from autohet_cli.runtime.model_api import layer_of
 from autohet_cli.runtime.stage import (
     StageModule,
@@ -36,42 +37,7 @@ from autohet_cli.runtime.stage import (
     trainable_parameters,
 )
 
-SCHEDULES = ("cosine", "linear", "constant")
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LRSchedule:
-    """Learning rate of step ``t`` (0-based)."""
-
-    lr: float
-    min_lr: float
-    warmup_steps: int
-    decay_steps: int  # the step decay ends at (min_lr from there on)
-    style: str = "cosine"  # cosine | linear | constant
-
-    def __post_init__(self) -> None:
-        if self.style not in SCHEDULES:
-            raise ValueError(f"lr schedule {self.style!r}: expected one of {', '.join(SCHEDULES)}")
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"learning rates need 0 <= min_lr <= lr, lr > 0: got {self}")
-        if self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError("warmup and decay steps must be >= 0")
-
-    def at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        if self.style == "constant":
-            return self.lr
-        if step >= self.decay_steps:
-            return self.min_lr
-        ratio = (step - self.warmup_steps) / (self.decay_steps - self.warmup_steps)
-        if self.style == "linear":
-            return self.lr - ratio * (self.lr - self.min_lr)
-        return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (self.lr - self.min_lr)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

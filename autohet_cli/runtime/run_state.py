@@ -5,13 +5,15 @@ have: the model is checked to be the same architecture (``ckpt.lineage``), the
 next sample follows ``samples_seen`` (another global batch continues there, or is
 refused), the data are checked to be the same (their fingerprint, sequence length,
 seed and validation split; not their path, which may differ between hosts), the
-decay keeps the end the interrupted run had unless ``--decay-steps`` is given,
-and a schedule changed by flags is said out loud.
+decay keeps the end the interrupted run had unless ``--decay-steps`` is given or
+``--steps`` goes past it (``--lr-extend``, said out loud), and a schedule changed
+by flags is said out loud.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autohet_cli.ckpt.lineage import (
@@ -25,6 +27,7 @@ from autohet_cli.ckpt.lineage import (
 )
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.data_api import Batches, describe_batches
+from autohet_cli.runtime.lr_schedule import LRSchedule, describe_extension, extended
 from autohet_cli.runtime.records import say
 
 if TYPE_CHECKING:
@@ -138,8 +141,11 @@ def check_same_data(saved: dict[str, Any], mine: dict[str, Any]) -> None:
         )
 
 
-def resumed_decay_end(trainer: Trainer, saved: dict[str, Any]) -> int | None:
-    """Where the decay ends after resuming; says so when flags changed the schedule."""
+def resumed_schedule(trainer: Trainer, saved: dict[str, Any]) -> LRSchedule | None:
+    """The schedule the checkpoint's run was on, with this run's rates (a change of
+    flags is said out loud): its decay end (``--decay-steps`` overrides it) and
+    where an extension re-planned it. None from a checkpoint that kept no decay end:
+    the run then plans to ``--steps``, as a fresh one."""
     old = saved.get("lr_schedule") or {}
     config = trainer.config
     now = config.schedule(int(old.get("decay_steps") or 0)).to_json()
@@ -151,6 +157,31 @@ def resumed_decay_end(trainer: Trainer, saved: dict[str, Any]) -> int | None:
             + "): pass the run's --lr/--min-lr/--warmup-steps/--lr-schedule (or its --config) "
             "to continue it exactly"
         )
+    end = int(old.get("decay_steps") or 0)
+    if config.decay_steps is None and not end:
+        return None
+    restart_lr = old.get("restart_lr")
+    return replace(
+        config.schedule(end),  # --decay-steps, when given, wins
+        restart_step=int(old.get("restart_step") or 0),
+        restart_lr=None if restart_lr is None else float(restart_lr),
+        rewarm=bool(old.get("rewarm", False)),
+    )
+
+
+def fit_schedule(trainer: Trainer) -> LRSchedule:
+    """The schedule of a fit to ``trainer.last_step``: a fresh run's ends its decay
+    there (or at ``--decay-steps``); a run that continues one (resumed, or a later
+    fit) keeps it, unless it trains past its decay end without ``--decay-steps``:
+    then ``--lr-extend`` re-plans it (``runtime.lr_schedule``), and rank 0 says how,
+    since the old end would train every new step at min_lr."""
+    so_far, config = trainer.schedule_so_far, trainer.config
+    if so_far is None:
+        return config.schedule(trainer.last_step)
     if config.decay_steps is not None:
-        return trainer.decay_end
-    return int(old.get("decay_steps") or 0) or None
+        return so_far
+    how, step, end = config.lr_extend, trainer.step, trainer.last_step
+    note = describe_extension(so_far, step=step, end=end, how=how)
+    if note is not None and trainer.runtime.global_rank == 0:
+        say(f"note: {note}")
+    return extended(so_far, step=step, end=end, how=how)

@@ -44,7 +44,7 @@ from autohet_cli.ckpt.checkpointer import (
 )
 from autohet_cli.ckpt.format import check_job
 from autohet_cli.ckpt.jobdir import remove_if_unused
-from autohet_cli.ckpt.policy import describe_every
+from autohet_cli.ckpt.policy import describe_every, saves_anything
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
@@ -148,18 +148,18 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             checkpointer.resume(None if args.resume == "latest" else args.resume)
         # The watchdog's step ends before a save: saves have their own, longer timeout.
         trainer.hooks.append(health)
-        if checkpointer is not None and (args.checkpoint_every != 0 or args.emergency_save):
+        every, emergency = args.checkpoint_every, args.emergency_save
+        if checkpointer is not None and saves_anything(every, emergency=emergency):
             if trainer.runtime.global_rank == 0:
-                when = describe_every(args.checkpoint_every)
-                if args.checkpoint_every == 0:
-                    when = "no periodic saves (--checkpoint-every 0)"
                 notice = (
-                    "; a preemption notice saves its step"
-                    if args.emergency_save
+                    ""  # said by describe_every
+                    if every == 0
+                    else "; a preemption notice saves its step"
+                    if emergency
                     else "; a preemption notice saves nothing (--no-emergency-save)"
                 )
                 say(
-                    f"checkpoints: {when}{notice}, in "
+                    f"checkpoints: {describe_every(every, emergency=emergency)}{notice}, in "
                     f"{checkpointer.plan_dir}"
                     + (f" (remote copy: {checkpointer.remote.url})" if checkpointer.remote else "")
                 )
@@ -208,7 +208,9 @@ def _checkpointer(
     args: argparse.Namespace, trainer: Trainer, run_dir: Path | None
 ) -> Checkpointer | None:
     root = checkpoint_root(args.checkpoint_dir, run_dir)
-    if args.checkpoint_every == 0 and args.resume is None and not args.emergency_save:
+    if not saves_anything(args.checkpoint_every, emergency=args.emergency_save) and (
+        args.resume is None
+    ):
         # Nothing will be saved: the job directory the launcher made (the key alone)
         # goes now rather than pile up (every rank of a host may try; harmless).
         if root is not None:

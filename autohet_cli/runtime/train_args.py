@@ -23,6 +23,7 @@ from autohet_cli.ckpt.retention import DEFAULT_KEEP, parse_keep
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
+from autohet_cli.runtime.lr_schedule import DEFAULT_EXTEND, EXTEND_MODES
 from autohet_cli.runtime.worker_defaults import (
     CHECKPOINT_DIR_ENV,
     DEFAULT_JOB,
@@ -51,6 +52,16 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup (default 0)")
     p.add_argument("--decay-steps", type=int, help="step decay ends at (default --steps)")
     p.add_argument("--lr-schedule", default="cosine", choices=["cosine", "linear", "constant"])
+    p.add_argument(
+        "--lr-extend",
+        default=DEFAULT_EXTEND,
+        choices=EXTEND_MODES,
+        help="a resumed run whose --steps goes past its checkpoint's decay end (no "
+        "--decay-steps given): redecay (default) decays from the rate at the resumed step "
+        "to min-lr at --steps, no jump; rewarm warms up to --lr again over --warmup-steps, "
+        "then decays to --steps; continue trains the new steps at min-lr. Rank 0 says "
+        "which; a resume to the same end is exact whatever this says",
+    )
     p.add_argument("--weight-decay", type=float, default=0.1, help="on matrices (default 0.1)")
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.95)
@@ -231,7 +242,8 @@ def _parse(
         metavar="K",
         help="save after every K-th step and at the end; 'auto' (default): "
         + describe_every(None).replace("%", "%%")  # argparse %-formats help strings
-        + "; 0: never",
+        + "; 0: no periodic saves, the last step is still saved (so is a preemption "
+        "notice's step; with --no-emergency-save nothing is saved at all)",
     )
     p.add_argument(
         "--no-emergency-save",
@@ -239,7 +251,8 @@ def _parse(
         action="store_false",
         help="a preemption notice (SIGTERM, the host's check) stops training without "
         "saving; by default every rank saves the step they agree on, also with "
-        "--checkpoint-every 0",
+        "--checkpoint-every 0. With --checkpoint-every 0 this turns checkpoints off: "
+        "not even the last step is saved",
     )
     p.add_argument(
         "--replicas",
@@ -408,6 +421,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         warmup_steps=args.warmup_steps,
         decay_steps=args.decay_steps,
         lr_schedule=args.lr_schedule,
+        lr_extend=args.lr_extend,
         weight_decay=args.weight_decay,
         betas=(args.beta1, args.beta2),
         grad_clip=args.grad_clip,

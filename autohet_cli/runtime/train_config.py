@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autohet_cli.runtime.optim import LRSchedule
+from autohet_cli.runtime.lr_schedule import DEFAULT_EXTEND, LRSchedule
 from autohet_cli.runtime.worker_defaults import DEFAULT_MODEL_FN
 
 
@@ -17,6 +17,7 @@ class TrainConfig:
     warmup_steps: int = 0
     decay_steps: int | None = None  # default: the run's last step (--steps); resumed: the saved
     lr_schedule: str = "cosine"  # cosine | linear | constant
+    lr_extend: str = DEFAULT_EXTEND  # resumed past the decay end: redecay | rewarm | continue
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     momentum: float = 0.9  # SGD

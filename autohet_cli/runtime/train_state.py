@@ -74,7 +74,7 @@ def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
     saved = json.loads(state["run"]) if state.get("run") else None
     if saved is not None:
         run_state.check_same_data(saved.get("data") or {}, trainer.run_state()["data"])
-        trainer.decay_end = run_state.resumed_decay_end(trainer, saved)
+        trainer.schedule_so_far = run_state.resumed_schedule(trainer, saved)
     flat = "state" not in state["optimizer"]
     optim = state["optimizer"]
     if trainer.zero is not None:

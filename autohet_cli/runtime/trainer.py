@@ -8,7 +8,7 @@ One iteration on every rank:
 3. fp16 only: gradients are unscaled and a step with an inf/nan anywhere is skipped;
 4. gradients are clipped by their global norm over every stage and TP shard
    (``optim.clip_grad_norm``), the learning rate is set from the step
-   (``optim.LRSchedule``) and the optimizer steps (AdamW or SGD, as the plan says);
+   (``lr_schedule.LRSchedule``) and the optimizer steps (AdamW or SGD, as the plan says);
 5. the loss shares and every rank's peak memory are summed over the world for
    rank 0's metrics; every ``eval_every`` steps the validation loss is measured.
 
@@ -46,6 +46,7 @@ from autohet_cli.runtime.data_api import (
 )
 from autohet_cli.runtime.gradsync import GradSync
 from autohet_cli.runtime.hooks import Hook, MetricsHook
+from autohet_cli.runtime.lr_schedule import LRSchedule
 from autohet_cli.runtime.metrics import (
     StepResult,
     flops_per_token,
@@ -181,7 +182,9 @@ class Trainer:
         self.last_step = 0  # the step fit() ends at
         # Set by a hook (a preemption notice): fit() ends after the current step's hooks.
         self.stop_reason: str | None = None
-        self.decay_end: int | None = None  # where the default decay ends, once known
+        # The schedule steps so far followed (a checkpoint's, an earlier fit's): fit()
+        # continues it (run_state.fit_schedule); None: the first fit plans one.
+        self.schedule_so_far: LRSchedule | None = None
         self.clock = Clock(self.runtime.device)
         self.nonfinite = NonFiniteGuard(config.max_nonfinite_steps)
         self.timings = Timings()
@@ -283,9 +286,9 @@ class Trainer:
         """Run steps ``self.step`` .. ``self.step + num_steps - 1``."""
         self.last_step = self.step + num_steps
         # The schedule is fixed by the first fit (its end: --steps) or by the checkpoint
-        # resumed; later fits continue it, as a resumed run does.
-        self.decay_end = self.decay_end or self.last_step
-        self.lr_schedule = self.config.schedule(self.decay_end)
+        # resumed; later fits continue it, as a resumed run does (past its end:
+        # --lr-extend).
+        self.lr_schedule = self.schedule_so_far = run_state.fit_schedule(self)
         self.init_weights()  # a deferred build that loaded nothing (--resume found none)
         for hook in self.hooks:
             hook.on_train_start(self)

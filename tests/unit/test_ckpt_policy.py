@@ -12,6 +12,7 @@ from autohet_cli.ckpt.policy import (
     checkpoint_every_of,
     describe_every,
     parse_every,
+    saves_anything,
 )
 from autohet_cli.ckpt.schedule import CheckpointHook
 
@@ -37,7 +38,7 @@ def test_auto_interval_keeps_overhead_under_two_percent_and_bounds_lost_work() -
     assert auto_interval_steps(60.0, 1.0) == 1800
     assert auto_interval_steps(0.0, 1.0) == 1  # free saves: every step
     assert auto_interval_steps(5.0, 0.0) == 1  # no timing yet
-    assert describe_every(0) == "off" and "every 3 steps" in describe_every(3)
+    assert "every 3 steps" in describe_every(3)
 
 
 class FakeSaver:
@@ -120,3 +121,19 @@ def test_fixed_interval_and_final_save_and_resumed_runs_do_not_resave_their_star
     resumed = FakeSaver(0.0, [0.0, 0.0])
     _run(CheckpointHook(resumed, 3), resumed, start=9, steps=0, step_s=0.01)
     assert resumed.saved == []  # nothing trained: step 9 is already saved
+
+
+def test_checkpoint_every_0_turns_off_periodic_saves_not_the_last_step() -> None:
+    """Issue 46: ``--checkpoint-every 0`` ended a 60-step resumed run with its newest
+    checkpoint 60 steps back: the last step must be saved, and the launch must say so."""
+    saver = FakeSaver(0.0, [0.0, 0.0])
+    _run(CheckpointHook(saver, 0), saver, start=60, steps=60, step_s=0.01)
+    assert saver.saved == [120] and saver.closed
+    said = describe_every(0)
+    assert said.startswith("no periodic saves") and "the last step is saved" in said
+    assert "a preemption notice saves its step" in said
+    # With --no-emergency-save too, nothing at all, said as such.
+    assert saves_anything(0, emergency=True) and not saves_anything(0, emergency=False)
+    assert saves_anything(None, emergency=False) and saves_anything(5, emergency=False)
+    off = describe_every(0, emergency=False)
+    assert off.startswith("none") and "neither the last step" in off

@@ -70,6 +70,7 @@ def test_every_setting_is_a_worker_flag() -> None:
         "warmup_steps": 2,
         "decay_steps": 6,
         "lr_schedule": "linear",
+        "lr_extend": "rewarm",
         "weight_decay": 0.05,
         "beta1": 0.8,
         "beta2": 0.9,

@@ -154,7 +154,7 @@ def _run(hook: CheckpointHook, steps: int, *, preempted: bool) -> list[int]:
 
 def test_checkpoint_every_0_still_saves_a_notices_step_unless_told_not_to() -> None:
     assert _run(CheckpointHook(_Saver(), 0), 5, preempted=True) == [5]
-    assert _run(CheckpointHook(_Saver(), 0), 5, preempted=False) == []  # off: no final save
+    assert _run(CheckpointHook(_Saver(), 0), 5, preempted=False) == [5]  # the final save
     assert _run(CheckpointHook(_Saver(), 0, emergency=False), 5, preempted=True) == []
     # Periodic saves on: --no-emergency-save skips the notice's save, not the schedule.
     assert _run(CheckpointHook(_Saver(), 2, emergency=False), 5, preempted=True) == [2, 4]

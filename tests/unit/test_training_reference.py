@@ -22,6 +22,8 @@ import torch
 from test_runtime_trainer import PLAN
 
 from autohet_cli.plan import Plan
+from autohet_cli.runtime.hooks import Hook
+from autohet_cli.runtime.metrics import StepResult
 from autohet_cli.runtime.optim import LRSchedule
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from autohet_cli.settings import TrainingSettings
@@ -144,7 +146,12 @@ def test_schedule_shape() -> None:
     assert math.isclose(s.at(13), 0.1 + 0.45 * (1 + math.cos(math.pi * 0.9)))
 
 
-def test_a_resumed_run_keeps_the_decay_of_the_run_it_continues(text_tokens: Path) -> None:
+def test_a_resumed_run_keeps_its_decay_and_past_its_end_extends_it_as_told(
+    text_tokens: Path,
+) -> None:
+    """Issue 46: extending a finished run trained every new step at min_lr, silently.
+    Past the decay end, --lr-extend re-plans it (runtime.lr_schedule); the re-plan
+    travels in the checkpoints, so the extended run resumes exactly too."""
     import copy
 
     config = TrainConfig(seed=5, device="cpu", lr=LR, min_lr=MIN_LR, data=str(text_tokens))
@@ -152,16 +159,43 @@ def test_a_resumed_run_keeps_the_decay_of_the_run_it_continues(text_tokens: Path
     first.fit(2)  # a run to step 2: its cosine ends there
     state = copy.deepcopy(first.state_dict())
     first.close()
-    resumed = Trainer(_plan(), config)
-    resumed.load_state_dict(state)
-    results = resumed.fit(2)  # asked for step 4: the schedule still ends at 2
-    resumed.close()
-    assert resumed.lr_schedule.decay_steps == 2
-    assert [r.lr for r in results] == [MIN_LR, MIN_LR]
-    explicit = Trainer(_plan(), TrainConfig(**{**_kw(config), "decay_steps": 4}))
-    explicit.load_state_dict(state)
-    assert explicit.fit(1)[0].lr > MIN_LR  # --decay-steps given: it wins
+
+    def resume(how: str, steps: int = 2, **kw: object) -> tuple[Trainer, list[float]]:
+        trainer = Trainer(_plan(), TrainConfig(**{**_kw(config), "lr_extend": how, **kw}))
+        trainer.load_state_dict(copy.deepcopy(state))
+        lrs = [r.lr for r in trainer.fit(steps)]  # asked for step 2 + steps
+        return trainer, lrs
+
+    kept, lrs = resume("continue")  # the old end: min_lr from there on
+    assert kept.lr_schedule.decay_steps == 2 and lrs == [MIN_LR, MIN_LR]
+    kept.close()
+    redecay, lrs = resume("redecay")  # from the rate at step 2, which is min_lr already
+    assert lrs == pytest.approx([MIN_LR, MIN_LR], rel=1e-12)
+    assert (redecay.lr_schedule.decay_steps, redecay.lr_schedule.restart_step) == (4, 2)
+    redecay.close()
+    rewarm, lrs = resume("rewarm")  # no warmup configured: back to --lr, then decay to 4
+    assert lrs[0] == pytest.approx(LR, rel=1e-12) and MIN_LR < lrs[1] < LR
+    rewarm.close()
+    # Interrupted after step 2 (a preemption) and resumed to the same end: the same rates.
+    part = Trainer(_plan(), TrainConfig(**{**_kw(config), "lr_extend": "rewarm"}))
+    part.load_state_dict(copy.deepcopy(state))
+    part.hooks.append(_StopAfterOneStep())
+    part.fit(2)
+    assert part.step == 3
+    saved = copy.deepcopy(part.state_dict())
+    part.close()
+    again = Trainer(_plan(), TrainConfig(**{**_kw(config), "lr_extend": "continue"}))
+    again.load_state_dict(saved)
+    assert [r.lr for r in again.fit(1)] == [lrs[1]]
+    again.close()
+    explicit, _ = resume("redecay", steps=1, decay_steps=4)
+    assert explicit.lr_schedule.at(2) > MIN_LR  # --decay-steps given: it wins
     explicit.close()
+
+
+class _StopAfterOneStep(Hook):
+    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+        trainer.stop_reason = "preempted"
 
 
 def _kw(config: TrainConfig) -> dict[str, object]:
