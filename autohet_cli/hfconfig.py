@@ -15,6 +15,7 @@ wrong parameter count silently yields a plan that does not fit in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -420,6 +421,12 @@ def load_hf_config(path: str) -> ModelSpec:
             f"{exc}; pass the path of a HuggingFace config.json or a zoo model name "
             "(see `autohet models list`)"
         ) from None
+    return parse_hf_config(data, path)
+
+
+def parse_hf_config(data: bytes, path: str) -> ModelSpec:
+    """``load_hf_config`` of a file's bytes read elsewhere (another host's config.json,
+    read there by the launcher's check): ``path`` names it in errors and the model."""
     try:
         raw: object = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -441,3 +448,19 @@ def load_hf_config(path: str) -> ModelSpec:
         )
     fields = _Fields(path=path, model_type=model_type, raw=raw)
     return _read(fields, _FAMILIES[model_type], _model_name(raw, Path(path)))
+
+
+# Fields that may differ between a plan's model and the config.json of the weights it
+# starts from (``--init-from``): names and context lengths, never a shape.
+FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
+
+
+def differences(plan_model: ModelSpec, config: ModelSpec) -> list[str]:
+    """``field: plan X, config Y`` for each architecture field in which a config.json
+    differs from the plan's model (the runtime's ``--init-from`` check and the
+    launcher's, before any worker starts, say the same)."""
+    return [
+        f"{f.name}: plan {getattr(plan_model, f.name)!r}, config {getattr(config, f.name)!r}"
+        for f in dataclasses.fields(ModelSpec)
+        if f.name not in FREE_FIELDS and getattr(plan_model, f.name) != getattr(config, f.name)
+    ]

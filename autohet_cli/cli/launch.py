@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from autohet_cli.cli import trainopts
-from autohet_cli.launch import runfolder, session
+from autohet_cli.launch import drycheck, runfolder, session
 from autohet_cli.launch.executor import JobOutcome
 from autohet_cli.launch.jobs import NothingToTrain
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
@@ -52,6 +52,7 @@ def launch(
     config: trainopts.ConfigOpt = None,
     data: trainopts.DataOpt = None,
     data_fn: trainopts.DataFnOpt = None,
+    lr_extend: trainopts.LrExtendOpt = None,
     checkpoint_every: Annotated[
         str | None,
         typer.Option(
@@ -123,7 +124,10 @@ def launch(
     dry_run: Annotated[
         bool,
         typer.Option(
-            "--dry-run", help="Print each host's command (Slurm: the batch script) and exit."
+            "--dry-run",
+            help="Print each host's command (Slurm: the batch script), then run the checks "
+            "the launch runs before starting anything (hosts, paths, --init-from, --data; "
+            "Slurm: its commands, a shared run folder): exit 1 where the launch would refuse.",
         ),
     ] = False,
     force: Annotated[
@@ -148,6 +152,7 @@ def launch(
         replica_budget=replica_budget,
         data=data,
         data_fn=data_fn,
+        lr_extend=lr_extend,
         train_arg=trainopts.switches(
             train_arg, no_emergency_save=no_emergency_save, no_compile=no_compile
         ),
@@ -173,6 +178,8 @@ def launch(
     )
     if dry_run:
         typer.echo(session.dry_run(req))
+        for line in drycheck.check(req):  # the launch's checks: exit 1 where it would refuse
+            typer.echo(line, err=True)
         return
     try:
         result = session.launch(req, (lambda _line: None) if as_json else typer.echo)

@@ -31,6 +31,7 @@ from typing import TextIO
 from autohet_cli.errors import AutohetError, CommandFailed, TransportError
 from autohet_cli.launch import hostcmds, liveness, triage
 from autohet_cli.launch.collect import MetricsCollector
+from autohet_cli.launch.consolefilter import Console
 from autohet_cli.launch.specs import LaunchSpec
 from autohet_cli.runfiles.metricsfile import METRIC_PREFIX, STREAM_ENV
 from autohet_cli.runtime.records import (
@@ -167,6 +168,9 @@ class Job:
         self.startup: dict[str, object] | None = None  # rank 0's start-up phases
         # Rank 0's metrics lines, when its host streams them (``launch.collect``).
         self._collector: MetricsCollector | None = None
+        # The hosts' lines as echoed (torchrun's failure traceback left out): through
+        # ``self.printer`` as it is then (callers may set it after construction).
+        self._console = Console(lambda text: self.printer(text))
 
     def runner(self, host: str) -> Runner:
         return self.pool.runner(host)
@@ -262,7 +266,7 @@ class Job:
                     self.status.step = int(m.group(1))
                     self.status.loss = float(m.group(2))
                     self.status.tokens_per_s = float(m.group(3))
-            self.printer(f"[{host}] {line}")
+            self._console.echo(host, stream, line)  # logged and in the tail whole
 
         return on_line
 
@@ -572,7 +576,15 @@ class Job:
             if not t.is_alive():
                 self._stopped.add(host)
 
+    @property
+    def started_anything(self) -> bool:
+        """Whether the attempt left anything on a host, so that it is a run to record
+        even when it failed (``runfolder.recorded``). Over SSH always: each host's run
+        directory is made before any worker starts (the Slurm job: once submitted)."""
+        return True
+
     def close(self) -> None:
+        self._console.flush()
         for log in self._logs.values():
             log.close()
         if self._collector is not None:

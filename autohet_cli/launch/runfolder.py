@@ -4,13 +4,17 @@ Every attempt of a plan (``autohet launch``, recover's relaunch, both backends) 
 inside ``recorded``: it prints the folder, writes ``run.json`` (status ``running``)
 before any worker starts and replaces it when the job ended, however it ended (an
 exception too), with the status, the last step and loss (from the folder's metrics,
-else from the last step line the launcher saw) and the end time.
+else from the last step line the launcher saw) and the end time. The record names
+the job and the checkpoint step the run resumed from (recover names it; a plain
+``--resume`` takes the newest, which the run's first logged step tells at the end):
+that is what links the runs of one job (``runfiles.jobs``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autohet_cli.errors import ConfigError
+from autohet_cli.launch.jobs import resume_of
 from autohet_cli.launch.specs import DEFAULT_MODULE, LaunchSpec
 from autohet_cli.runfiles.metricsfile import (
     FOLDER_ENV,
@@ -26,6 +31,7 @@ from autohet_cli.runfiles.metricsfile import (
     STREAM_ENV,
     TAIL_BYTES,
     TENSORBOARD_DIR,
+    first_train_step,
     read_series,
 )
 from autohet_cli.runfiles.record import RunRecord, RunRecordError, write_record
@@ -63,6 +69,7 @@ def start_record(job: Job, p: Prepared, folder: Path) -> RunRecord:
                 checkpoints[spec.host] = f"{root.rstrip('/')}/{p.plan.name}/{job_name}/"
         if p.remote_storage:
             remote = f"{p.remote_storage.rstrip('/')}/{p.plan.name}/{job_name}/"
+    resume = resume_of(first.argv) if builtin else None
     return RunRecord(
         run_id=folder.name,
         plan=f"{p.plan.name}.v{p.plan.version}",
@@ -78,6 +85,7 @@ def start_record(job: Job, p: Prepared, folder: Path) -> RunRecord:
         started_at=now_iso(),
         launcher_host=socket.gethostname(),
         launcher_pid=os.getpid(),
+        resumed_from_step=resume if isinstance(resume, int) else None,
     )
 
 
@@ -93,6 +101,9 @@ def end_record(
     status = getattr(job, "status", None)
     if step is None and status is not None and status.loss is not None:
         step, loss = status.step, status.loss  # a user script, or no metrics reached us
+    resumed = record.resumed_from_step
+    if resumed is None and record.trainer == "built-in" and resume_of(job.specs[0].argv):
+        resumed = first_train_step(folder / METRICS_FILE)  # "the newest": it ran that first
     return dataclasses.replace(
         record,
         status=outcome.status if outcome else "failed",
@@ -101,16 +112,21 @@ def end_record(
         ended_at=now_iso(),
         last_step=step,
         last_loss=loss,
+        resumed_from_step=resumed,
     )
 
 
 @contextmanager
 def recorded(job: Job, p: Prepared, folder: Path, printer: Printer) -> Iterator[Recorded]:
-    """Print the folder, record the start, and the end however the block ends."""
+    """Print the folder, record the start, and the end however the block ends.
+
+    A start that failed before anything of the job ran anywhere (``sbatch`` refused
+    the job, no host's workers started) is no run: its folder is removed instead of
+    being kept as a "failed" run in ``autohet runs``; the error says what failed."""
     state = Recorded(record=start_record(job, p, folder))
     printer(start_line(folder))
     _write(folder, state.record, printer)
-    error = ""
+    error, removed = "", False
     try:
         yield state
     except KeyboardInterrupt:
@@ -118,9 +134,14 @@ def recorded(job: Job, p: Prepared, folder: Path, printer: Printer) -> Iterator[
         raise
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
+        if not job.started_anything:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed = True
+            printer(f"nothing was started: run folder {folder} removed")
         raise
     finally:
-        _write(folder, end_record(state.record, state.outcome, job, folder, error), printer)
+        if not removed:
+            _write(folder, end_record(state.record, state.outcome, job, folder, error), printer)
 
 
 def _write(folder: Path, record: RunRecord, printer: Printer) -> None:

@@ -7,7 +7,9 @@ use exactly the same path:
 1. load the plan and its cluster, refuse a changed cluster file (unless forced);
 2. (dry run: build the specs with no I/O and print them, runnable as printed);
 3. sync ``--sync-dir``, then the preflight on every host (interpreter, torch,
-   autohet, home directory, a free rendezvous port on the master host);
+   autohet, home directory, a free rendezvous port on the master host) and what
+   ``--init-from`` and ``--data`` hold there (``inputcheck``); ``--dry-run`` runs
+   these checks too, after printing (``drycheck``);
 4. announce where checkpoints go, start torchrun on every host, watch, judge
    (``triage``), stop; a lost host yields the ``autohet recover`` command.
 """
@@ -36,7 +38,7 @@ from autohet_cli.ckpt.retention import DEFAULT_KEEP, describe_keep, keep_of
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.defaults import resolve_cluster_path
 from autohet_cli.errors import ConfigError, PlanError
-from autohet_cli.launch import compare, jobs, pathargs, runfolder
+from autohet_cli.launch import compare, inputcheck, jobs, pathargs, runfolder
 from autohet_cli.launch.executor import Job, JobOutcome, LaunchError
 from autohet_cli.launch.preflight import PREFLIGHT_TIMEOUT_S, preflight, version_warnings
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
@@ -169,7 +171,7 @@ def dry_run(req: LaunchRequest) -> str:
             script=req.script,
             train_args=worker_args(req),
             remote_storage=p.remote_storage,
-            job=None if req.script else (req.job or jobs.new_job_id()),
+            job=None if req.script else (req.job or jobs.new_job_id(jobs.stamp_of(rid))),
         ).script
     port = req.master_port
     master = p.cluster.host(p.plan.hosts()[0])
@@ -184,13 +186,14 @@ def dry_run(req: LaunchRequest) -> str:
                 f"{port} is shown (pass --master-port to fix it)\n"
             )
     who = caller()
+    rid = _run_id(req.run_id)
     options = LaunchOptions(
-        run_id=_run_id(req.run_id),
+        run_id=rid,
         master_port=port,
         script=req.script,
         train_args=worker_args(req),
         remote_storage=p.remote_storage,
-        job=None if req.script else (req.job or jobs.new_job_id()),
+        job=None if req.script else (req.job or jobs.new_job_id(jobs.stamp_of(rid))),
         caller=who,
     )
     specs = build_launch_specs(p.plan, p.cluster, options)
@@ -304,7 +307,8 @@ def recover_argv(req: LaunchRequest, lost: Sequence[str], *, full: bool = False)
         argv += ["--backend", req.backend]
     argv += ["--lost", ",".join(lost), *(["--job", req.job] if req.job else [])]
     argv += req.connect.argv()
-    if full:
+    if full:  # what --auto-recover runs: it recovers from later waves too
+        argv += ["--auto-recover"]
         argv += ["--steps", str(req.steps), "--checkpoint-every", req.checkpoint_every]
         argv += ["--keep-checkpoints", str(req.keep_checkpoints)]
         argv += [f"--train-arg={a}" for a in req.train_args]
@@ -368,6 +372,10 @@ def run_job(
     )
     for warning in version_warnings(reports):
         printer(warning)
+    # What --init-from and --data hold, as the workers would refuse it; not again for a
+    # relaunch with the job's key (recover), whose launch checked them: healing is timed.
+    if not script and (job_choice is None or job_choice.key is None):
+        inputcheck.check_inputs(pool, p.plan, paths, train_args)
     port = master_port if master_port is not None else reports[master].free_port
     assert port is not None
     local_dir, rid = _local_run_dir(runs_root, p.plan, run_id)  # refuses a reused run id
@@ -375,7 +383,7 @@ def run_job(
         job_name, measured = (
             (None, {})
             if script
-            else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer)
+            else _prepare_job(p, pool, hosts, job_choice or JobChoice(), printer, run_id=rid)
         )
     except jobs.NothingToTrain:
         local_dir.rmdir()  # just made, still empty: no run to list (nor a --run-id used up)
@@ -471,17 +479,30 @@ def _check_against_plan(
 
 
 def _prepare_job(
-    p: Prepared, pool: HostPool, hosts: Sequence[str], choice: JobChoice, printer: Printer
+    p: Prepared,
+    pool: HostPool,
+    hosts: Sequence[str],
+    choice: JobChoice,
+    printer: Printer,
+    *,
+    run_id: str | None = None,
 ) -> tuple[str, dict[str, float]]:
     """The job to run in, with its key on every host, and the seconds its hosts' last
-    saves took (a job run before: for the spot-notice check)."""
+    saves took (a job run before: for the spot-notice check). A new job's id reuses
+    ``run_id``'s UTC second (``jobs.stamp_of``)."""
     name = p.plan.name
     if choice.key is not None and choice.job is not None:
         jobs.distribute_key(pool, hosts, name, choice.job, choice.key)
         return choice.job, {}
     found = jobs.list_jobs(pool, hosts, name)
     job, is_new = jobs.choose_job(
-        found, resume=choice.resume, job=choice.job, plan_name=name, say=printer, steps=choice.steps
+        found,
+        resume=choice.resume,
+        job=choice.job,
+        plan_name=name,
+        say=printer,
+        steps=choice.steps,
+        stamp=jobs.stamp_of(run_id),
     )
     if choice.resume and choice.key is None and len(hosts) > 1 and p.remote_storage is None:
         printer(

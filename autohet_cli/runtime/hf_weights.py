@@ -20,7 +20,6 @@ and prints it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from autohet_cli.hfconfig import load_hf_config
+from autohet_cli.hfconfig import differences, load_hf_config
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.hf_files import (
     INDEX_FILE,
@@ -59,18 +58,12 @@ __all__ = [
     "load_hf_weights",
     "load_stage",
 ]
-# Fields that may differ between the plan and the checkpoint's config.json.
-_FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
 
 
 def check_config(spec: ModelSpec, directory: Path) -> None:
-    """The directory's config.json must describe the plan's architecture."""
-    theirs = load_hf_config(str(directory / "config.json"))
-    diffs = [
-        f"{f.name}: plan {getattr(spec, f.name)!r}, config {getattr(theirs, f.name)!r}"
-        for f in dataclasses.fields(ModelSpec)
-        if f.name not in _FREE_FIELDS and getattr(spec, f.name) != getattr(theirs, f.name)
-    ]
+    """The directory's config.json must describe the plan's architecture (the launcher
+    asks the same of every host first: ``launch.inputcheck``)."""
+    diffs = differences(spec, load_hf_config(str(directory / "config.json")))
     if diffs:
         raise HFWeightsError(
             f"{directory}/config.json does not describe the plan's model {spec.name!r} "

@@ -82,6 +82,11 @@ class SlurmJob(Job):
         """Probes read the shared run directory here; nodes are never reached."""
         return self._local
 
+    @property
+    def started_anything(self) -> bool:
+        """Only a submitted job ran (or may run) anything: a job sbatch refused is no run."""
+        return self.job_id is not None
+
     # ------------------------------------------------------------ start
 
     def start(self) -> None:

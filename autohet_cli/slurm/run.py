@@ -5,7 +5,8 @@ The same steps as the SSH backend (``launch.session.run_job``), Slurm's way:
 1. the run directory ``runs/<plan>/<run id>`` (absolute) must be on a file
    system the nodes share with this machine, as home and project directories
    are on Slurm clusters: the batch script, the nodes' output, heartbeats and
-   exit codes meet there;
+   exit codes meet there. Before anything is written, Slurm's commands and a
+   folder that is not node-local are checked (``slurm.precheck``);
 2. the job (checkpoint namespace) and its key: a new one, or, resuming, the one
    ``--job`` names (or the newest found here when checkpoints are on a shared
    file system too); the key goes into the run directory (0600) and each node
@@ -34,6 +35,7 @@ from autohet_cli.launch import jobs
 from autohet_cli.launch.executor import JobOutcome, LaunchError, Printer
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
 from autohet_cli.plan import Plan
+from autohet_cli.slurm import precheck
 from autohet_cli.slurm.job import SlurmJob
 from autohet_cli.slurm.script import KEY_NAME, SCRIPT_NAME, check_run_dir, render
 from autohet_cli.transport.base import Runner
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 
 # Static rendezvous on a node we cannot look at first: a random port in a range
 # that Linux does not hand out as ephemeral ports (32768-60999), printed, and
-# fixed with --master-port where a site reserves one.
+# fixed with --master-port where a site reserves one. The master node checks it
+# before torchrun starts (``slurm.nodeport``).
 PORT_RANGE = (20000, 32000)
 
 
@@ -82,7 +85,9 @@ def build(
         gpus_from_scheduler=True,
     )
     specs = build_launch_specs(plan, cluster, options)
-    text = render(plan, cluster, specs, run_dir=str(run_dir), job=job)
+    text = render(
+        plan, cluster, specs, run_dir=str(run_dir), job=job, port_fixed=master_port is not None
+    )
     return SlurmLaunch(specs=specs, script=text, run_dir=run_dir, job=job)
 
 
@@ -105,8 +110,11 @@ def choose_job(
     key: bytes | None,
     printer: Printer,
     steps: int | None = None,
+    *,
+    run_id: str | None = None,
 ) -> tuple[str, bytes]:
-    """(job, key): new, or the one to resume with its key when this machine sees it."""
+    """(job, key): new, or the one to resume with its key when this machine sees it.
+    A new job's id reuses ``run_id``'s UTC second (``jobs.stamp_of``)."""
     name = p.plan.name
     if key is not None and job is not None:
         return job, key
@@ -118,7 +126,13 @@ def choose_job(
             "this machine sees them (node-local disks?); name it with --job JOB"
         )
     chosen, is_new = jobs.choose_job(
-        found, resume=resume, job=job, plan_name=name, say=printer, steps=steps
+        found,
+        resume=resume,
+        job=job,
+        plan_name=name,
+        say=printer,
+        steps=steps,
+        stamp=jobs.stamp_of(run_id),
     )
     if is_new:
         return chosen, new_key()
@@ -154,13 +168,16 @@ def run_slurm_job(
             "your code on the file system the nodes share and pass --sync-dir no more"
         )
     check_run_dir(str(runs_root.resolve()))  # before anything is created under it
+    precheck.check(p.cluster, p.plan.hosts(), runs_root)  # Slurm's commands, a shared folder
     local_dir, rid = session._local_run_dir(runs_root, p.plan, run_id)
     run_dir = local_dir.resolve()
     hosts = p.plan.hosts()
     job_name, job_key = (None, None)
     if not script:
         c = job_choice
-        job_name, job_key = choose_job(p, hosts, c.resume, c.job, c.key, printer, c.steps)
+        job_name, job_key = choose_job(
+            p, hosts, c.resume, c.job, c.key, printer, c.steps, run_id=rid
+        )
     launch = build(
         p.plan,
         p.cluster,
@@ -178,8 +195,13 @@ def run_slurm_job(
         fd = os.open(run_dir / KEY_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(job_key)
-    port = launch.specs[0].argv[list(launch.specs[0].argv).index("--master-port") + 1]
-    printer(f"rendezvous: {launch.specs[0].address}:{port}; run {rid}; logs in {run_dir}")
+    first = launch.specs[0]
+    port = first.argv[list(first.argv).index("--master-port") + 1]
+    other = "" if master_port is not None else "; else another, said in its output"
+    printer(
+        f"rendezvous: {first.address}:{port} (if free on {first.host} when the job starts"
+        f"{other}); run {rid}; logs in {run_dir}"
+    )
     if not script:
         session._announce_checkpoints(launch.specs, train_args, p, printer)
         session._announce_metrics(launch.specs[0], printer)

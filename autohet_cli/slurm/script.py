@@ -40,8 +40,12 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.launch.specs import LaunchSpec
 from autohet_cli.paths import shell_word
 from autohet_cli.plan import Plan
+from autohet_cli.slurm import nodeport
 
 SCRIPT_NAME = "job.sbatch"
+# CPUs per GPU without ``slurm.cpus_per_gpu``: GPU nodes have 8 or more cores per GPU,
+# and four keep a worker's own threads and the data loading off each other's cores.
+DEFAULT_CPUS_PER_GPU = 4
 KEY_NAME = ".job-key"  # the job key in the run directory, for the nodes to copy
 # What an #SBATCH argument may hold unquoted (sbatch splits at whitespace and reads
 # quotes, backslashes and '#' itself); anything else goes in double quotes.
@@ -124,13 +128,23 @@ def _directives(comp: Component, cluster: Cluster) -> list[str]:
         )
         if t.constraint:
             out.append(f"--constraint={t.constraint}")
-    if st.cpus_per_gpu is not None:
-        out.append(f"--cpus-per-task={st.cpus_per_gpu * comp.gpus_per_node}")
+    out.append(f"--cpus-per-task={cpus_per_task(comp, cluster)}")
     if st.signal_before_end_s:
         # Before the time limit, every step gets SIGTERM: torchrun forwards it, and
         # the workers save the step they finished and stop (runtime.preempt).
         out.append(f"--signal=TERM@{st.signal_before_end_s}")
     return out + list(st.sbatch_args)
+
+
+def cpus_per_task(comp: Component, cluster: Cluster) -> int:
+    """CPUs for the one task per node (torchrun and all its workers): ``slurm.cpus_per_gpu``
+    per GPU; without it ``DEFAULT_CPUS_PER_GPU``, or one per CPU device (each is one
+    worker process). Never Slurm's default for a task that asks none: one CPU, which
+    every worker of the node would share."""
+    per = cluster.slurm.cpus_per_gpu
+    if per is None:
+        per = 1 if comp.gpu_type == "cpu" else DEFAULT_CPUS_PER_GPU
+    return per * comp.gpus_per_node
 
 
 def _job_wide(cluster: Cluster) -> list[tuple[str, str]]:
@@ -147,8 +161,11 @@ def render(
     *,
     run_dir: str,
     job: str | None,
+    port_fixed: bool = False,
 ) -> str:
-    """The complete batch script (``autohet launch --backend slurm --dry-run`` prints it)."""
+    """The complete batch script (``autohet launch --backend slurm --dry-run`` prints it).
+    ``port_fixed``: the user chose the rendezvous port; a taken one stops the job
+    (else the master node picks another, ``slurm.nodeport``)."""
     comps = components(specs, cluster)
     run = shlex.quote(check_run_dir(run_dir))
     name = f"{plan.name}.v{plan.version}"
@@ -173,16 +190,21 @@ def render(
             lines.append("#SBATCH hetjob")
         lines += [f"#SBATCH {d}" for d in _directives(c, cluster)]
     lines += ["set -u", f"run={run}", ""]
-    lines += _node_part(specs, plan, job)
+    lines += _node_part(specs, plan, job, port_fixed)
     lines += _batch_part(comps)
     return "\n".join(lines) + "\n"
 
 
-def _node_part(specs: Sequence[LaunchSpec], plan: Plan, job: str | None) -> list[str]:
+def _node_part(
+    specs: Sequence[LaunchSpec], plan: Plan, job: str | None, port_fixed: bool
+) -> list[str]:
+    master = specs[0]
+    port = int(master.argv[list(master.argv).index("--master-port") + 1])
     out = [
         "# On each node (srun runs this file with `node`): this node's torchrun.",
         'if [ "${1:-}" = node ]; then',
         '  node="${SLURMD_NODENAME:-}"',
+        *nodeport.lines(master.host, master.argv[0], port, fixed=port_fixed),
         '  case "$node" in',
     ]
     for s in specs:
@@ -199,7 +221,7 @@ def _node_part(specs: Sequence[LaunchSpec], plan: Plan, job: str | None) -> list
         # cd first, then one simple command in the background: $! is then torchrun
         # itself (see the wait below), not a subshell between it and this shell.
         out.append(f"      cd {shell_word(s.workdir)} || exit 1")
-        out.append(f"      {s.env_line()} &")
+        out.append(f"      {nodeport.use_port(s.env_line(), port)} &")
         out.append("      ;;")
     out += [
         '    *) echo "autohet: node $node is not a host of this plan" >&2; exit 2 ;;',

@@ -8,7 +8,7 @@
       time_limit: "1-00:00:00"   # sbatch --time
       signal_before_end_s: 120   # SIGTERM this long before the time limit: the
                                  # workers save the finished step and stop (0: off)
-      cpus_per_gpu: 8
+      cpus_per_gpu: 8            # --cpus-per-task per GPU used (default 4; 1 per CPU device)
       sbatch_args: ["--mem=0"]   # given to every component as is
       gpu_types:                 # per GPU type of the cluster: GRES type, constraint
         A100-40GB: {gres: a100, constraint: a100}

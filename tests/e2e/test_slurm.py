@@ -197,6 +197,13 @@ def test_a_plan_trains_as_a_two_component_heterogeneous_job(
     script = (run_dir / "job.sbatch").read_text()
     assert script.count("#SBATCH hetjob") == 1 and "--nodelist=sn1" in script
     assert "--nodelist=sn2" in script
+    # No cpus_per_gpu in the cluster file: still one CPU per CPU device, never Slurm's
+    # one CPU for a node's every worker (issue 46).
+    assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --cpus-per-task=1" in script
+    # sn1 checked the printed port before the rendezvous and told sn2 through the folder.
+    (port_file,) = run_dir.glob("master-port.*")
+    port = port_file.read_text().strip()
+    assert f"rendezvous: 127.0.0.2:{port} (if free on sn1 when the job starts" in out, out
     # Both components ran torchrun on their own node and exited 0.
     assert {p.name: p.read_text().strip() for p in (run_dir / "exit").iterdir()} == {
         "sn1": "0",

@@ -13,8 +13,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
+from autohet_cli.hfconfig import to_hf_config
+from autohet_cli.launch.session import LaunchRequest, dry_run
+from autohet_cli.models import get_model
 from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import sha256_file
@@ -109,6 +113,13 @@ def test_dry_run_shows_this_machines_paths_read_from_the_current_directory(
 ) -> None:
     plan = localhost_plan(tmp_path)
     cwd = _elsewhere(tmp_path)
+    # What the dry run's checks read there (launch.drycheck): all of it usable.
+    (cwd / "build").mkdir()
+    (cwd / "build" / "sample-tokens").write_bytes(bytes(2 * 1000))  # 1,000 uint16 ids
+    (cwd / "my-llama").mkdir()
+    config = to_hf_config(get_model("gpt-tiny"))
+    (cwd / "my-llama" / "config.json").write_text(json.dumps(config))
+    (cwd / "mine.py").write_text("def build(request): ...\n")
     res = autohet(
         *("launch", str(plan), "--dry-run", "--data", "build/sample-tokens"),
         *("--init-from", "my-llama", "--train-arg=--model-fn=mine.py:build"),
@@ -116,6 +127,7 @@ def test_dry_run_shows_this_machines_paths_read_from_the_current_directory(
         env={"HOME": str(tmp_path)},
     )
     assert res.returncode == 0, res.stderr
+    assert "dry run: checked 1 host(s)" in res.stderr and "nothing was started" in res.stderr
     out = res.stdout
     assert f"--data={cwd}/build/sample-tokens" in out
     assert f"--init-from={cwd}/my-llama" in out
@@ -127,15 +139,21 @@ def test_dry_run_shows_this_machines_paths_read_from_the_current_directory(
     assert "--data=build/sample-tokens" not in out
 
 
-def test_dry_run_shows_a_remote_hosts_paths_read_from_its_workdir(tmp_path: Path) -> None:
+def test_dry_run_shows_a_remote_hosts_paths_read_from_its_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the dry run prints (``session.dry_run``, no I/O); the CLI then checks on
+    the hosts (launch.drycheck), which these hosts would not answer."""
     plan = _remote_plan(tmp_path)
-    res = autohet(
-        *("launch", str(plan), "--dry-run", "--data", "build/x", "--init-from", "~/m"),
-        *("--sync-dir", "src"),
-        cwd=_elsewhere(tmp_path),
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    out = dry_run(
+        LaunchRequest(
+            plan_file=plan,
+            train_args=("--data=build/x",),  # as the CLI's --data passes it
+            init_from="~/m",
+            sync_dir=Path("src"),
+        )
     )
-    assert res.returncode == 0, res.stderr
-    out = res.stdout
     assert '--data="$HOME"/autohet/build/x' in out  # runs as printed on host a
     assert '--init-from="$HOME"/m' in out
     assert "--data=/scratch/w/build/x" in out  # host b's workdir
