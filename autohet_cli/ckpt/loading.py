@@ -21,6 +21,7 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.ckpt.state import checkpoint_failure, rename_optimizer
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.optim import materialize_state
 from autohet_cli.runtime.records import say
@@ -142,6 +143,6 @@ def _load(ckpt: Checkpointer, step: int, source: int) -> None:
         )
     if ckpt.rank == 0:
         say(
-            f"resumed from {local} at step {step} (saved by plan {manifest.plan}, "
+            f"resumed from {local} at step {step} ({after(step)}; saved by plan {manifest.plan}, "
             f"{manifest.world_size} ranks)"
         )

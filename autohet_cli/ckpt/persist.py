@@ -23,6 +23,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.errors import ConfigError
 
 MAX_WRITER_THREADS = 8  # DCP's FileSystemWriter reached an H100 host's disk speed with 8
@@ -166,7 +167,8 @@ class SaveRecord:
         rate = self.nbytes / self.persist_s / 1e9 if self.persist_s > 0 else 0.0
         how = "synchronous save" if self.synchronous else "training blocked"
         return (
-            f"checkpoint step {self.step}: {self.nbytes / 1e9:.2f} GB durable after "
+            f"checkpoint step {self.step}: the state {after(self.step)}, "
+            f"{self.nbytes / 1e9:.2f} GB durable after "
             f"{self.persist_s:.2f} s ({rate:.2f} GB/s), {how} {self.blocked_s:.2f} s"
         )
 

@@ -1,4 +1,4 @@
-"""`autohet runs`: the runs launched from here, and one run's loss curve."""
+"""`autohet runs`: the runs launched from here, and a run's or a job's loss curve."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from autohet_cli.runfiles import describe, listing
+from autohet_cli.runfiles import describe, jobs, listing, view
 from autohet_cli.runfiles.listing import RunsError
 
 RunsDirOpt = Annotated[
@@ -33,16 +33,19 @@ def runs_group(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt
     """List runs and plot their loss curves.
 
     With no command: the runs launched from this directory, newest first (as autohet
-    runs list); autohet runs show RUN prints one run's summary and its loss curve."""
+    runs list); autohet runs show RUN|JOB prints a run's summary and the loss curve of
+    its job (the launch and every resume and recovery after it)."""
     ctx.obj = runs_dir
     if ctx.invoked_subcommand is None:
         _list(runs_dir or DEFAULT_RUNS_DIR, as_json)
 
 
 def list_runs(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt = False) -> None:
-    """List runs, newest first: status, last step and loss, where the checkpoints are.
+    """List runs, newest first: status, last step and loss, job, where the checkpoints are.
 
-    Ids, paths and losses are printed whole (a narrow terminal wraps the lines).
+    The job column says which run of its job a run is ("J (2 of 2)": a resume or a
+    recovery continued it); autohet runs show J plots the job's whole curve. Ids,
+    paths and losses are printed whole (a narrow terminal wraps the lines).
 
     Example:
 
@@ -55,7 +58,9 @@ def list_runs(ctx: typer.Context, runs_dir: RunsDirOpt = None, as_json: JsonOpt 
 def _list(root: Path, as_json: bool) -> None:
     found = listing.find_runs(root)
     if as_json:
-        typer.echo(json.dumps([r.to_json() for r in found], indent=1))
+        linked = jobs.by_run(found)
+        rows = [{**r.to_json(), **jobs.link_json(r, linked.get(r.name))} for r in found]
+        typer.echo(json.dumps(rows, indent=1))
         return
     if not found:
         typer.echo(listing.no_runs_text(root))
@@ -68,41 +73,50 @@ def show_run(
     run: Annotated[
         str,
         typer.Argument(
-            metavar="RUN", help="A run id, a unique prefix of one, a run folder, or latest."
+            metavar="RUN|JOB",
+            help="A run id, a job id, a unique prefix of either, a run folder, or latest.",
         ),
     ],
     runs_dir: RunsDirOpt = None,
+    run_only: Annotated[
+        bool,
+        typer.Option("--run-only", help="Plot this run's steps only, not its whole job's."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a run: how it ended, where its files are, and its loss curve (also as a PNG).
+    """Show a run: how it ended, where its files are, and its job's loss curve (also
+    as a PNG).
 
-    Example:
+    A job is a launch and every --resume and recover that continued it, each in a
+    run folder of its own (a recovery under a new plan version). When the run's job
+    has several runs, the curve is the whole job's, with a ':' column where a run
+    resumed; steps a resumed run did again show its values, and the summary says
+    which logged steps they replaced. --json gives that series, each point with
+    its run.
+
+    Examples:
 
     \b
       autohet runs show latest
+      autohet runs show 20261125T140305Z-3f2a   # a job id: its newest run
+      autohet runs show latest --run-only --json
     """
-    from autohet_cli.runfiles.plot import PNG_FILE, terminal_plot, write_png
-
-    found = listing.load_run(listing.resolve(_runs_dir(ctx, runs_dir), run).folder, full=True)
-    if found.series is None or not (found.series.train or found.series.eval):
-        if not as_json:
-            typer.echo("\n".join(describe.summary_lines(found)))
-        raise RunsError(describe.no_metrics_text(found))
+    shown = view.load_view(_runs_dir(ctx, runs_dir), run, run_only=run_only)
     if not as_json:  # what needs no writing first: a read-only folder still shows it
-        typer.echo("\n".join(describe.summary_lines(found)))
-        typer.echo(terminal_plot(found.series))
+        typer.echo("\n".join(shown.head()))
+    if not shown.has_points:
+        raise RunsError(describe.no_metrics_text(shown.run))
+    if not as_json:
+        typer.echo(shown.plot_text())
     png: str | None = None
     try:
-        png = str(
-            write_png(found.series, found.folder / PNG_FILE, title=f"{found.plan} {found.run_id}")
-        )
+        png = str(shown.write_png())
     except RunsError as exc:
         if not as_json:
             typer.echo(f"plot: not written ({exc})")
     if as_json:
-        typer.echo(json.dumps({**found.to_json(), **found.series.to_json(), "png": png}))
-        return
-    if png is not None:
+        typer.echo(json.dumps(shown.to_json(png)))
+    elif png is not None:
         typer.echo(f"plot: {png}")
 
 

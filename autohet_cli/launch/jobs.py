@@ -11,6 +11,7 @@ every host, mode 0600 in a 0700 directory, before any worker starts.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tempfile
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from autohet_cli.ckpt.format import KEY_FILE, check_job, check_key, parse_step_dir
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.transport.fanout import fan_out
 from autohet_cli.transport.pool import HostPool
@@ -64,8 +66,22 @@ class JobInfo:
     save_s: Mapping[str, float] = field(default_factory=dict)  # host -> its last save's s
 
 
-def new_job_id() -> str:
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(2)}"
+_STAMP = re.compile(r"^\d{8}T\d{6}Z")  # a default run id's UTC second
+
+
+def stamp_of(run_id: str | None) -> str | None:
+    """The UTC second a default run id was made at (``20261125T140305Z``, also with
+    its ``-2`` suffix); None for a run id the user chose."""
+    m = _STAMP.match(run_id or "")
+    return m.group(0) if m else None
+
+
+def new_job_id(stamp: str | None = None) -> str:
+    """``<UTC second>-<4 hex>``. ``stamp``: the run's second (``stamp_of``), so that a
+    new job and the run that starts it read the same time, one clock reading, and a
+    user sees which run began which job; else now."""
+    when = stamp or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{when}-{secrets.token_hex(2)}"
 
 
 def list_jobs(pool: HostPool, hosts: Sequence[str], plan_name: str) -> dict[str, JobInfo]:
@@ -200,6 +216,22 @@ def steps_of(args: Sequence[str]) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def resume_of(args: Sequence[str]) -> int | str | None:
+    """The ``--resume`` the built-in trainer will get, as it parses it (the last one
+    wins): a checkpoint step, ``"latest"`` (no value: the newest complete one, which
+    only the workers know for sure), or None (no ``--resume``: a fresh start)."""
+    value: str | None = None
+    for i, arg in enumerate(args):
+        if arg == "--resume":
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            value = nxt if nxt.isdigit() else "latest"
+        elif arg.startswith("--resume="):
+            value = arg.split("=", 1)[1]
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else "latest"
+
+
 def _check_steps_left(info: JobInfo | None, plan_name: str, steps: int | None) -> None:
     """Refuse to resume a job that has reached ``steps`` (see ``NothingToTrain``)."""
     if steps is None or info is None or info.newest_step is None:
@@ -207,9 +239,9 @@ def _check_steps_left(info: JobInfo | None, plan_name: str, steps: int | None) -
     if info.newest_step >= steps:
         raise NothingToTrain(
             f"job {info.name} of plan {plan_name} is already at step {info.newest_step} "
-            f"(its newest complete checkpoint), and --steps {steps} is the step training "
-            f"ends at: nothing to train, no worker started; to train on, pass a --steps "
-            f"above {info.newest_step}",
+            f"(its newest complete checkpoint, {after(info.newest_step)}), and --steps "
+            f"{steps} is the step training ends at: nothing to train, no worker started; "
+            f"to train on, pass a --steps above {info.newest_step}",
             step=info.newest_step,
         )
 
@@ -222,10 +254,11 @@ def choose_job(
     plan_name: str,
     say: Say,
     steps: int | None = None,
+    stamp: str | None = None,
 ) -> tuple[str, bool]:
     """(job, is_new). Fresh runs get a new job unless ``--job`` names one to continue.
     ``steps``: where the workers end training; resuming a job already there raises
-    ``NothingToTrain``."""
+    ``NothingToTrain``. ``stamp``: the run's UTC second, for a new job's id."""
     if job is not None:
         check_job(job)
         if resume and job not in jobs:
@@ -242,9 +275,11 @@ def choose_job(
             )
         newest = usable[-1]
         _check_steps_left(newest, plan_name, steps)
-        say(f"job: resuming {newest.name} (newest complete step {newest.newest_step})")
+        step = newest.newest_step
+        assert step is not None  # usable
+        say(f"job: resuming {newest.name} (newest complete step {step}, {after(step)})")
         return newest.name, False
-    fresh = new_job_id()
+    fresh = new_job_id(stamp)
     earlier = [j for j in jobs.values() if j.newest_step is not None]
     if earlier:
         last = earlier[-1]

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.launch import logcause
 
 FINISHED, FAILED, HOST_LOST, NOT_STARTED, INTERRUPTED, PREEMPTED = (
@@ -283,7 +284,7 @@ def preempted(verdict: Verdict, notice: Preemption, plan_hosts: Sequence[str]) -
     leaving += [h for h in verdict.lost_hosts if h not in leaving]
     why = "; ".join(f"{h}: {w}" for h, w in notice.hosts)
     saved = (
-        f"every rank saved step {notice.step}"
+        f"every rank saved step {notice.step} ({after(notice.step)})"
         if notice.saved
         else "no emergency checkpoint was saved (checkpoints off, or the save failed); "
         "recovery resumes from the last periodic one"
@@ -301,7 +302,10 @@ def stopped_on_request(verdict: Verdict, notice: Preemption | None) -> Verdict:
     """The verdict of a job the launcher's Ctrl-C/SIGTERM stopped through the workers'
     notice path: interrupted, with the step every rank saved (resumable)."""
     if notice is not None and notice.saved:
-        detail = f"stopped on request; every rank saved step {notice.step} (resume with --resume)"
+        detail = (
+            f"stopped on request; every rank saved step {notice.step} ({after(notice.step)}; "
+            "resume with --resume)"
+        )
     elif verdict.status == FINISHED:
         detail = "stopped on request after the last step"
     else:

@@ -1,4 +1,5 @@
-"""What ``autohet runs`` prints: table rows, a run's summary, why a run has no curve (pure)."""
+"""What ``autohet runs`` prints: table rows, a run's summary and its job's, why a run
+has no curve (pure)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,21 @@ import calendar
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
+from autohet_cli.ckpt.steptext import ran
+from autohet_cli.runfiles.jobs import (
+    JobCurve,
+    Lineage,
+    afresh_text,
+    by_run,
+    continued_by_text,
+    continues_text,
+)
 from autohet_cli.runfiles.listing import RunSummary, checkpoints_text
 from autohet_cli.runfiles.metricsfile import METRICS_FILE
 
@@ -20,8 +31,8 @@ _ENDED = {
     "interrupted": "was stopped",
     "preempted": "was preempted",
 }
-COLUMNS = ("run", "plan", "status", "step", "loss", "started (UTC)", "checkpoints")
-_ALIGN = ("left", "left", "left", "right", "right", "left", "left")
+COLUMNS = ("run", "plan", "status", "step", "loss", "started (UTC)", "job", "checkpoints")
+_ALIGN = ("left", "left", "left", "right", "right", "left", "left", "left")
 
 
 def when(iso: str | None) -> str:
@@ -39,7 +50,7 @@ def loss_text(value: float | None) -> str:
     return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.4g}"
 
 
-def table_row(run: RunSummary) -> tuple[str, ...]:
+def table_row(run: RunSummary, lineage: Lineage | None = None) -> tuple[str, ...]:
     """One run as the table's cells, in ``COLUMNS`` order."""
     return (
         run.run_id,
@@ -48,13 +59,23 @@ def table_row(run: RunSummary) -> tuple[str, ...]:
         "-" if run.last_step is None else str(run.last_step),
         loss_text(run.last_loss),
         when(run.started_at),
+        job_cell(run, lineage),
         checkpoints_text(run),
     )
 
 
+def job_cell(run: RunSummary, lineage: Lineage | None) -> str:
+    """The job, and which of its runs this is when it has several: ``J (2 of 2)``."""
+    if lineage is None or len(lineage.runs) < 2:
+        return run.job or "-"
+    at = [r.name for r in lineage.runs].index(run.name) + 1
+    return f"{lineage.job} ({at} of {len(lineage.runs)})"
+
+
 def table(runs: list[RunSummary], root: Path) -> str:
     """The runs as a plain table, nothing cut (ids and paths are what users copy)."""
-    rows = [table_row(r) for r in runs]
+    lineages: Mapping[str, Lineage] = by_run(runs)
+    rows = [table_row(r, lineages.get(r.name)) for r in runs]
     return f"runs in {root}:\n" + tabulate(
         rows, headers=COLUMNS, disable_numparse=True, colalign=_ALIGN
     )
@@ -73,8 +94,9 @@ def duration_text(start: str | None, end: str | None) -> str:
     return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
-def summary_lines(run: RunSummary) -> list[str]:
-    """The head of ``runs show``: what ran, how it ended, where everything is."""
+def summary_lines(run: RunSummary, lineage: Lineage | None = None) -> list[str]:
+    """The head of ``runs show``: what ran, how it ended, where everything is, and
+    the runs of its job either side (``lineage``)."""
     ended = f"{run.status}"
     if run.last_step is not None:
         ended += f" at step {run.last_step}, loss {loss_text(run.last_loss)}"
@@ -90,12 +112,38 @@ def summary_lines(run: RunSummary) -> list[str]:
         end = _clock(run.ended_at)[11:] if same_day else _clock(run.ended_at)
         span += f", ended {end} UTC" + (f" ({took})" if took else "")
     lines += [span, f"  folder: {run.folder}/"]
+    if run.job is not None:
+        lines.append(f"  job: {run.job}")
+    if lineage is not None:
+        links = (
+            continues_text(run, lineage),
+            continued_by_text(run, lineage),
+            afresh_text(run, lineage),
+        )
+        lines += [f"  {t}" for t in links if t]
     if run.checkpoints or run.remote_checkpoints:
         lines.append(f"  checkpoints: {checkpoints_text(run)}")
     if check := prediction_text(run.folder):
         lines.append(f"  {check}")
     if run.problem:
         lines.append(f"  note: {run.problem}")
+    return lines
+
+
+def job_lines(lineage: Lineage, curve: JobCurve) -> list[str]:
+    """The head of a job's curve: each run and the steps it logged, each break."""
+    steps = [s for s, _, _ in curve.train]
+    span = f", {ran(min(steps), max(steps))} logged" if steps else ""
+    last = f", last loss {loss_text(curve.train[-1][1])}" if curve.train else ""
+    lines = [
+        f"job {lineage.job} of plan {lineage.plan_name}: {len(lineage.runs)} runs{span}{last} "
+        "(the curve below is the whole job's; --run-only for one run's)"
+    ]
+    for run in lineage.runs:
+        first, end = run.first_step, run.last_step
+        did = ran(first, end) if first is not None and end is not None else "no step logged"
+        lines.append(f"  {run.name}: {run.status}, {did}")
+    lines += [f"  break at {b.text()}" for b in curve.breaks]
     return lines
 
 

@@ -20,7 +20,13 @@ from typing import Any
 
 from autohet_cli.errors import AutohetError
 from autohet_cli.pids import process_gone
-from autohet_cli.runfiles.metricsfile import METRICS_FILE, TAIL_BYTES, LossSeries, read_series
+from autohet_cli.runfiles.metricsfile import (
+    METRICS_FILE,
+    TAIL_BYTES,
+    LossSeries,
+    first_train_step,
+    read_series,
+)
 from autohet_cli.runfiles.record import RECORD_FILE, RUNNING, RunRecord, RunRecordError, read_record
 
 LATEST = "latest"
@@ -48,10 +54,17 @@ class RunSummary:
     record: RunRecord | None = None
     series: LossSeries | None = None
     problem: str = ""  # why the record could not be read
+    first_step: int | None = None  # the first step it logged (links a job's runs)
 
     @property
     def name(self) -> str:
         return f"{self.plan}/{self.run_id}"
+
+    @property
+    def job(self) -> str | None:
+        """The job it ran in (the checkpoint namespace); None: a user script, or a run
+        of an autohet that kept no record."""
+        return self.record.job if self.record is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +74,9 @@ class RunSummary:
             "folder": str(self.folder),
             "status": self.status,
             "detail": self.detail,
+            "job": self.job,
+            "resumed_from_step": self.record.resumed_from_step if self.record else None,
+            "first_step": self.first_step,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "last_step": self.last_step,
@@ -82,6 +98,7 @@ def summarize(
     modified_at: str | None = None,
     launcher_alive: bool = True,
     problem: str = "",
+    first_step: int | None = None,
 ) -> RunSummary:
     """What ``autohet runs`` shows of one folder (pure: every input is given)."""
     status = record.status if record else str((events or {}).get("status") or "unknown")
@@ -106,6 +123,7 @@ def summarize(
         record=record,
         series=series,
         problem=problem,
+        first_step=first_step,
     )
 
 
@@ -123,7 +141,8 @@ def checkpoints_text(run: RunSummary) -> str:
 
 def load_run(folder: Path, *, full: bool = False) -> RunSummary:
     """One folder's summary, read from disk; a broken record is a note, not an error.
-    ``full``: the whole loss series (to plot it); else the metrics' tail only."""
+    ``full``: the whole loss series (to plot it); else the metrics' tail only (and its
+    head's first step, which links the runs of a job)."""
     problem = ""
     try:
         record = read_record(folder)
@@ -136,6 +155,10 @@ def load_run(folder: Path, *, full: bool = False) -> RunSummary:
         series = read_series(folder / METRICS_FILE, tail_bytes=None if full else TAIL_BYTES)
     except RunRecordError as exc:
         series, problem = None, "; ".join(x for x in (problem, str(exc)) if x)
+    if full:
+        first = series.train[0][0] if series is not None and series.train else None
+    else:
+        first = first_train_step(folder / METRICS_FILE) if series is not None else None
     return summarize(
         folder,
         record,
@@ -144,6 +167,7 @@ def load_run(folder: Path, *, full: bool = False) -> RunSummary:
         modified_at=_iso(folder.stat().st_mtime),
         launcher_alive=alive,
         problem=problem,
+        first_step=first,
     )
 
 
@@ -187,7 +211,8 @@ def resolve(root: Path, query: str, runs: Sequence[RunSummary] | None = None) ->
         shown = ", ".join(r.name for r in found[:5])
         raise RunsError(
             f"no run {query!r} in {root.resolve()} (newest: {shown}); `autohet runs` lists "
-            "them all; give a run id, a unique prefix, a run folder's path or 'latest'"
+            "them all; give a run id or a job id, a unique prefix of one, a run folder's path "
+            "or 'latest'"
         )
     shown = ", ".join(r.name for r in matches[:8]) + (" ..." if len(matches) > 8 else "")
     raise RunsError(

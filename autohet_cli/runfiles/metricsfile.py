@@ -127,6 +127,26 @@ def read_series(path: Path, *, tail_bytes: int | None = None) -> LossSeries | No
     return parse_lines(text.splitlines())
 
 
+HEAD_BYTES = 64 * 1024  # the first few hundred lines: a run's first steps
+
+
+def first_train_step(path: Path, *, head_bytes: int = HEAD_BYTES) -> int | None:
+    """The first step ``path``'s run trained: 0 for a fresh run, the checkpoint's step
+    for a resumed one (it runs that step first). Read from the file's head, so a
+    listing links the runs of a job without reading their whole histories; None
+    when there is no file, or no step in its head (an unreadable file is said by
+    ``read_series``)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(head_bytes + 1)
+    except OSError:
+        return None
+    if len(raw) > head_bytes:
+        raw = raw[:head_bytes].rpartition(b"\n")[0]  # a cut last line is not a line
+    series = parse_lines(raw.decode("utf-8", errors="replace").splitlines())
+    return min((s for s, _ in series.train), default=None)
+
+
 def _json_number(value: float) -> float | None:
     """NaN and infinity are not JSON: scripts get null (the text says nan)."""
     return value if math.isfinite(value) else None

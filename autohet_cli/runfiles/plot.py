@@ -7,8 +7,11 @@ validation points are drawn over the training ones. NaN and infinite losses are 
 drawn, nor are losses beyond ``MAX_DRAWN`` (a diverged run's 1e308: the axis
 arithmetic overflows on them, in our labels and in matplotlib's ticks, and the
 real curve would be one flat line under it); the header (the PNG's title) says
-how many were left out. matplotlib is imported only to draw
-the PNG, so that ``autohet --help`` and ``autohet runs`` stay fast.
+how many were left out. A job's curve spans several runs: where one ended and the
+next resumed is a column of ``BREAK_MARK`` (a dashed line in the PNG, and the
+steps the next run did again shaded), so a jump in the loss is seen to be a resume,
+not the training. matplotlib is imported only to draw the PNG, so that ``autohet
+--help`` and ``autohet runs`` stay fast.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from autohet_cli.runfiles.listing import RunsError
 from autohet_cli.runfiles.metricsfile import LossSeries
 
-TRAIN_MARK, EVAL_MARK = "*", "o"
+TRAIN_MARK, EVAL_MARK, BREAK_MARK = "*", "o", ":"
 PNG_FILE = "loss.png"
 MAX_DRAWN = 1e30  # no loss gets near it but a diverged one
 
@@ -42,10 +46,14 @@ def drawable(
     return train, evals, note
 
 
-def terminal_plot(series: LossSeries, *, width: int = 72, height: int = 14) -> str:
-    """The loss curve in ``width`` columns: a header, ``height`` rows, the step axis."""
+def terminal_plot(
+    series: LossSeries, *, width: int = 72, height: int = 14, breaks: Sequence[int] = ()
+) -> str:
+    """The loss curve in ``width`` columns: a header, ``height`` rows, the step axis.
+    ``breaks``: the steps a run resumed at (a job's curve), drawn behind the points."""
     train, evals, left_out = drawable(series)
-    header = f"loss ({TRAIN_MARK} train" + (f", {EVAL_MARK} validation)" if evals else ")")
+    header = f"loss ({TRAIN_MARK} train" + (f", {EVAL_MARK} validation" if evals else "")
+    header += f", {BREAK_MARK} a run resumed)" if breaks else ")"
     header += left_out
     points = train + evals
     if not points:
@@ -56,11 +64,18 @@ def terminal_plot(series: LossSeries, *, width: int = 72, height: int = 14) -> s
     label_w = max(len(t) for t in labels.values())
     cols = max(2, width - label_w - 2)
     grid = [[" "] * cols for _ in range(height)]
+
+    def column(step: int) -> int:
+        return 0 if last == first else round((step - first) / (last - first) * (cols - 1))
+
+    for step in breaks:
+        if first <= step <= last:
+            for cells in grid:
+                cells[column(step)] = BREAK_MARK
     for mark, pts in ((TRAIN_MARK, train), (EVAL_MARK, evals)):
         for step, value in pts:
-            col = 0 if last == first else round((step - first) / (last - first) * (cols - 1))
             row = round((hi - value) / (hi - lo) * (height - 1))
-            grid[row][col] = mark
+            grid[row][column(step)] = mark
     lines = [header]
     for row, cells in enumerate(grid):
         lines.append(f"{labels.get(row, ''):>{label_w}} |{''.join(cells).rstrip()}")
@@ -84,8 +99,17 @@ def _label_rows(height: int) -> list[int]:
     return sorted({0, height - 1, *(round(q * (height - 1) / 4) for q in (1, 2, 3))})
 
 
-def write_png(series: LossSeries, path: Path, *, title: str) -> Path:
-    """Draw the loss curve into ``path`` (replaced atomically); returns ``path``."""
+def write_png(
+    series: LossSeries,
+    path: Path,
+    *,
+    title: str,
+    breaks: Sequence[tuple[int, str]] = (),
+    replaced: Sequence[tuple[int, int]] = (),
+) -> Path:
+    """Draw the loss curve into ``path`` (replaced atomically); returns ``path``.
+    ``breaks``: (step, the run that resumed there); ``replaced``: step spans logged
+    again by a later run (shaded)."""
     from matplotlib.figure import Figure  # lazily: see the module's docstring
 
     train, evals, left_out = drawable(series)
@@ -97,6 +121,20 @@ def write_png(series: LossSeries, path: Path, *, title: str) -> Path:
     if evals:
         steps, losses = zip(*evals, strict=True)
         ax.plot(steps, losses, "o-", markersize=4, label="validation loss")
+    for start, end in replaced:
+        ax.axvspan(start, end, color="tab:orange", alpha=0.12, linewidth=0)
+    for step, run in breaks:
+        ax.axvline(step, color="gray", linestyle="--", linewidth=0.8)
+        ax.annotate(
+            run,
+            (step, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color="gray",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title + (f"\n{left_out.removeprefix('; ')}" if left_out else ""))

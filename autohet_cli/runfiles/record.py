@@ -2,9 +2,11 @@
 
 Written by the launcher when the run starts (status ``running``) and replaced when it
 ends (status, last step and loss, end time), atomically both times, so a reader never
-sees half a record. It says what ran (plan, cluster, backend, job), where the job's
-checkpoints are (per host, and the remote copy) and how it ended; ``autohet runs``
-lists folders by it. The launcher's host and pid tell a run whose launcher died (the
+sees half a record. It says what ran (plan, cluster, backend, job, the checkpoint step
+it resumed from), where the job's checkpoints are (per host, and the remote copy) and
+how it ended; ``autohet runs`` lists folders by it, and links the runs of one job
+(``runfiles.jobs``) by their job and start times when read, so no old record is
+ever rewritten. The launcher's host and pid tell a run whose launcher died (the
 record still says ``running``) from one that runs.
 """
 
@@ -39,6 +41,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ended_at": _OPT_STR,
     "last_step": (int, type(None)),
     "last_loss": (int, float, type(None)),
+    "resumed_from_step": (int, type(None)),
     "launcher_host": (str,),
     "launcher_pid": (int,),
 }
@@ -57,7 +60,7 @@ class RunRecord:
     cluster_file: str
     backend: str  # ssh | slurm
     trainer: str  # "built-in", or "script" (a user script writes no metrics of ours)
-    job: str | None  # the checkpoint namespace (built-in trainer)
+    job: str | None  # the checkpoint namespace (built-in trainer): runs of one job link
     hosts: tuple[str, ...]
     checkpoints: Mapping[str, str] = field(default_factory=dict)  # host -> the job's dir
     remote_checkpoints: str | None = None
@@ -70,6 +73,9 @@ class RunRecord:
     last_loss: float | None = None
     launcher_host: str = ""
     launcher_pid: int = 0
+    # The checkpoint step it loaded (the next step it ran, ``ckpt.steptext``); None: it
+    # started afresh, or resumed "the newest" and no step of it was seen yet.
+    resumed_from_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.last_loss is not None and not math.isfinite(self.last_loss):

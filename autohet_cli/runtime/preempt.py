@@ -55,6 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.preemption import CheckSpec
 from autohet_cli.runtime.agent import REPEAT_WINDOW_S, NoticeClock
 from autohet_cli.runtime.hooks import Hook
@@ -285,7 +286,8 @@ class PreemptionHook(Hook):
         event = {"event": "saved", "step": saved, "hosts": self.hosts, "notice_to_complete_s": took}
         self.emit(PREEMPT_PREFIX + json.dumps(event, sort_keys=True))
         self.say(
-            f"preempted: step {saved} saved, COMPLETE {took:.1f} s after the notice; exiting"
+            f"preempted: step {saved} saved ({after(saved)}), COMPLETE {took:.1f} s after the "
+            "notice; exiting"
             if saved is not None and took is not None
             else "preempted: no checkpoint saved (checkpoints are off, or "
             "--no-emergency-save); exiting"

@@ -67,6 +67,7 @@ PURE_MODULES = (
     "autohet_cli.ckpt.policy",
     "autohet_cli.ckpt.retention",
     "autohet_cli.ckpt.notice",
+    "autohet_cli.ckpt.steptext",
 )
 # The run folder's readers: `autohet runs` must start fast (matplotlib only for a PNG).
 PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.runfiles")
