@@ -10,6 +10,7 @@ import typer
 
 from autohet_cli.cli import trainopts
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
+from autohet_cli.plan import load_plan
 from autohet_cli.recovery import session
 from autohet_cli.recovery.report import dry_run_text, phases_text
 from autohet_cli.transport.pool import ConnectOptions
@@ -113,6 +114,14 @@ def recover(
             "once it is 5 min old (only when that recover is no longer running).",
         ),
     ] = False,
+    auto_recover: Annotated[
+        bool,
+        typer.Option(
+            "--auto-recover",
+            help="If the resumed run loses a host too (spot losses come in waves), "
+            "recover again from the plan just written, up to once per host of the plan.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """After a preemption: replan on the survivors, copy shards peer to peer, resume.
@@ -159,6 +168,14 @@ def recover(
         break_lock=break_lock,
     )
     result = session.recover(req, say)
+    waves = len(load_plan(plan_file).hosts())  # each wave loses one host at least
+    while auto_recover and waves > 0 and (nxt := session.next_wave(req, result)) is not None:
+        waves -= 1
+        say(
+            f"auto-recover: the resumed run lost {', '.join(nxt.lost)} too; recovering "
+            f"again from {nxt.plan_file}"
+        )
+        req, result = nxt, session.recover(nxt, say)
     if as_json:
         typer.echo(json.dumps(result.report))
     elif dry_run:

@@ -208,6 +208,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             transfers=moves,
         )
         code = 0
+        relaunch: dict[str, Any] | None = None
         if req.resume:
             prepared = Prepared(
                 plan=new_plan,
@@ -231,7 +232,30 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             say(runfolder.end_line(outcome.local_run_dir))
             code = outcome.exit_code
             report = dataclasses.replace(report, phases=clock.phases)
-    return RecoverResult(exit_code=code, report=report.to_dict())
+            relaunch = {
+                "status": outcome.status,
+                "lost_hosts": list(outcome.lost_hosts),
+                "recoverable": outcome.recoverable and bool(outcome.lost_hosts),
+            }
+    return RecoverResult(
+        exit_code=code, report={**report.to_dict(), "job": job, "relaunch": relaunch}
+    )
+
+
+def next_wave(req: RecoverRequest, result: RecoverResult) -> RecoverRequest | None:
+    """The recover that follows a relaunch that lost hosts too (``--auto-recover``): the
+    plan just written, its newly lost hosts, the same job; None when there is none."""
+    relaunch = result.report.get("relaunch") or {}
+    new_plan = result.report.get("new_plan_path")
+    if not relaunch.get("recoverable") or not new_plan:
+        return None
+    return dataclasses.replace(
+        req,
+        plan_file=Path(new_plan),
+        lost=tuple(relaunch["lost_hosts"]),
+        step=None,
+        job=str(result.report["job"]),
+    )
 
 
 def relaunch_args(req: RecoverRequest, step: int | None) -> list[str]:

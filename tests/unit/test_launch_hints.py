@@ -142,5 +142,7 @@ def test_a_host_lost_in_an_earlier_wave_is_never_added_back(tmp_path: Path) -> N
         assert rx.probe_additions(plan, cluster, pool, ["gone"], said.append) == []
         assert said == ["gone: named lost (not in plan lab.v1); not added back"]
     rx.check_lost_names(plan, cluster, ["gone"])  # named against the job: accepted
-    with pytest.raises(RecoveryError, match="--lost nosuch: not a host of plan lab.v1 .* nor of cluster 'c'"):
+    with pytest.raises(
+        RecoveryError, match="--lost nosuch: not a host of plan lab.v1 .* nor of cluster 'c'"
+    ):
         rx.check_lost_names(plan, cluster, ["nosuch"])

@@ -136,3 +136,46 @@ def test_a_host_lost_during_the_copy_is_recovered_from_too(
     new = load_plan(result.report["new_plan_path"])
     assert new.hosts() == ["a"]
     assert any(s == "plan: recovered from the loss of b, c" for s in said), said
+
+
+def test_auto_recover_follows_a_wave_into_the_next_recover(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: the run a recover resumed loses a host too; with --auto-recover, recover
+    goes on from the plan it just wrote, with the newly lost hosts, on the same job."""
+    from typer.testing import CliRunner
+
+    from autohet_cli.cli import app as app_module
+
+    if not app_module.app.registered_commands:
+        app_module._register()
+    app = app_module.app
+    site = make_site(tmp_path)
+    calls: list[session.RecoverRequest] = []
+
+    def fake(req: session.RecoverRequest, say: object) -> session.RecoverResult:
+        calls.append(req)
+        wave = {
+            "new_plan_path": str(site.plan_file.with_name(f"lab.v{len(calls) + 1}.yaml")),
+            "job": "J",
+            "phases": {"detect": 0.1},
+            "relaunch": {
+                "status": "host_lost",
+                "lost_hosts": ["b"],
+                "recoverable": len(calls) == 1,  # the second relaunch finishes
+            },
+        }
+        return session.RecoverResult(exit_code=0 if len(calls) == 2 else 3, report=wave)
+
+    monkeypatch.setattr(session, "recover", fake)
+    args = ["recover", str(site.plan_file), "--lost", "c", "--auto-recover"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert [r.lost for r in calls] == [("c",), ("b",)]
+    assert calls[1].plan_file.name == "lab.v2.yaml" and calls[1].job == "J"
+    assert calls[1].step is None
+    assert "auto-recover: the resumed run lost b too; recovering again from" in res.output
+    # Without the flag: one recover, its exit code.
+    calls.clear()
+    res = CliRunner().invoke(app, args[:-1])
+    assert res.exit_code == 3 and len(calls) == 1
