@@ -126,6 +126,9 @@ def measured_precision(outcome: HostOutcome) -> str | None:
 
 def run_profiling(req: ProfileRunRequest, on_event: Event | None = None) -> ProfileRunResult:
     note = on_event or (lambda _h, _m: None)
+    if req.known_hosts is None and req.cluster.known_hosts is not None:
+        # The cluster file's known_hosts, as launch and recover read it (--known-hosts wins).
+        req = replace(req, known_hosts=Path(req.cluster.known_hosts).expanduser())
     hosts = select_hosts(req.cluster, req.hosts, req.all_hosts)
     check_precision(hosts, req.precision)
 

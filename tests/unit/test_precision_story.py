@@ -280,3 +280,23 @@ def test_measured_only_on_gpus_asks_to_measure_in_the_plans_precision() -> None:
     assert "the plan asks bf16; plan with --precision fp16 to use them." in msg
     assert "profile run CLUSTER --model OPT-350M --tp 1,2,4 --micro-batch-sizes 1,2,4,8 " in msg
     assert "--micro-batch-sizes 1,2,4,8 --precision bf16` and pass the profile" in msg
+
+
+def test_profile_run_reads_the_cluster_files_known_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: a cluster file may name its known_hosts; profile run uses it too."""
+    host = FakeProbeHost()
+    seen: list[object] = []
+
+    def runner_for(*_a: Any, **k: Any) -> Any:
+        seen.append(k.get("known_hosts"))
+        return host
+
+    monkeypatch.setattr(run_module, "runner_for", runner_for)
+    cluster = _cluster(tmp_path)
+    cluster.write_text(cluster.read_text() + "known_hosts: kh\n", encoding="utf-8")
+    common = ("--model", "gpt-tiny", "--tp", "1", "--micro-batch-sizes", "1")
+    res = _profile_run(cluster, *common, "--no-runtime-runs", "--out", tmp_path / "p.yaml")
+    assert res.exit_code == 0, res.output
+    assert seen and set(seen) == {tmp_path / "kh"}
