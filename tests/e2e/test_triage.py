@@ -159,8 +159,9 @@ def test_recover_names_the_real_cause_and_json_gets_an_error_object(
     sshd_farm.start(3)
     cluster = _cluster_file(sshd_farm, tmp_path / "cluster.yaml", str(tmp_path / "remote"))
     plan = _plan(tmp_path, cluster)
-    rc, out = _run(plan, tmp_path, "--steps", "2", "--checkpoint-every", "0")
-    assert rc == 0 and "checkpoints: no periodic saves" in out, out
+    # No save at all (a run that ends normally saves its last step unless told not to).
+    rc, out = _run(plan, tmp_path, "--steps", "2", "--checkpoint-every", "0", "--no-emergency-save")
+    assert rc == 0 and "checkpoints: none (--checkpoint-every 0 with --no-emergency-save)" in out
 
     res = _recover(tmp_path, plan, "--lost", "v100-9", "--dry-run", "--json")
     assert res.returncode == 1
