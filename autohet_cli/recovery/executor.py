@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from autohet_cli.ckpt import sums
 from autohet_cli.ckpt.format import (
@@ -44,12 +45,27 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, HostUnreachable | CommandTimeout)
 
 
-def check_lost_names(plan: Plan, cluster: Cluster, lost: Sequence[str]) -> None:
-    """Lost hosts are named against the job: the plan's, or the cluster file's (a host
-    an earlier recovery moved away from, still listed): those are never added back."""
+def earlier_hosts(plans_dir: Path, name: str) -> set[str]:
+    """Hosts of every version of plan ``name`` beside it (the job's history)."""
+    from autohet_cli.plan import load_plan
+
+    found: set[str] = set()
+    for path in plans_dir.glob(f"{name}.v*.yaml"):
+        try:
+            found.update(load_plan(path).hosts())
+        except AutohetError:
+            continue  # not a plan we can read: it names nobody
+    return found
+
+
+def check_lost_names(
+    plan: Plan, cluster: Cluster, lost: Sequence[str], earlier: Collection[str] = ()
+) -> None:
+    """Lost hosts are named against the job: the plan's, the cluster file's, or an
+    earlier version's (hosts an earlier recovery moved away from): none is added back."""
     hosts = plan.hosts()
     listed = {h.name for h in cluster.hosts}
-    unknown = [h for h in lost if h not in hosts and h not in listed]
+    unknown = [h for h in lost if h not in hosts and h not in listed and h not in earlier]
     if unknown:
         raise RecoveryError(
             f"--lost {','.join(unknown)}: not a host of plan {plan.name}.v{plan.version} "

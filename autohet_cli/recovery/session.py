@@ -101,7 +101,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     cl = load_cluster(cluster_path)
     if req.backend is not None:
         cl = dataclasses.replace(cl, backend=backend_from(req.backend, "--backend"))
-    rx.check_lost_names(old, cl, req.lost)
+    rx.check_lost_names(old, cl, req.lost, rx.earlier_hosts(req.plan_file.parent, old.name))
     clock = PhaseClock()
     moves: list[dict[str, Any]] = []  # each file that arrived: which way, how fast
     root = rx.remote_root_for(cl)
@@ -140,6 +140,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         r = _replan(old, cl, cluster_path, [*gone, *absent], req, choice)
                     for note in r.plan.notes:
                         say(f"plan: {note}")
+                    say(f"using: {', '.join(r.plan.hosts())}")
                     paths = host_paths(cl, r.plan.hosts(), req.train_args, caller())
                     if req.resume and not req.dry_run:  # done while the checkpoint moves
                         preflight_ahead(

@@ -142,6 +142,12 @@ def test_a_host_lost_in_an_earlier_wave_is_never_added_back(tmp_path: Path) -> N
         assert rx.probe_additions(plan, cluster, pool, ["gone"], said.append) == []
         assert said == ["gone: named lost (not in plan lab.v1); not added back"]
     rx.check_lost_names(plan, cluster, ["gone"])  # named against the job: accepted
+    # A host of an earlier version, since dropped from the cluster file: accepted too.
+    rx.check_lost_names(plan, cluster, ["old-host"], {"old-host"})
+    from autohet_cli.plan import write_plan
+
+    write_plan(_plan("localhost", "old-host"), tmp_path / "plans")
+    assert "old-host" in rx.earlier_hosts(tmp_path / "plans", "lab")
     with pytest.raises(
         RecoveryError, match="--lost nosuch: not a host of plan lab.v1 .* nor of cluster 'c'"
     ):
