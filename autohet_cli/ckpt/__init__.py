@@ -10,5 +10,7 @@ The workers' side (torch.distributed, imported only by workers and exports):
 ``checkpointer`` (save and load, collectively), ``files`` (private directories, the
 job key, listing, verified reads), ``state`` (what a state dict holds under which
 name), ``schedule`` (the trainer hook), ``prune`` (removing steps), ``remote`` (the
-remote copy).
+remote copy). ``checkpointer`` is the top of the package: the helpers it drives
+(``jobdir``, ``loading``, ``finish``, ``failures``, ``inflight``) never import it;
+those that read it see it through ``view``'s protocols, as it sees the runtime's trainer.
 """

@@ -2,7 +2,9 @@
 
 The format (layout, manifest, key, authentication) is ``autohet_cli.ckpt.format``
 and docs/checkpoint-format.md; files, keys and private directories are
-``ckpt.files``; the remote copy is ``ckpt.remote``.
+``ckpt.files``; the remote copy is ``ckpt.remote``. This module is the top of the
+package: the helpers it hands itself to see it through ``ckpt.view``'s protocols and
+never import it, and it sees the runtime's trainer the same way.
 
 Where
     ``<checkpoint dir>/<plan name>/<job>/step-<N:08d>/`` on every host. The job is
@@ -36,9 +38,9 @@ Saving (every rank, collectively; asynchronous)
     buffers exist yet (nothing would overlap the write). Where host memory is short
     for the snapshot the rank writes synchronously, and says why. Every rank learns
     together at each step end whether the save in flight succeeded (one small
-    all-reduce while one is in flight). A failed periodic save is named with its
-    cause (a full or read-only disk included) and training goes on; a failed last or
-    emergency save fails the run (``ckpt.failures``). The state is
+    all-reduce while one is in flight, ``ckpt.inflight``). A failed periodic save is
+    named with its cause (a full or read-only disk included) and training goes on; a
+    failed last or emergency save fails the run (``ckpt.failures``). The state is
     ``Trainer.state_dict`` with the optimizer flattened to one entry per full
     parameter name, and a tied parameter's optimizer state filed under the first
     name of its group whatever copy a rank holds, so every entry has one name in
@@ -77,7 +79,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -86,15 +87,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from autohet_cli.ckpt import finish, jobdir, loading
-from autohet_cli.ckpt.failures import (
-    after_failure,
-    caused_by_the_disk,
-    disk_diagnosis,
-    save_failure,
-)
+from autohet_cli.ckpt.failures import after_failure, why_not_saved
 from autohet_cli.ckpt.files import (
     CheckpointError,
     ensure_private_dir,
@@ -103,12 +98,8 @@ from autohet_cli.ckpt.files import (
     sha256_file,
 )
 from autohet_cli.ckpt.finish import SaveJob
-from autohet_cli.ckpt.format import (
-    COMPLETE,
-    TMP_PREFIX,
-    check_job,
-    step_dir_name,
-)
+from autohet_cli.ckpt.format import COMPLETE, TMP_PREFIX, check_job, step_dir_name
+from autohet_cli.ckpt.inflight import SaveInFlight
 from autohet_cli.ckpt.memory import available_memory_bytes, memory_verdict, ranks_on_this_host
 from autohet_cli.ckpt.persist import SaveRecord, quiet_writer_thread_errors, writer_threads
 from autohet_cli.ckpt.prune import Retention
@@ -116,15 +107,10 @@ from autohet_cli.ckpt.remote import RemoteCopy, Uploader, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.ckpt.snapshot import Snapshotter
-from autohet_cli.ckpt.state import (
-    checkpoint_failure,
-    keep_written,
-    rename_optimizer,
-    tied_aliases,
-)
+from autohet_cli.ckpt.state import keep_written, rename_optimizer, tied_aliases
+from autohet_cli.ckpt.view import CheckpointedTrainer
 from autohet_cli.peer.replicate import Replicator
 from autohet_cli.runtime.records import say
-from autohet_cli.runtime.trainer import Trainer
 from autohet_cli.runtime.worker_defaults import CHECKPOINT_DIR_ENV, DEFAULT_JOB
 
 __all__ = [
@@ -165,7 +151,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        trainer: Trainer,
+        trainer: CheckpointedTrainer,
         *,
         root: Path,
         plan_ref: str,
@@ -204,10 +190,7 @@ class Checkpointer:
         self.background = background
         self.listeners: list[Callable[[SaveRecord], None]] = []  # rank 0, after each save
         self.last_record: SaveRecord | None = None  # the latest finished save's figures
-        self._inflight: threading.Thread | None = None
-        self._failure: BaseException | None = None
-        self._pending = False  # a save every rank started and not all have confirmed
-        self._pending_step = 0
+        self.inflight = SaveInFlight()  # at most one save in flight (ckpt.inflight)
         self.resumed_step: int | None = None  # the step this run loaded (resume)
         self.failed_steps: list[int] = []  # saves that failed (reported; training went on)
         self.last_alloc_s = 0.0  # of the latest save: new snapshot buffers
@@ -339,17 +322,8 @@ class Checkpointer:
             inline=bool(why_inline),
             alloc_s=self.last_alloc_s,
         )
-        self._pending, self._pending_step = True, step  # every rank: poll() agrees on it
-        if why_inline is not None:
-            job.blocked_s = time.monotonic() - started  # updated when the save is done
-            self._persist(job)
-            return final
-        job.blocked_s = time.monotonic() - started
-        thread = threading.Thread(
-            target=self._persist, args=(job,), name=f"autohet-save-{step}", daemon=True
-        )
-        self._inflight = thread
-        thread.start()
+        job.blocked_s = time.monotonic() - started  # inline: updated when the save is done
+        self.inflight.start(job, self._persist, inline=why_inline is not None)
         return final
 
     def _why_inline(self, state: dict[str, Any], step: int, *, last: bool) -> str | None:
@@ -375,12 +349,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Return when the save in flight (if any) is durable; raise its failure."""
-        thread, self._inflight = self._inflight, None
-        if thread is not None:
-            thread.join()
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
+        self.inflight.wait()
 
     def poll(self, *, block: bool = False) -> int | None:
         """Collective, at every step end while a save is unconfirmed (and before the
@@ -389,45 +358,18 @@ class Checkpointer:
         with its cause and its leftovers removed, and training goes on (alone, the
         failed rank would stop while the others trained on into it); returns that
         step. A failure that is no checkpoint's (a bug) is raised on every rank."""
-        if not self._pending:
-            return None
-        thread = self._inflight
-        if block and thread is not None:
-            thread.join()
-        done = thread is None or not thread.is_alive()
-        running, failed = self.agree_max(
-            [0.0 if done else 1.0, 1.0 if done and self._failure is not None else 0.0]
-        )
-        if running:
-            return None
-        self._pending = False
-        thread, self._inflight = self._inflight, None
-        if thread is not None:
-            thread.join()
-        failure, self._failure = self._failure, None
-        if not failed:
-            return None
-        return after_failure(self, self._pending_step, failure)
+        failed = self.inflight.settle(self.agree_max, block=block)
+        return None if failed is None else after_failure(self, *failed)
 
     def _persist(self, job: SaveJob) -> None:
         """The second half of a save (this rank's files, then with every rank: the
-        manifest, COMPLETE, the rename, pruning), in the persist thread or inline."""
+        manifest, COMPLETE, the rename, pruning), in the persist thread or inline.
+        A failure is kept for the training thread, named where the disk is to blame
+        (``failures.why_not_saved``): poll() reports it, or raises a bug on every rank."""
         try:
             finish.write_and_finish(self, job)
-        except CheckpointException as exc:
-            errors = [error for error, _trace in exc.failures.values()]
-            self._failure = (
-                save_failure(job.step, checkpoint_failure(exc), self.plan_dir)
-                if caused_by_the_disk(errors, self.plan_dir)
-                else exc  # a bug, not the disk: poll() raises it on every rank
-            )
-        except (OSError, CheckpointError) as exc:  # a full or failing disk, named
-            self._failure = save_failure(job.step, exc, self.plan_dir)
-        except RuntimeError as exc:  # torch's own words for a short write
-            failure = save_failure(job.step, exc, self.plan_dir)
-            self._failure = failure if disk_diagnosis(self.plan_dir) else exc
-        except BaseException as exc:  # kept for the training thread: poll() raises it
-            self._failure = exc
+        except BaseException as exc:  # kept for the training thread, never raised here
+            self.inflight.failure = why_not_saved(job.step, exc, self.plan_dir)
 
     def previous_record(self) -> dict[str, float] | None:
         """The figures of this job's last save on this host (None: unknown)."""
@@ -447,8 +389,8 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
-            if self.owner and self._pending:  # the last save failed: no leftovers either
-                jobdir.clear_step(self.plan_dir, self._pending_step)
+            if self.owner and self.inflight.pending:  # the last save failed: no leftovers
+                jobdir.clear_step(self.plan_dir, self.inflight.step)
             raise
         finally:
             if self.uploader is not None:

@@ -8,7 +8,11 @@ save to try, so its failure stops the worker with the same sentence.
 
 DCP and torch report a full disk in their own words ("unexpected pos 704 vs 598"
 from torch's zip writer, a bare EFBIG): the checkpoint directory's file system is
-asked afterwards whether it is full or read-only, so the cause is named."""
+asked afterwards whether it is full or read-only, so the cause is named.
+
+The checkpointer hands itself to ``after_failure``; it is typed as ``FailedSaveView``
+(what this module reads of it), so this module never imports the checkpointer above
+it (``ckpt.view``)."""
 
 from __future__ import annotations
 
@@ -16,21 +20,28 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from autohet_cli.ckpt.files import CheckpointError, list_steps
 from autohet_cli.ckpt.format import COMPLETE, step_dir_name
 from autohet_cli.ckpt.jobdir import clear_step
+from autohet_cli.ckpt.state import checkpoint_failure
+from autohet_cli.ckpt.view import JobView
 from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.records import say
 
-if TYPE_CHECKING:
-    from autohet_cli.ckpt.checkpointer import Checkpointer
-
 # A file system with less free than this after a failed write was what failed it.
 NEARLY_FULL_BYTES = 64 << 20
+
+
+class FailedSaveView(JobView, Protocol):
+    """The checkpointer as ``after_failure`` uses it: the job, the ranks, and the
+    list of saves that failed (reported; training went on)."""
+
+    failed_steps: list[int]
 
 
 def disk_diagnosis(path: Path) -> str:
@@ -80,7 +91,7 @@ def save_failure(step: int, exc: BaseException, where: Path) -> CheckpointError:
     return CheckpointError(f"step {step} was not saved: {text}{disk_diagnosis(where)}")
 
 
-def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) -> int:
+def after_failure(ckpt: FailedSaveView, step: int, failure: BaseException | None) -> int:
     """Every rank, once every rank knows step ``step`` failed somewhere: agree on its
     cause; raise it when it is not a checkpoint's (a bug), else say it (rank 0),
     clear the step's leftovers and return ``step``: training goes on."""
@@ -122,7 +133,7 @@ def after_failure(ckpt: Checkpointer, step: int, failure: BaseException | None) 
     return step
 
 
-def _complete_here(ckpt: Checkpointer, step: int) -> bool:
+def _complete_here(ckpt: FailedSaveView, step: int) -> bool:
     try:
         return (ckpt.plan_dir / step_dir_name(step) / COMPLETE).is_file()
     except OSError:
@@ -140,3 +151,22 @@ def caused_by_the_disk(errors: list[BaseException], where: Path) -> bool:
         return isinstance(e, RuntimeError) and bool(disk_diagnosis(where))
 
     return all(one(e) for e in errors)
+
+
+def why_not_saved(step: int, exc: BaseException, where: Path) -> BaseException:
+    """What a failed second half of a save (``ckpt.finish``) of step ``step`` leaves
+    for the training thread to report or raise (``Checkpointer.poll``): a failure of
+    the storage (a full or failing disk, our own checks) as a CheckpointError naming
+    the step and its cause, which training outlives; anything else (a bug, not the
+    disk) as it is, to be raised on every rank."""
+    if isinstance(exc, CheckpointException):
+        errors = [error for error, _trace in exc.failures.values()]
+        if caused_by_the_disk(errors, where):
+            return save_failure(step, checkpoint_failure(exc), where)
+        return exc
+    if isinstance(exc, OSError | CheckpointError):  # a full or failing disk, named
+        return save_failure(step, exc, where)
+    if isinstance(exc, RuntimeError):  # torch's own words for a short write
+        failure = save_failure(step, exc, where)
+        return failure if disk_diagnosis(where) else exc
+    return exc

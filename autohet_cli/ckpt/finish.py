@@ -1,16 +1,21 @@
 """The second half of a save: this rank's files (hashed on their way out, fsynced),
 then with every rank the manifest, COMPLETE, the rename, the figures and pruning.
 It runs in the checkpointer's persist thread (or inline, for a synchronous save)
-over the persist process group alone (``ckpt.checkpointer``)."""
+over the persist process group alone (``ckpt.checkpointer``).
+
+The checkpointer hands itself to ``write_and_finish``, typed as ``SaveView`` (what
+the second half of a save reads and sets of it), so this module never imports the
+checkpointer above it (``ckpt.view``)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -21,14 +26,33 @@ from autohet_cli.ckpt.files import CheckpointError, sha256_file, write_atomic
 from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, Manifest, signed_manifest_text
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE, LAST_SAVE_RECORD
 from autohet_cli.ckpt.persist import SaveRecord, fsync_dir, hashing_writer
-from autohet_cli.ckpt.remote import UploadJob
+from autohet_cli.ckpt.prune import Retention
+from autohet_cli.ckpt.remote import Uploader, UploadJob
 from autohet_cli.ckpt.state import manifest_files, stored_layers, tied_layer_groups
+from autohet_cli.ckpt.view import CheckpointedTrainer, JobView
 from autohet_cli.peer.placement import Placement
+from autohet_cli.peer.replicate import Replicator
 from autohet_cli.peer.tally import Tally, summary
 from autohet_cli.runtime.records import say
 
-if TYPE_CHECKING:
-    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+class SaveView(JobView, Protocol):
+    """The checkpointer as the second half of a save uses it: the job and the ranks,
+    the persist group and writer threads, what the manifest records (the trainer's
+    lineage and ties, the plan), where the step goes next (uploader, replicator,
+    retention), who hears of it (``listeners``), and ``last_record``, which it sets."""
+
+    trainer: CheckpointedTrainer
+    plan_ref: str
+    plan_sha256: str
+    persist_group: Any
+    writer_threads: int
+    shared_dir: bool
+    uploader: Uploader | None
+    replicator: Replicator | None
+    retention: Retention
+    listeners: list[Callable[[SaveRecord], None]]
+    last_record: SaveRecord | None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -45,7 +69,7 @@ class SaveJob:
     blocked_s: float = 0.0
 
 
-def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
+def write_and_finish(ckpt: SaveView, job: SaveJob) -> None:
     """The second half of a save, on every rank (see ``ckpt.checkpointer``)."""
     group, tmp, step = ckpt.persist_group, job.tmp, job.step
     writer, fs = hashing_writer(tmp, thread_count=ckpt.writer_threads)
@@ -114,7 +138,7 @@ def write_and_finish(ckpt: Checkpointer, job: SaveJob) -> None:
 
 
 def _replicate(
-    ckpt: Checkpointer,
+    ckpt: SaveView,
     job: SaveJob,
     files: list[dict[str, Any]],
     placement: Placement,
@@ -149,7 +173,7 @@ def _replicate(
             say(line)
 
 
-def _tell_listeners(ckpt: Checkpointer, record: SaveRecord) -> None:
+def _tell_listeners(ckpt: SaveView, record: SaveRecord) -> None:
     """The step is saved whatever a listener does: a failing one (a full run
     directory, a closed stdout) is named, not turned into a failed save, which
     would stop rank 0 alone while the others train on."""
@@ -164,7 +188,7 @@ def _tell_listeners(ckpt: Checkpointer, record: SaveRecord) -> None:
                 )
 
 
-def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dict[str, Any]]:
+def _entries(ckpt: SaveView, tmp: Path, written: dict[str, Any]) -> list[dict[str, Any]]:
     """This rank's files: hashed on their way out (read back only where the
     stream could not be followed)."""
     mine = sorted(p.name for p in tmp.glob(f"__{ckpt.rank}_*.distcp"))
@@ -185,7 +209,7 @@ def _entries(ckpt: Checkpointer, tmp: Path, written: dict[str, Any]) -> list[dic
 
 
 def _write_manifest(
-    ckpt: Checkpointer, job: SaveJob, files: list[dict[str, Any]], placement: Placement | None
+    ckpt: SaveView, job: SaveJob, files: list[dict[str, Any]], placement: Placement | None
 ) -> Manifest:
     lineage = getattr(ckpt.trainer, "lineage", None)
     model, order = lineage(job.step) if lineage is not None else (None, None)
@@ -211,7 +235,7 @@ def _write_manifest(
     return manifest
 
 
-def _rename(ckpt: Checkpointer, tmp: Path, final: Path) -> str | None:
+def _rename(ckpt: SaveView, tmp: Path, final: Path) -> str | None:
     try:
         tmp.rename(final)
     except OSError as exc:
@@ -224,7 +248,7 @@ def _rename(ckpt: Checkpointer, tmp: Path, final: Path) -> str | None:
     return None
 
 
-def _record_save(ckpt: Checkpointer, record: SaveRecord) -> None:
+def _record_save(ckpt: SaveView, record: SaveRecord) -> None:
     """This host's save figures, for the next launch's spot-notice check (the time
     to a durable step, ``LAST_SAVE_FILE``) and the next run's save schedule
     (``LAST_SAVE_RECORD``). Best effort: a full disk here must not fail a save

@@ -9,6 +9,9 @@ to the ranks that lack it. A key is never made for a job that already holds step
 and never silently made again when it vanishes during a run (a scratch purge):
 steps signed with a key nobody holds can never be verified, so never resumed, and
 the run stops saying so instead of writing them.
+
+The checkpointer hands itself to these functions, typed as ``JobDirView`` (what they
+read of it), so this module never imports the checkpointer above it (``ckpt.view``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
@@ -32,11 +35,17 @@ from autohet_cli.ckpt.format import (
     parse_step_dir,
     step_dir_name,
 )
+from autohet_cli.ckpt.remote import RemoteCopy
+from autohet_cli.ckpt.view import JobView
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.records import say
 
-if TYPE_CHECKING:
-    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+class JobDirView(JobView, Protocol):
+    """The checkpointer as the job directory's keeper uses it: the job, the ranks,
+    and the remote copy whose later steps a resume takes back (``set_aside_newer``)."""
+
+    remote: RemoteCopy | None
 
 
 def has_steps(plan_dir: Path) -> bool:
@@ -47,7 +56,7 @@ def has_steps(plan_dir: Path) -> bool:
         return False
 
 
-def agree_key(ckpt: Checkpointer) -> bytes:
+def agree_key(ckpt: JobDirView) -> bytes:
     """This job's key on every rank (collective), checked to agree."""
     try:
         mine: bytes | None = read_key(ckpt.plan_dir)
@@ -86,7 +95,7 @@ def agree_key(ckpt: Checkpointer) -> bytes:
     return write_key(ckpt.plan_dir, key) if mine is None else mine
 
 
-def key_problem(ckpt: Checkpointer) -> str | None:
+def key_problem(ckpt: JobDirView) -> str | None:
     """Why this host's job key no longer matches the run's (None: it does); asked at
     every save, before anything is written."""
     path = ckpt.plan_dir / KEY_FILE
@@ -113,7 +122,7 @@ def key_problem(ckpt: Checkpointer) -> str | None:
     return None
 
 
-def clear_leftovers(ckpt: Checkpointer) -> None:
+def clear_leftovers(ckpt: JobDirView) -> None:
     """The owner's start: remove what interrupted saves of earlier runs left
     (``.tmp-*``: never COMPLETE, and no save of this job runs before ours)."""
     names = remove_prefixed(ckpt.plan_dir, TMP_PREFIX)
@@ -134,7 +143,7 @@ def remove_prefixed(plan_dir: Path, prefix: str) -> list[str]:
     return sorted(e.name for e in entries)
 
 
-def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
+def set_aside_newer(ckpt: JobDirView, step: int) -> list[int]:
     """After loading ``step``: every owner moves the job's steps after it aside
     (``.abandoned-step-<N>-<unix time>``: never loaded or overwritten; removed by
     retention once this run has a complete step of its own, ``Retention``), and
@@ -187,7 +196,7 @@ def set_aside_newer(ckpt: Checkpointer, step: int) -> list[int]:
     return moved
 
 
-def _unmark_remote_newer(ckpt: Checkpointer, step: int) -> None:
+def _unmark_remote_newer(ckpt: JobDirView, step: int) -> None:
     remote = ckpt.remote
     assert remote is not None
     try:

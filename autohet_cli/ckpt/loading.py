@@ -1,12 +1,15 @@
 """Loading a step (``--resume [STEP]``): choose it with every rank, authenticate it,
-let DCP read what each rank needs (see ``ckpt.checkpointer``'s docstring)."""
+let DCP read what each rank needs (see ``ckpt.checkpointer``'s docstring).
+
+The checkpointer hands itself to ``resume``, typed as ``LoadView`` (what loading reads
+of it), so this module never imports the checkpointer above it (``ckpt.view``)."""
 
 from __future__ import annotations
 
 import hashlib
 import pickle
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
@@ -20,14 +23,26 @@ from autohet_cli.ckpt.format import (
     step_dir_name,
     verified_manifest,
 )
+from autohet_cli.ckpt.prune import Retention
+from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.ckpt.state import checkpoint_failure, rename_optimizer
 from autohet_cli.ckpt.steptext import after
+from autohet_cli.ckpt.view import CheckpointedTrainer, JobView
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.optim import materialize_state
 from autohet_cli.runtime.records import say
 
-if TYPE_CHECKING:
-    from autohet_cli.ckpt.checkpointer import Checkpointer
+
+class LoadView(JobView, Protocol):
+    """The checkpointer as loading uses it: the job, the ranks, the trainer to fill,
+    the remote copy to fetch a missing file from, the retention that pins the loaded
+    step, and the state as checkpoints name it (``Checkpointer.state``)."""
+
+    trainer: CheckpointedTrainer
+    remote: RemoteCopy | None
+    retention: Retention
+
+    def state(self, *, template: bool = False) -> tuple[dict[str, Any], dict[str, str]]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,7 +51,7 @@ class SourceData:
     metadata: bytes
 
 
-def resume(ckpt: Checkpointer, step: int | None = None) -> int | None:
+def resume(ckpt: LoadView, step: int | None = None) -> int | None:
     """Load ``step`` (None: the newest complete one); returns the step loaded, or None.
 
     With ``step`` None and no complete checkpoint, training starts afresh.
@@ -74,7 +89,7 @@ def resume(ckpt: Checkpointer, step: int | None = None) -> int | None:
     return chosen
 
 
-def _read_source(ckpt: Checkpointer, step: int) -> SourceData | str:
+def _read_source(ckpt: LoadView, step: int) -> SourceData | str:
     d = ckpt.plan_dir / step_dir_name(step)
     try:
         text = (d / MANIFEST).read_text(encoding="utf-8")
@@ -95,7 +110,7 @@ def _read_source(ckpt: Checkpointer, step: int) -> SourceData | str:
     return SourceData(manifest_text=text, metadata=data)
 
 
-def _load(ckpt: Checkpointer, step: int, source: int) -> None:
+def _load(ckpt: LoadView, step: int, source: int) -> None:
     payload: list[Any] = [_read_source(ckpt, step) if ckpt.rank == source else None]
     dist.broadcast_object_list(payload, src=source, group=ckpt.group)
     got = payload[0]

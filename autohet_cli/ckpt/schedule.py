@@ -7,7 +7,11 @@ than one save (``--no-emergency-save`` with it: the worker builds no hook at all
 
 Saves are asynchronous: ``save()`` returns once training may go on, and the hook
 waits for durability only at the end of training (``close``), which is what an
-emergency save needs before the process exits."""
+emergency save needs before the process exits.
+
+The hook is the runtime's kind (``runtime.hooks.Hook``), but the trainer it is handed
+is typed as ``HookTrainer``, what the hook reads of it: the runtime's trainer sits
+above ckpt, and ckpt does not import it (``ckpt.view``)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,24 @@ from typing import Any, Protocol
 from autohet_cli.ckpt.persist import SaveRecord
 from autohet_cli.ckpt.policy import auto_interval_steps
 from autohet_cli.ckpt.steptext import after
-from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
+from autohet_cli.runtime.hooks import Hook
+from autohet_cli.runtime.metrics import StepResult
+
+
+class _Ranked(Protocol):
+    @property
+    def global_rank(self) -> int: ...
+
+
+class HookTrainer(Protocol):
+    """The trainer as the hook reads it: the step, and whether this is global rank 0
+    (which says the schedule); ``stop_reason`` is read with ``getattr``."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def runtime(self) -> _Ranked: ...
 
 
 class Saver(Protocol):
@@ -62,7 +83,7 @@ class CheckpointHook(Hook):
         if listeners is not None:
             listeners.append(self._on_record)
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: HookTrainer) -> None:
         self._last_saved = trainer.step  # a resumed run starts from a saved step
         self._next = None
         if self.every is None:
@@ -77,7 +98,7 @@ class CheckpointHook(Hook):
             else:
                 self._next = trainer.step + 1
 
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+    def on_step_end(self, trainer: HookTrainer, result: StepResult) -> None:
         poll = getattr(self.checkpointer, "poll", None)
         if poll is not None:
             poll()  # a failed background save is reported now (training goes on)
@@ -113,7 +134,7 @@ class CheckpointHook(Hook):
                     f"next in {k} step(s) (~{k * step_s:.0f} s of training, {share:.1%} overhead)"
                 )
 
-    def _first_interval_after_resume(self, trainer: Trainer, step_s: float) -> None:
+    def _first_interval_after_resume(self, trainer: HookTrainer, step_s: float) -> None:
         """No save right after a resume: the first one comes the policy's interval
         after the resumed step, from the job's last save figures (every rank's
         maximum); with none on any host, save now, as a fresh run does."""
@@ -131,7 +152,7 @@ class CheckpointHook(Hook):
                 f"step (the job's last save blocked training {blocked_s:.2f} s)"
             )
 
-    def _save(self, trainer: Trainer, *, last: bool = False) -> float:
+    def _save(self, trainer: HookTrainer, *, last: bool = False) -> float:
         """Save now; returns how long training stood still for it (this rank).
         ``last``: training is over, nothing overlaps the write."""
         start = time.perf_counter()
@@ -156,7 +177,7 @@ class CheckpointHook(Hook):
             "more hosts in the plan, or ZeRO-1)"
         )
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: HookTrainer) -> None:
         preempted = getattr(trainer, "stop_reason", None) == "preempted"
         wanted = self.emergency if preempted else self.final
         poll = getattr(self.checkpointer, "poll", None)
