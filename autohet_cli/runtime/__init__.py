@@ -9,7 +9,8 @@
 - ``pipeline``  1F1B over the pipeline's own micro-batches
 - ``gradsync``  per-segment gradient all-reduce across pipelines
 - ``optim``     AdamW/SGD, the learning-rate schedule, global-norm clipping
-- ``trainer``   the step loop with hooks; ``train`` the entry point
+- ``trainer``   the step loop with hooks; ``train`` the entry point. Below the trainer,
+  its helpers see it through ``trainer_api`` (hooks, checkpoint state), never import it
 - ``timing``, ``report``, ``metrics``  what a run measures and reports
 
 Importing this package loads nothing heavy; the submodules import torch.

@@ -11,12 +11,13 @@ Heartbeats
     every rank reaches), so ranks on other hosts can be checked as well.
 
 Failing fast
-    The default process group gets ``--collective-timeout`` (gloo honours it per
-    operation; NCCL aborts on it). The other groups keep torch's default, so a
-    watchdog in the same thread covers every collective: a step running longer than
-    the timeout (twice that for the first step, three times the slowest step if
-    that is more) is declared stuck. Checkpoint saves run after the watched part of
-    a step, under their own group's longer timeout (``ckpt.checkpointer``).
+    The default process group gets ``--collective-timeout`` (``runtime.rendezvous``,
+    re-exported here; gloo honours it per operation, NCCL aborts on it). The other
+    groups keep torch's default, so a watchdog in the same thread covers every
+    collective: a step running longer than the timeout (twice that for the first
+    step, three times the slowest step if that is more) is declared stuck.
+    Checkpoint saves run after the watched part of a step, under their own group's
+    longer timeout (``ckpt.checkpointer``).
 
     A stuck step, an exception from a collective (gloo reports a dead peer's closed
     connection at once) or a peer process gone from this machine (checked every
@@ -41,68 +42,29 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
-
 from autohet_cli.errors import AutohetError
-from autohet_cli.runtime.context import Runtime, WorkerEnv
-from autohet_cli.runtime.records import write_error
-from autohet_cli.runtime.trainer import Hook, StepResult, Trainer
+from autohet_cli.runtime.context import Runtime
+from autohet_cli.runtime.hooks import Hook
+from autohet_cli.runtime.metrics import StepResult
+from autohet_cli.runtime.records import first_line, write_error
+from autohet_cli.runtime.rendezvous import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from autohet_cli.runtime.rendezvous import connect_store, job_token, pid_alive
+from autohet_cli.runtime.rendezvous import default_timeout_s as default_timeout_s
+from autohet_cli.runtime.rendezvous import init_process_group as init_process_group
+from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.runtime.worker_defaults import HEARTBEAT_INTERVAL_S
 
 HEARTBEAT_DIR = "heartbeat"
-DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 300.0}
 DEFAULT_INTERVAL_S = HEARTBEAT_INTERVAL_S
 EXIT_LOST = 1
 RUNNING, DONE, FAILED = "running", "done", "failed"
 
 
-def default_timeout_s(device: torch.device) -> float:
-    return DEFAULT_TIMEOUT_S.get(device.type, DEFAULT_TIMEOUT_S["cuda"])
-
-
-def init_process_group(device: torch.device, timeout_s: float) -> None:
-    """Join the job's default group with ``timeout_s`` (before ``init_runtime``, which then
-    reuses it). Without torchrun's ``MASTER_ADDR`` the runtime runs alone: nothing to do."""
-    if dist.is_initialized() or "MASTER_ADDR" not in os.environ:
-        return
-    env = WorkerEnv.from_environ()
-    dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-    )
-
-
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return run_dir / HEARTBEAT_DIR / f"rank{rank}"
-
-
-def _job_token() -> str:
-    """Same for every worker of one job attempt; tells its beats from older runs'."""
-    parts = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
-    return ":".join(os.environ.get(p, "") for p in parts)
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs: trust kill()
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +99,7 @@ class HealthMonitor(Hook):
         self.exit_fn = exit_fn
         self.run_dir = run_dir
         self.path = heartbeat_path(run_dir, self.rank) if run_dir is not None else None
-        self.token = _job_token()
+        self.token = job_token()
         self.machine = socket.gethostname()
         self._logical = {g: lr for lr, g in enumerate(runtime.to_global)}
         self._lock = threading.Lock()
@@ -160,7 +122,7 @@ class HealthMonitor(Hook):
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.world_size > 1:
-            self._store = _connect_store()
+            self._store = connect_store()
         self.beat(store=True)
         self._thread = threading.Thread(target=self._loop, name="autohet-health", daemon=True)
         self._thread.start()
@@ -175,12 +137,12 @@ class HealthMonitor(Hook):
 
     # ----------------------------------------------------------------- hook
 
-    def on_step_start(self, trainer: Trainer, step: int) -> None:
+    def on_step_start(self, trainer: TrainerView, step: int) -> None:
         self._step = step
         self._busy_since = time.monotonic()
         self.beat()
 
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         if self._busy_since is not None:
             self._slowest_s = max(self._slowest_s, time.monotonic() - self._busy_since)
         self._busy_since = None
@@ -268,7 +230,7 @@ class HealthMonitor(Hook):
             same_machine = r.get("machine") == self.machine
             pid = r.get("pid")
             if r.get("state") == RUNNING and same_machine and isinstance(pid, int):
-                if not _pid_alive(pid) and self._still_running(rank):
+                if not pid_alive(pid) and self._still_running(rank):
                     lost.append(self._lost(rank, f"its process {pid} on this machine is gone"))
         return lost
 
@@ -375,7 +337,7 @@ class HealthMonitor(Hook):
         if not isinstance(exc, AutohetError | ValueError | KeyboardInterrupt):
             lost = self.diagnose()
             if lost:
-                self._report(lost, f"{type(exc).__name__}: {_first_line(exc)}")
+                self._report(lost, f"{type(exc).__name__}: {first_line(str(exc))}")
         self.stop(FAILED)
 
     def _report(self, lost: list[Lost], cause: str | None) -> None:
@@ -434,21 +396,3 @@ class HealthMonitor(Hook):
             rank=self.rank,
             place=f"pipeline {info.pipeline} stage {info.stage}",
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _connect_store() -> Any:
-    """A client of the job's rendezvous store of our own (the thread uses it alone)."""
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not addr or not port:
-        return None
-    try:
-        return TCPStore(
-            addr, int(port), is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False
-        )
-    except Exception:
-        return None

@@ -1,33 +1,39 @@
-"""Seams of the step loop: ``Hook`` and the metrics hook every worker runs."""
+"""Seams of the step loop: ``Hook`` and the metrics hook every worker runs.
+
+Hooks sit below the trainer that calls them: they are handed it as
+``runtime.trainer_api.TrainerView`` and never import ``runtime.trainer``, so a
+hook asks for the trainer's interface, not its class.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autohet_cli.runtime.metrics import MetricsWriter, StepResult
 from autohet_cli.runtime.spikes import SpikeWatch
-
-if TYPE_CHECKING:
-    from autohet_cli.runtime.trainer import Trainer
+from autohet_cli.runtime.trainer_api import TrainerView
 
 
 class Hook:
-    """Override what you need; every rank calls every hook."""
+    """Override what you need; every rank calls every hook.
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    An override may ask for less than ``TrainerView`` (a protocol of only what
+    it reads), never for more: the trainer promises its hooks that view alone."""
+
+    def on_train_start(self, trainer: TrainerView) -> None:
         pass
 
-    def on_step_start(self, trainer: Trainer, step: int) -> None:
+    def on_step_start(self, trainer: TrainerView, step: int) -> None:
         pass
 
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         pass
 
-    def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
+    def on_eval(self, trainer: TrainerView, step: int, loss: float) -> None:
         """After step ``step`` (and its ``on_step_end``): the validation loss."""
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         pass
 
 
@@ -52,7 +58,7 @@ class MetricsHook(Hook):
         self.writer: MetricsWriter | None = None
         self.spikes: SpikeWatch | None = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.runtime.global_rank == 0 and self.writer is None:
             self.spikes = SpikeWatch(grad_clip=trainer.config.grad_clip)
             self.writer = MetricsWriter(
@@ -65,7 +71,7 @@ class MetricsHook(Hook):
                     flush=True,
                 )
 
-    def on_step_end(self, trainer: Trainer, result: StepResult) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         if self.writer is not None:
             self.writer.write(result)
         if self.echo and self.spikes is not None:
@@ -73,7 +79,7 @@ class MetricsHook(Hook):
             if remark is not None:
                 print(f"note: {remark}", flush=True)
 
-    def on_eval(self, trainer: Trainer, step: int, loss: float) -> None:
+    def on_eval(self, trainer: TrainerView, step: int, loss: float) -> None:
         if self.writer is not None:
             self.writer.write_eval(step, loss)
 
@@ -84,7 +90,7 @@ class MetricsHook(Hook):
         if writer is not None:
             writer.write_checkpoint(record)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

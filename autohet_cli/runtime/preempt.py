@@ -61,6 +61,7 @@ from autohet_cli.runtime.agent import REPEAT_WINDOW_S, NoticeClock
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
 from autohet_cli.runtime.records import PREEMPT_PREFIX
+from autohet_cli.runtime.trainer_api import TrainerView
 
 CHECK_TIMEOUT_S = 10.0
 # How long the ranks wait for each other to name notices that came during the save.
@@ -243,7 +244,7 @@ class PreemptionHook(Hook):
 
     # ----------------------------------------------------------------- agreement
 
-    def on_step_end(self, trainer: Any, result: StepResult) -> None:
+    def on_step_end(self, trainer: TrainerView, result: StepResult) -> None:
         mine = self.notices.first()
         flag = torch.tensor([1 if mine is not None else 0], dtype=torch.int64)
         if self.group is not None:
@@ -273,7 +274,7 @@ class PreemptionHook(Hook):
                 + json.dumps({"event": "notice", "step": trainer.step, "hosts": self.hosts})
             )
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         """After the checkpoint hook's final save (this hook comes after it)."""
         self.close()
         if self.stopped_at is None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import peak_memory_bytes
 from autohet_cli.runtime.records import REPORT_PREFIX
-from autohet_cli.runtime.trainer import Trainer
+from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.trace import Span, chrome_trace
 
 REPORT_SCHEMA = "autohet.run-report/v1"
@@ -30,12 +30,12 @@ class RunReportHook(Hook):
     def __init__(self, run_dir: Path | None, *, trace_path: Path | None = None) -> None:
         self.run_dir, self.trace_path = run_dir, trace_path
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if self.trace_path is not None:
             first = min(trainer.step + 2, max(trainer.step, trainer.last_step - TRACE_STEPS))
             trainer.trace_steps = set(range(first, min(first + TRACE_STEPS, trainer.last_step)))
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         rt = trainer.runtime
         info = rt.info
         stage = rt.plan.pipelines[info.pipeline].stages[info.stage]

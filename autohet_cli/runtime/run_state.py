@@ -8,13 +8,16 @@ seed and validation split; not their path, which may differ between hosts), the
 decay keeps the end the interrupted run had unless ``--decay-steps`` is given or
 ``--steps`` goes past it (``--lr-extend``, said out loud), and a schedule changed
 by flags is said out loud.
+
+Below the trainer: these functions are handed it (``trainer_api.TrainerView``,
+or an object with the same fields) and never import ``runtime.trainer``.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autohet_cli.ckpt.lineage import (
     DataOrder,
@@ -29,12 +32,10 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.data_api import Batches, describe_batches
 from autohet_cli.runtime.lr_schedule import LRSchedule, describe_extension, extended
 from autohet_cli.runtime.records import say
-
-if TYPE_CHECKING:
-    from autohet_cli.runtime.trainer import Trainer
+from autohet_cli.runtime.trainer_api import TrainerView
 
 
-def describe(trainer: Trainer) -> dict[str, Any]:
+def describe(trainer: TrainerView) -> dict[str, Any]:
     t = trainer.plan.training
     return {
         "lr_schedule": trainer.lr_schedule.to_json(),
@@ -44,14 +45,14 @@ def describe(trainer: Trainer) -> dict[str, Any]:
     }
 
 
-def samples_seen(trainer: Trainer, step: int | None = None) -> int:
+def samples_seen(trainer: TrainerView, step: int | None = None) -> int:
     """Samples before step ``step`` (the next one): the data's step is the trainer's
     plus the shift a resume under another global batch set (``ckpt.lineage``)."""
     step = trainer.step if step is None else step
     return (step + trainer.data_shift) * trainer.plan.training.global_batch_size
 
 
-def lineage(trainer: Trainer, step: int) -> tuple[ModelRecord, DataOrder]:
+def lineage(trainer: TrainerView, step: int) -> tuple[ModelRecord, DataOrder]:
     """What the manifest records of the model and the data (``ckpt.lineage``)."""
     from autohet_cli.models import get_model
 
@@ -65,7 +66,7 @@ def lineage(trainer: Trainer, step: int) -> tuple[ModelRecord, DataOrder]:
     return model_record(plan.architecture or get_model(plan.model_name)), order
 
 
-def check_same_model(trainer: Trainer, saved: ModelRecord | None, where: str) -> None:
+def check_same_model(trainer: TrainerView, saved: ModelRecord | None, where: str) -> None:
     """Refuse weights trained as another architecture (same shapes or not): DCP would
     load them wherever names and shapes agree, and training would go on silently."""
     if saved is None:
@@ -81,7 +82,7 @@ def check_same_model(trainer: Trainer, saved: ModelRecord | None, where: str) ->
         )
 
 
-def resume_shift(trainer: Trainer, saved: dict[str, Any], where: str) -> int:
+def resume_shift(trainer: TrainerView, saved: dict[str, Any], where: str) -> int:
     """The data shift that continues the checkpoint's samples under this plan's batch."""
     batch = trainer.plan.training.global_batch_size
     seen = saved.get("samples_seen")
@@ -141,7 +142,7 @@ def check_same_data(saved: dict[str, Any], mine: dict[str, Any]) -> None:
         )
 
 
-def resumed_schedule(trainer: Trainer, saved: dict[str, Any]) -> LRSchedule | None:
+def resumed_schedule(trainer: TrainerView, saved: dict[str, Any]) -> LRSchedule | None:
     """The schedule the checkpoint's run was on, with this run's rates (a change of
     flags is said out loud): its decay end (``--decay-steps`` overrides it) and
     where an extension re-planned it. None from a checkpoint that kept no decay end:
@@ -169,7 +170,7 @@ def resumed_schedule(trainer: Trainer, saved: dict[str, Any]) -> LRSchedule | No
     )
 
 
-def fit_schedule(trainer: Trainer) -> LRSchedule:
+def fit_schedule(trainer: TrainerView) -> LRSchedule:
     """The schedule of a fit to ``trainer.last_step``: a fresh run's ends its decay
     there (or at ``--decay-steps``); a run that continues one (resumed, or a later
     fit) keeps it, unless it trains past its decay end without ``--decay-steps``:

@@ -62,6 +62,7 @@ from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
+from autohet_cli.runtime.trainer_api import TrainerView
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
 NOTICE_BUDGET_ENV = "AUTOHET_NOTICE_BUDGET_S"
@@ -77,7 +78,7 @@ class DumpStateHook(Hook):
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         state = trainer.stage.full_state_dict()  # collective within the TP group
         self.directory.mkdir(parents=True, exist_ok=True)
         rank = trainer.runtime.global_rank
@@ -87,7 +88,7 @@ class DumpStateHook(Hook):
         tmp.replace(target)
 
 
-def _info(trainer: Trainer) -> dict[str, int]:
+def _info(trainer: TrainerView) -> dict[str, int]:
     i = trainer.runtime.info
     return {"pipeline": i.pipeline, "stage": i.stage, "tp_rank": i.tp_rank, "rank": i.rank}
 

@@ -1,24 +1,25 @@
 """The trainer's state as checkpoints hold it: model and optimizer keyed by full
 parameter names (the seam every plan shares), the step, the loss scale and the
-``run`` entry (``runtime.run_state``)."""
+``run`` entry (``runtime.run_state``).
+
+Below the trainer, which calls these with itself: they see it as
+``trainer_api.TrainerState`` and never import ``runtime.trainer``."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autohet_cli.ckpt.state import nested_optimizer
 from autohet_cli.runtime import run_state
+from autohet_cli.runtime.trainer_api import TrainerState
 
 # param_groups entries that pick torch's implementation, not the training's numbers
 IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 
-if TYPE_CHECKING:
-    from autohet_cli.runtime.trainer import Trainer
-
 
 def state_dict(
-    trainer: Trainer, *, flat_optimizer: bool = False, template: bool = False
+    trainer: TrainerState, *, flat_optimizer: bool = False, template: bool = False
 ) -> dict[str, Any]:
     """This rank's training state, model and optimizer keyed by full parameter names.
 
@@ -48,9 +49,7 @@ def state_dict(
         entries = (
             trainer.zero.load_template()
             if template
-            else trainer.zero.state_entries(
-                trainer.zero_optimizer, trainer._zero_groups, trainer.lr
-            )
+            else trainer.zero.state_entries(trainer.zero_optimizer, trainer.zero_groups, trainer.lr)
         )
         optimizer = {**optimizer, **entries}
     return {
@@ -62,7 +61,7 @@ def state_dict(
     }
 
 
-def load_state_dict(trainer: Trainer, state: dict[str, Any]) -> None:
+def load_state_dict(trainer: TrainerState, state: dict[str, Any]) -> None:
     """Inverse of ``state_dict`` (either form); ``fit`` then continues at ``state["step"]``.
 
     Refuses a checkpoint whose data differ from this run's: the same step would

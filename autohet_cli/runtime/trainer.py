@@ -17,6 +17,11 @@ rate, so ``load_state_dict`` of a ``state_dict()`` (model and optimizer keyed by
 full parameter names, ready for torch.distributed.checkpoint) resumes exactly
 under any plan. ``Hook`` objects see the start and end of training and of every
 step (a checkpoint hook saves every N steps, a health hook beats a heart).
+
+The trainer is the top of the runtime: it imports its helpers, and they see it
+through ``trainer_api`` (``TrainerView``, ``TrainerState``), never this module.
+Building the stage (``stage_setup``) and the validation loss (``evaluation``)
+live beside it.
 """
 
 from __future__ import annotations
@@ -35,8 +40,7 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.plan import Plan
 from autohet_cli.runtime import run_state, train_state
 from autohet_cli.runtime.batchcheck import NonFiniteGuard, check_token_ids
-from autohet_cli.runtime.compiling import CompileClock, compile_blocks
-from autohet_cli.runtime.compiling import setup as compile_setup
+from autohet_cli.runtime.compiling import CompileClock
 from autohet_cli.runtime.context import Runtime, init_runtime
 from autohet_cli.runtime.data_api import (
     Batches,
@@ -44,6 +48,7 @@ from autohet_cli.runtime.data_api import (
     build_batches,
     can_evaluate,
 )
+from autohet_cli.runtime.evaluation import eval_due, evaluate
 from autohet_cli.runtime.gradsync import GradSync
 from autohet_cli.runtime.hooks import Hook, MetricsHook
 from autohet_cli.runtime.lr_schedule import LRSchedule
@@ -54,7 +59,6 @@ from autohet_cli.runtime.metrics import (
     peak_memory_bytes,
 )
 from autohet_cli.runtime.model_api import ModelFn, layer_of, load_model_fn
-from autohet_cli.runtime.models.loss import compile_loss
 from autohet_cli.runtime.optim import (
     LossScaler,
     build_optimizer,
@@ -63,14 +67,9 @@ from autohet_cli.runtime.optim import (
     optimizer_for,
     set_lr,
 )
-from autohet_cli.runtime.pipeline import P2P, PipelineSchedule, autocast_contexts, comm_dtype
-from autohet_cli.runtime.records import say
-from autohet_cli.runtime.stage import (
-    build_stage,
-    init_params,
-    normalize_grads,
-    trainable_parameters,
-)
+from autohet_cli.runtime.pipeline import PipelineSchedule, autocast_contexts
+from autohet_cli.runtime.stage import init_params, normalize_grads, trainable_parameters
+from autohet_cli.runtime.stage_setup import build_model, compute_dtype, stage_p2p
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
 from autohet_cli.runtime.train_config import TrainConfig
 
@@ -93,7 +92,10 @@ class Trainer:
         self.plan, self.config, self.hooks = plan, config, list(hooks)
         fn = model_fn or load_model_fn(config.model_fn)
         self.runtime: Runtime = init_runtime(plan, device=config.device)
-        self._build_model(fn, defer_init=defer_init)
+        built = build_model(fn, self.runtime, plan, config, defer_init=defer_init)
+        self.stage, self.parts = built.stage, built.parts
+        self.compile_clock: CompileClock | None = built.compile_clock
+        self._uninitialised = built.uninitialised  # parameters allocated, no values yet
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
         kind = plan.training.optimizer
@@ -126,7 +128,7 @@ class Trainer:
             [(torch.nn.Parameter(torch.zeros(1)), d) for d in (True, False)], **hyper
         )
         assert template is not None
-        self._zero_groups = tuple(
+        self.zero_groups = tuple(
             {k: v for k, v in g.items() if k != "params"} for g in template.param_groups
         )
         info = self.runtime.info
@@ -161,7 +163,7 @@ class Trainer:
         self.schedule = PipelineSchedule(
             stage=self.stage,
             info=info,
-            p2p=self._p2p(),
+            p2p=stage_p2p(self.runtime, self.parts, plan, self._precision()),
             loss_fn=self.parts.loss_fn,
             global_batch_size=t.global_batch_size,
             device=self.runtime.device,
@@ -192,46 +194,6 @@ class Trainer:
 
     # ----------------------------------------------------------------- set-up helpers
 
-    def _build_model(self, fn: ModelFn, *, defer_init: bool) -> None:
-        """The stage on the device; its weights drawn unless a load will give them."""
-        built = build_stage(fn, self.runtime, self.config.seed)
-        self.stage, self.parts = built.stage, built.parts
-        self.compile_clock: CompileClock | None = None
-        try:
-            compiling, note = compile_setup(self.config.compile, self.runtime.device)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if note and self.runtime.global_rank == 0:
-            say(note)
-        if compiling:
-            self.compile_clock = CompileClock().start()
-            compile_blocks(self.stage.layers, self.plan.num_layers)
-            compile_loss()
-        self._uninitialised = built.empty  # parameters allocated, no values yet
-        loads = defer_init or bool(self.config.init_from)
-        if loads and not built.empty and self.runtime.global_rank == 0:
-            say(
-                "note: the model function builds its layers on the CPU, so their weights "
-                "are drawn there even though a checkpoint or --init-from may replace them; "
-                "build on the meta device to skip that (autohet_cli/runtime/model_api.py)"
-            )
-        if self.config.init_from:
-            from autohet_cli.models import get_model
-            from autohet_cli.runtime.hf_init import init_from
-
-            spec = self.plan.architecture or get_model(self.plan.model_name)
-            init_from(
-                self.stage,
-                spec,
-                self.config.init_from,
-                info=self.runtime.info,
-                global_rank=self.runtime.global_rank,
-                say=say,
-            )
-            self._uninitialised = False
-        elif not defer_init:
-            self.init_weights()
-
     def init_weights(self) -> None:
         """Initialise the parameters a meta build left empty, exactly as a fresh run
         does; nothing once they hold values (initialised or loaded)."""
@@ -239,34 +201,9 @@ class Trainer:
             init_params(self.stage, self.parts)
             self._uninitialised = False
 
-    def _p2p(self) -> P2P:
-        info, t = self.runtime.info, self.plan.training
-        shape: tuple[int, ...] = ()
-        if info.num_stages > 1:
-            if self.parts.activation_shape is None:
-                raise ValueError(
-                    "the model function gave no activation_shape, needed for plans with "
-                    "more than one stage per pipeline"
-                )
-            shape = tuple(self.parts.activation_shape(t.micro_batch_size, t.seq_len))
-        topo = self.runtime.topology
-        return P2P(
-            prev_rank=self.runtime.peer(topo.prev_rank(info.rank)),
-            next_rank=self.runtime.peer(topo.next_rank(info.rank)),
-            send_prev=tuple(self.runtime.to_global[r] for r in topo.send_prev(info.rank)),
-            send_next=tuple(self.runtime.to_global[r] for r in topo.send_next(info.rank)),
-            shape=shape,
-            device=self.runtime.device,
-            dtype=comm_dtype(self._precision()),
-        )
-
     def _precision(self) -> torch.dtype:
         """fp32 on CPU whatever the plan says; the plan's precision on GPU."""
-        if self.runtime.device.type != "cuda":
-            return torch.float32
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
-            self.plan.training.precision, torch.float32
-        )
+        return compute_dtype(self.runtime.device, self.plan.training.precision)
 
     def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
         """Around a step: autocast's weight copies shared by its micro-batches
@@ -413,36 +350,21 @@ class Trainer:
         return float(values[0]), tuple(int(v) for v in values[1:])
 
     def eval_due(self, step: int) -> bool:
-        every = self.config.eval_every
-        return every > 0 and (step % every == 0 or step == self.last_step - 1)
+        """Whether a validation loss follows step ``step`` (``evaluation.eval_due``)."""
+        return eval_due(self.config.eval_every, step, self.last_step)
 
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over ``eval_batches`` fixed validation batches (forward only, the
         stage in eval mode: a model's dropout off, and no random numbers drawn)."""
-        self.stage.eval()
-        try:
-            return self._evaluate()
-        finally:
-            self.stage.train()
-
-    def _evaluate(self) -> float:
-        t, info = self.plan.training, self.runtime.info
-        total = torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        for index in range(self.config.eval_batches):
-            batches = self.data.eval_microbatches(  # type: ignore[attr-defined]
-                index,
-                batch_size=t.global_batch_size,
-                sample_range=self.runtime.topology.sample_range(info.pipeline),
-                micro_batch_size=t.micro_batch_size,
-            )
-            batches = list(batches)
-            check_token_ids(batches, self.parts.vocab_size, step=index, what="validation batch")
-            share = self.schedule.evaluate(batches)
-            if info.is_last_stage and info.tp_rank == 0:
-                total += share.double()
-        dist.all_reduce(total)
-        return float(total.item()) / self.config.eval_batches
+        return evaluate(
+            self.stage,
+            self.schedule,
+            self.data,
+            self.runtime,
+            self.plan.training,
+            num_batches=self.config.eval_batches,
+            vocab_size=self.parts.vocab_size,
+        )
 
     # ----------------------------------------------------------------- state (seams)
 
