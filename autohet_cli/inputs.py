@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.defaults import resolve_cluster_path
+from autohet_cli.estimates.profile import Profile
+from autohet_cli.estimates.profile_io import load_profile
 from autohet_cli.models import ModelSpec, get_model
-from autohet_cli.profiling.schema import Profile, load_profile
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import sha256_file
 

@@ -1,21 +1,22 @@
 """A model's partitionable layers and what each costs: parameters, FLOPs, bytes kept (pure).
 
 ``ModelSpec.layers()`` builds them (``model_layers``); plans index them with
-``layers: [start, end)`` and profiles are keyed by them. Split from ``models`` (the
-specs and the zoo) because what a layer keeps is the runtime's own accounting: the
-residual stream and norms in fp32, autocast's per-projection input copies, the
-head's chunked loss (``runtime.models.loss``), all checked against the runtime's
-layers in tests/unit/test_memory_model.py.
+``layers: [start, end)`` and profiles are keyed by them. Split from ``modelspec``
+(the spec) and ``models`` (the zoo) because what a layer keeps is the runtime's
+own accounting: the residual stream and norms in fp32, autocast's per-projection
+input copies, the head's chunked loss (``runtime.models.loss``), all checked
+against the runtime's layers in tests/unit/test_memory_model.py.
+
+The lowest of the model modules (``layerspec`` <- ``modelspec`` <- ``hfconfig`` <-
+``models``): it reads a model through ``Shape``, the few fields its formulas use, so
+it needs no import of ``ModelSpec``, whose ``layers()`` calls it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from autohet_cli.models import ModelSpec
+from typing import Protocol
 
 IGNORE_INDEX = -100  # torch's cross_entropy default: a target that adds no loss
 # The runtime's head takes its loss in chunks of tokens whose fp32 logits hold at most
@@ -125,18 +126,58 @@ class LayerSpec:
         return seq_len * micro_batch_size * self.output_elems_per_token * dtype_bytes
 
 
-def _norm_saved(m: ModelSpec) -> float:
+class Shape(Protocol):
+    """What the layer formulas read of a model (``modelspec.ModelSpec`` has it all).
+
+    Read-only and hashable: ``model_layers`` caches its answer per model.
+    """
+
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def ffn_hidden_size(self) -> int: ...
+    @property
+    def padded_vocab_size(self) -> int: ...
+    @property
+    def num_positions(self) -> int: ...
+    @property
+    def gated_mlp(self) -> bool: ...
+    @property
+    def bias(self) -> bool: ...
+    @property
+    def qkv_bias(self) -> bool | None: ...
+    @property
+    def norm(self) -> str: ...
+    @property
+    def tied_embeddings(self) -> bool: ...
+    @property
+    def final_norm(self) -> bool: ...
+    @property
+    def separate_final_norm(self) -> bool: ...
+    @property
+    def embed_proj_dim(self) -> int: ...
+
+
+def _norm_saved(m: Shape) -> float:
     """fp32 elements per token one norm keeps: RMSNorm (written out by torch) its
     input, input * rstd and rstd; LayerNorm its input, mean and rstd."""
     h = m.hidden_size
     return 2.0 * h + 1 if m.norm == "rmsnorm" else h + 2.0
 
 
-def _norm_params(m: ModelSpec) -> int:
+def _norm_params(m: Shape) -> int:
     return m.hidden_size * (1 if m.norm == "rmsnorm" else 2)
 
 
-def _block(m: ModelSpec, index: int) -> LayerSpec:
+def _block(m: Shape, index: int) -> LayerSpec:
     h, f = m.hidden_size, m.ffn_hidden_size
     kv = m.num_kv_heads * m.head_dim
     qkv_bias = m.bias if m.qkv_bias is None else m.qkv_bias
@@ -167,7 +208,7 @@ def _block(m: ModelSpec, index: int) -> LayerSpec:
 
 
 @lru_cache(maxsize=256)
-def model_layers(m: ModelSpec) -> tuple[LayerSpec, ...]:
+def model_layers(m: Shape) -> tuple[LayerSpec, ...]:
     h, vocab = m.hidden_size, m.padded_vocab_size
     e = m.embed_proj_dim or h
     proj = e * h if m.embed_proj_dim else 0

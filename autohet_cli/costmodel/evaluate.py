@@ -48,9 +48,9 @@ from functools import lru_cache
 from typing import TypeVar
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.fixed import ring_latency_ms
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables, StageCost
+from autohet_cli.estimates.fixed import ring_latency_ms
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Pipeline, Stage
 
@@ -426,7 +426,7 @@ def _full_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: _Memo
 
 def _ring_latency(stages: Sequence[Stage], tables: CostTables, participants: int) -> float:
     """The messages of a ring all-reduce among these stages, at the slowest type's
-    latency (``costmodel.fixed``)."""
+    latency (``estimates.fixed``)."""
     return ring_latency_ms(max(tables.hop_ms(s.gpu_type) for s in stages), participants)
 
 

@@ -1,11 +1,11 @@
-"""Per-layer cost tables with prefix sums, so a stage's cost is O(1) (pure).
+"""Per-layer cost tables of one model and training run, built when first asked (pure).
 
 A table is what one GPU of a TP group spends per micro-batch on each layer of
 the model, for one (GPU type, TP degree, micro-batch size, intra-host
-bandwidth). It comes from the profile when the profile measured that
-combination, else from the analytic model; analytic tables get the Megatron TP
-all-reduces added here (two per block forward, two backward), because measured
-times already contain them.
+bandwidth), summed up front (``costmodel.layertable``) so a stage's cost is O(1).
+It comes from the profile when the profile measured that combination, else from
+the analytic model; analytic tables get the Megatron TP all-reduces added here
+(two per block forward, two backward), because measured times already contain them.
 
 A stage with activation recomputation (``Stage.recompute``: every layer wrapped
 in a non-reentrant ``torch.utils.checkpoint``) costs, per micro-batch:
@@ -38,134 +38,25 @@ recompute stage keeps no copy beyond the layer at work (``transient_bytes``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from itertools import accumulate
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from autohet_cli import catalog
 from autohet_cli.catalog import GpuSpec
-from autohet_cli.costmodel.fixed import TP_COLLECTIVES, ring_latency_ms
-from autohet_cli.costmodel.fixed import step_ms as fixed_step_ms
+from autohet_cli.costmodel.layertable import LayerTable as LayerTable
+from autohet_cli.costmodel.layertable import StageCost as StageCost
 from autohet_cli.errors import UnknownNameError
+from autohet_cli.estimates.analytic import analytic_entry
+from autohet_cli.estimates.fixed import TP_COLLECTIVES, ring_latency_ms
+from autohet_cli.estimates.fixed import step_ms as fixed_step_ms
+from autohet_cli.estimates.profile import EntryKey, LayerTiming, Profile, ProfileEntry
 from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.analytic import analytic_entry
-from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
 from autohet_cli.settings import TrainingSettings
 
 TOKEN_ID_BYTES = 8  # int64: what the model's first layer (the embedding) takes
 AUTOCAST_COPY_BYTES = 2  # a 16-bit copy of an fp32 master weight, held for the step
 RESIDUAL_BYTES = 4  # fp32: the hidden state between layers, under autocast too
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageCost:
-    fwd_ms: float
-    bwd_ms: float  # with recompute, the re-run forward included
-    update_ms: float
-    num_params: int  # per GPU of the TP group
-    act_bytes: float  # kept for backward, per in-flight micro-batch
-    output_bytes: float  # sent to the next stage per micro-batch
-    transient_bytes: float = 0.0  # held once, during one layer's backward (recompute)
-    recompute: bool = False
-    cast_bytes: float = 0.0  # autocast's 16-bit weight copies, held once for the step
-
-
-class LayerTable:
-    """Prefix sums over one profile entry (plus TP communication if analytic).
-
-    ``input_bytes`` are per layer the bytes of what enters it (one micro-batch),
-    which is what a recompute stage keeps; the largest ``act_bytes`` of a layer
-    range comes from a sparse table, so ``stage()`` stays O(1) for any range
-    (the planner's refinement evaluates thousands of candidate stages; a scan
-    would be cheap for short stages, but a whole-model stage is 100+ layers).
-    """
-
-    def __init__(
-        self,
-        entry: ProfileEntry,
-        tp_comm_ms: list[float],
-        input_bytes: Sequence[float],
-        cast_bytes: Sequence[float] | None = None,
-    ) -> None:
-        self.source = entry.source
-        layers = entry.layers
-        self.num_layers = len(layers)
-        if len(input_bytes) != self.num_layers:
-            raise ValueError(f"{len(input_bytes)} input sizes for {self.num_layers} layers")
-        self._fwd = [
-            0.0,
-            *accumulate(lt.fwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
-        ]
-        self._bwd = [
-            0.0,
-            *accumulate(lt.bwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
-        ]
-        self._rfwd = [
-            0.0,
-            *accumulate(lt.rc_fwd_ms + c for lt, c in zip(layers, tp_comm_ms, strict=True)),
-        ]
-        self._rbwd = [
-            0.0,
-            *accumulate(lt.rc_bwd_ms + 2 * c for lt, c in zip(layers, tp_comm_ms, strict=True)),
-        ]
-        self._upd = [0.0, *accumulate(lt.update_ms for lt in layers)]
-        self._params = [0, *accumulate(lt.num_params for lt in layers)]
-        cast = list(cast_bytes) if cast_bytes is not None else [0.0] * self.num_layers
-        self._act = [0.0, *accumulate(lt.act_bytes for lt in layers)]
-        self._cast = [0.0, *accumulate(cast)]
-        self._out = [lt.output_bytes for lt in layers]
-        self._in = [0.0, *accumulate(input_bytes)]
-        # a recompute stage's working layer: its activations and its weights' copies
-        self._act_max = _sparse_max([lt.act_bytes + c for lt, c in zip(layers, cast, strict=True)])
-
-    def stage(self, start: int, end: int, *, recompute: bool = False) -> StageCost:
-        fwd = self._fwd[end] - self._fwd[start]
-        bwd = self._bwd[end] - self._bwd[start]
-        if recompute:
-            return StageCost(
-                fwd_ms=self._rfwd[end] - self._rfwd[start],
-                bwd_ms=self._rbwd[end] - self._rbwd[start],
-                update_ms=self._upd[end] - self._upd[start],
-                num_params=self._params[end] - self._params[start],
-                act_bytes=self._in[end] - self._in[start],
-                output_bytes=self._out[end - 1],
-                transient_bytes=self.max_act_bytes(start, end),
-                recompute=True,
-            )
-        return StageCost(
-            fwd_ms=fwd,
-            bwd_ms=bwd,
-            update_ms=self._upd[end] - self._upd[start],
-            num_params=self._params[end] - self._params[start],
-            act_bytes=self._act[end] - self._act[start],
-            output_bytes=self._out[end - 1],
-            cast_bytes=self._cast[end] - self._cast[start],
-        )
-
-    def max_act_bytes(self, start: int, end: int) -> float:
-        """The largest ``act_bytes`` (with the layer's weight copies) of one layer in
-        [start, end): O(1)."""
-        level = (end - start).bit_length() - 1
-        row = self._act_max[level]
-        return max(row[start], row[end - (1 << level)])
-
-    def compute_ms(self, start: int, end: int, *, recompute: bool = False) -> float:
-        if recompute:
-            return self._rfwd[end] - self._rfwd[start] + self._rbwd[end] - self._rbwd[start]
-        return self._fwd[end] - self._fwd[start] + self._bwd[end] - self._bwd[start]
-
-    def params(self, start: int, end: int) -> int:
-        return self._params[end] - self._params[start]
-
-
-def _sparse_max(values: Sequence[float]) -> list[list[float]]:
-    """Row k holds the max of each window of 2**k values (a sparse table)."""
-    rows = [list(values)]
-    while 2 << (len(rows) - 1) <= len(values):
-        prev, half = rows[-1], 1 << (len(rows) - 1)
-        rows.append([max(prev[i], prev[i + half]) for i in range(len(prev) - half)])
-    return rows
 
 
 def _ratio(measured: float, estimated: float) -> float:
@@ -429,7 +320,7 @@ class CostTables:
         """The fixed per-step cost of a stage of this type and TP degree among
         ``world`` ranks: calibrated from runs when a run measured it; else the
         probe's iteration cost beyond the layers, or the catalog's step cost, plus
-        the step's world all-reduces (``costmodel.fixed``)."""
+        the step's world all-reduces (``estimates.fixed``)."""
         extra = self.profile.overheads.get(gpu_type)
         if extra is not None:
             return extra.step_cost_ms(tp)

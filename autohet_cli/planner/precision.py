@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.profiling.schema import EntryKey
+from autohet_cli.estimates.profile import EntryKey
 
 CPU = "cpu"
 CPU_PRECISION = "fp32"  # what the runtime computes in on a CPU, whatever the plan says

@@ -28,8 +28,7 @@ from typing import Any
 from autohet_cli.costmodel.evaluate import stage_memory_bytes
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ConfigError
-from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.schema import (
+from autohet_cli.estimates.profile import (
     RC_FITTED,
     LayerTiming,
     Overhead,
@@ -37,6 +36,7 @@ from autohet_cli.profiling.schema import (
     ProfileEntry,
     rc_mark,
 )
+from autohet_cli.models import ModelSpec
 from autohet_cli.settings import TrainingSettings
 
 MEM_MARGIN = 0.05  # of the measured peak: run-to-run spread of allocator and RSS peaks

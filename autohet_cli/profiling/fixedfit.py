@@ -9,7 +9,7 @@ work:
 - one op's host time (``DeviceFacts.op_us``, what the analytic model charges per
   op: ``catalog.FixedCosts.op_us``): the block's forward + backward at TP 1
   against the micro-batch size; at zero samples the block is its ops' dispatch
-  alone, so the intercept over the block's op count (``costmodel.fixed``) is the
+  alone, so the intercept over the block's op count (``estimates.fixed``) is the
   time of one op;
 - a training iteration's cost beyond its layers (``DeviceFacts.step_ms``): the
   probe's iteration over 1, 2 and 4 norm layers (``fixed.iteration_ms``) against
@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autohet_cli.costmodel.fixed import layer_ops
+from autohet_cli.estimates.fixed import layer_ops
+from autohet_cli.estimates.profile import EntryKey, ProfileEntry
 from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.schema import EntryKey, ProfileEntry
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

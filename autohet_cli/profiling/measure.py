@@ -38,15 +38,15 @@ from typing import Any, NoReturn
 
 from autohet_cli.catalog import CATALOG, canonical_gpu_name
 from autohet_cli.errors import ProfileError, UnknownNameError
-from autohet_cli.models import ModelSpec
-from autohet_cli.profiling.fixedfit import fit_line, probe_fixed
-from autohet_cli.profiling.schema import (
+from autohet_cli.estimates.profile import (
     DeviceFacts,
     EntryKey,
     LayerTiming,
     Profile,
     ProfileEntry,
 )
+from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.fixedfit import fit_line, probe_fixed
 
 SPEC_SCHEMA = "autohet.probe-spec/v1"
 RESULT_SCHEMA = "autohet.probe-result/v1"

@@ -25,13 +25,13 @@ from typing import Any
 from autohet_cli.ckpt.format import new_key
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.errors import AutohetError
+from autohet_cli.estimates.profile import Profile
 from autohet_cli.launch.preflight import PreflightError
 from autohet_cli.launch.session import JobChoice, Prepared, run_job
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Plan, write_plan
 from autohet_cli.profiling.calibrate import calibrate, carry_to_tp, spread
 from autohet_cli.profiling.runshapes import Shape, fits, predicted, shape_plan, shapes_for
-from autohet_cli.profiling.schema import Profile
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 
 Say = Callable[[str], None]

@@ -33,10 +33,10 @@ from dataclasses import dataclass, replace
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.estimates.profile import Profile
 from autohet_cli.models import ModelSpec
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.planner.api import with_predictions
-from autohet_cli.profiling.schema import Profile
 from autohet_cli.settings import TrainingSettings
 
 MICROBATCHES = 8  # per run: enough for a 1F1B pipeline to fill, few enough to be quick

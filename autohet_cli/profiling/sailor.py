@@ -29,14 +29,14 @@ from typing import Any
 
 from autohet_cli.catalog import CATALOG, canonical_gpu_name
 from autohet_cli.errors import ConfigError, ProfileError, UnknownNameError
-from autohet_cli.models import ZOO, ModelSpec, canonical_model_name
-from autohet_cli.profiling.schema import (
+from autohet_cli.estimates.profile import (
     DeviceFacts,
     EntryKey,
     LayerTiming,
     Profile,
     ProfileEntry,
 )
+from autohet_cli.models import ZOO, ModelSpec, canonical_model_name
 from autohet_cli.yamlio import as_list, as_mapping, coerce
 
 ORIGIN = "eth-easl/sailor cf2c8e3"

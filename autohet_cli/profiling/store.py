@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.errors import ProfileError
-from autohet_cli.profiling.schema import EntryKey, Profile, ProfileEntry, load_profile
+from autohet_cli.estimates.profile import EntryKey, Profile, ProfileEntry
+from autohet_cli.estimates.profile_io import load_profile
 
 
 def merge_profiles(profiles: Iterable[Profile]) -> Profile:
