@@ -19,14 +19,14 @@ from pathlib import Path
 
 from autohet_cli.cluster import Cluster, Host, python_for
 from autohet_cli.errors import AutohetError, ConfigError, ProfileError
+from autohet_cli.estimates.profile import Profile
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.measure import DTYPES, profile_from_probe, spec_for
-from autohet_cli.profiling.schema import Profile
+from autohet_cli.profiling.probepack import PROBE_FILE, write_probe
 from autohet_cli.transport.base import Runner
 from autohet_cli.transport.fanout import fan_out, runner_for
 from autohet_cli.transport.pool import remote_home
 
-PROBE = Path(__file__).with_name("probe.py")
 Event = Callable[[str, str], None]  # (host, what is happening)
 
 
@@ -301,12 +301,12 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
         local_spec = Path(tmp) / "spec.json"
         local_spec.write_text(json.dumps(spec), encoding="utf-8")
         say("copying the probe")
-        runner.put(PROBE, f"{remote}/probe.py")
+        runner.put(write_probe(Path(tmp) / PROBE_FILE), f"{remote}/{PROBE_FILE}")
         runner.put(local_spec, f"{remote}/spec.json")
         say("measuring")
         argv = [
             python_for(host),
-            f"{remote}/probe.py",
+            f"{remote}/{PROBE_FILE}",
             "--spec",
             f"{remote}/spec.json",
             "--out",

@@ -11,9 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autohet_cli import layerspec
 from autohet_cli.models import IGNORE_INDEX, get_model
-from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import build
 from autohet_cli.runtime.models.loss import head_loss, lm_loss
+from tests.hf_reference import model_request
 
 
 class LargestTensor(TorchDispatchMode):
@@ -102,17 +102,7 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
     a chunk: no op makes a tensor as large as the micro-batch's logits."""
     spec = get_model("llama-tiny")
     mbs, seq = 4, 64
-    request = ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=0,
-        layer_end=spec.num_layers,
-        seed=0,
-        seq_len=seq,
-        micro_batch_size=mbs,
-        architecture=spec,
-    )
-    head = build(request).layers[-1]
+    head = build(model_request(spec, seq_len=seq, micro_batch_size=mbs)).layers[-1]
     rows = spec.padded_vocab_size
     monkeypatch.setattr(layerspec, "CHUNK_LOGIT_BYTES", mbs * seq * rows * 4 // 16)
     # groups of chunks share one weight-gradient matmul: a quarter of the micro-batch
@@ -139,10 +129,10 @@ def test_no_whole_logits_are_ever_made(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_probes_copy_takes_the_runtimes_loss(
     monkeypatch: pytest.MonkeyPatch, group_chunks: int
 ) -> None:
-    """probe.py runs alone on hosts, so it carries a copy of the head's chunked loss:
+    """The probe runs alone on hosts, so it carries a copy of the head's chunked loss:
     the same value and gradients as the runtime's (mean over tokens there), groups of
     chunks included, and the same chunk and group sizes."""
-    from autohet_cli.profiling import probe
+    from autohet_cli.profiling.probe import loss as probe
 
     assert probe.CHUNK_LOGIT_BYTES == layerspec.CHUNK_LOGIT_BYTES
     assert probe.GROUP_LOGIT_BYTES == layerspec.GROUP_LOGIT_BYTES
@@ -151,7 +141,7 @@ def test_the_probes_copy_takes_the_runtimes_loss(
     weight, hidden, targets = _case(512, 512, seed=2)  # no padding, no ignored targets
     targets[0, :4] = 3
     flat_h = hidden.detach().flatten(0, 1).requires_grad_()
-    out = probe._ChunkedLoss.apply(flat_h, weight, targets.flatten(), 11)
+    out = probe.ChunkedLoss.apply(flat_h, weight, targets.flatten(), 11)
     out.backward()
     probe_h, probe_w = flat_h.grad.clone(), weight.grad.clone()
     weight.grad = None

@@ -1,19 +1,21 @@
 """The probe measures this CPU; its result becomes a measured profile the planner uses.
 
-The probe is copied alone to a scratch directory and run as a script, as
-``autohet profile run`` does on a remote host, once per module (a few seconds).
+The probe is packed into one file (``probe.pyz``, ``probepack``), copied alone to a
+scratch directory and run as a script in an isolated interpreter, as ``autohet
+profile run`` does on a remote host, once per module (a few seconds).
 """
 
 from __future__ import annotations
 
 import ast
 import copy
+import io
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,21 @@ from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ProfileError
 from autohet_cli.models import ModelSpec, get_model
 from autohet_cli.planner.api import make_plan
-from autohet_cli.profiling import probe
+from autohet_cli.profiling import probepack
 from autohet_cli.profiling.measure import layer_shapes, profile_from_probe, spec_for
+from autohet_cli.profiling.probe import cli, driver, host, memory, shards
+from autohet_cli.profiling.probe.spec import (
+    DTYPE_NAMES,
+    PROBE_VERSION,
+    RESULT_SCHEMA,
+    SpecError,
+    check_spec,
+)
 from autohet_cli.profiling.schema import Profile, profile_from_dict, profile_to_dict
 from autohet_cli.settings import TrainingSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "autohet_cli" / "profiling" / "probe.py"
+PROBE_DIR = ROOT / "autohet_cli" / "profiling" / "probe"
 LOCALHOST = ROOT / "profiles" / "clusters" / "localhost.yaml"
 TINY = get_model("gpt-tiny")
 SEQ = 64
@@ -41,12 +51,12 @@ TPS, MBSS = (1, 2), (1, 2, 8)
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("probe")
-    shutil.copy(PROBE, work / "probe.py")
+    probepack.write_probe(work / "probe.pyz")
     # One thread per device, as the localhost cluster's two `cpu` devices share two cores.
     spec = spec_for(TINY, SEQ, TPS, MBSS, cpu_threads=1, time_budget_s=8)
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-I", "probe.py", "--spec", "spec.json", "--out", "result.json"],
+        [sys.executable, "-I", "probe.pyz", "--spec", "spec.json", "--out", "result.json"],
         cwd=work,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -70,21 +80,71 @@ def _layer(result: dict[str, Any], tp: int, mbs: int, kind: str) -> dict[str, An
 # --- the probe itself -------------------------------------------------------------------------
 
 
-def test_probe_imports_only_the_standard_library_and_torch() -> None:
-    tree = ast.parse(PROBE.read_text(encoding="utf-8"))
-    modules = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import in the probe"
-            modules.add((node.module or "").split(".")[0])
+def _probe_sources() -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(PROBE_DIR.glob("*.py"))}
+
+
+def test_probe_imports_only_the_standard_library_torch_and_itself() -> None:
+    sources = _probe_sources()
+    own = {name.removesuffix(".py") for name in sources}
     allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
-    assert modules <= allowed, f"the probe must stay self-contained: {modules - allowed}"
+    for name, text in sources.items():
+        modules = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                # its own modules, relatively: the package is renamed in the zipapp
+                assert node.level == 1 and node.module in own, (name, node.module)
+            elif isinstance(node, ast.ImportFrom):
+                modules.add((node.module or "").split(".")[0])
+        assert modules <= allowed, f"{name} must stay self-contained: {modules - allowed}"
+
+
+def test_probe_modules_keep_to_python_3_8() -> None:
+    """Hosts run the probe with whatever Python they have, 3.8 at the oldest."""
+    for name, text in _probe_sources().items():
+        ast.parse(text, filename=name, feature_version=(3, 8))
+
+
+def test_the_packed_probe_holds_every_module_as_it_is() -> None:
+    packed = probepack.pack_probe()
+    assert packed == probepack.pack_probe()  # the same sources, the same bytes
+    with zipfile.ZipFile(io.BytesIO(packed)) as archive:
+        files = {name: archive.read(name).decode("utf-8") for name in archive.namelist()}
+    main = files.pop("__main__.py")
+    assert f"from {probepack.PACKAGE}.cli import main" in main
+    sources = _probe_sources()
+    assert {"cli.py", "driver.py", "spec.py", "__init__.py"} <= set(sources)
+    assert files == {f"{probepack.PACKAGE}/{name}": text for name, text in sources.items()}
+
+
+def test_the_result_keeps_its_keys(result: dict[str, Any]) -> None:
+    """``autohet.probe-result/v1``'s top level, as autohet and older profiles read it."""
+    assert set(result) == {
+        "schema",
+        "probe_version",
+        "spec",
+        "host",
+        "gpus",
+        "nvidia_smi",
+        "device",
+        "dtype",
+        "matmul",
+        "mem_bandwidth",
+        "fixed",
+        "peer_copy_gbytes_s",
+        "tp_comm",
+        "update",
+        "runs",
+        "elapsed_s",
+        "created_utc",
+        "notes",
+    }
 
 
 def test_result_describes_the_host_and_the_cpu_device(result: dict[str, Any]) -> None:
-    assert result["schema"] == probe.RESULT_SCHEMA and result["probe_version"]
+    assert result["schema"] == RESULT_SCHEMA and result["probe_version"] == PROBE_VERSION
     host = result["host"]
     assert host["hostname"] and host["python"] and host["torch"] and host["cpu_count"] >= 1
     assert result["gpus"] == [] and result["dtype"] == "fp32"
@@ -175,11 +235,12 @@ def test_spec_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixtur
         ({"layers": {"block": {"hidden_size": 64}}}, "spec.layers.block: missing"),
     ]
     for change, field in cases:
-        with pytest.raises(probe.SpecError, match=field.replace("[", r"\[")):
-            probe.check_spec({**good, **change})
+        with pytest.raises(SpecError, match=field.replace("[", r"\[")):
+            check_spec({**good, **change})
+    assert tuple(host.DTYPES) == DTYPE_NAMES  # what the check allows is what the host has
     bad = tmp_path / "spec.json"
     bad.write_text(json.dumps({**good, "schema": "nope"}), encoding="utf-8")
-    assert probe.main(["--spec", str(bad), "--out", str(tmp_path / "r.json")]) == 2
+    assert cli.main(["--spec", str(bad), "--out", str(tmp_path / "r.json")]) == 2
     assert "spec.schema" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
 
@@ -198,7 +259,7 @@ def test_what_cannot_fit_is_reported_as_oom_not_run() -> None:
         num_positions=64,
     )
     spec = spec_for(huge, 16, [1], [1], cpu_threads=1, time_budget_s=2, comm="copy")
-    out = probe.run(spec)
+    out = driver.run(spec)
     (run,) = out["runs"]
     assert run["status"] == "oom" and "embedding" in run["reason"]
     assert run["layers"]["block"]["status"] == "ok"
@@ -242,7 +303,7 @@ _OPT_MINI = ModelSpec(
 def test_other_layer_shapes_measure_with_exact_parameter_counts(model: ModelSpec) -> None:
     # Rotary, grouped KV heads, SwiGLU, RMSNorm, a separate final norm; OPT's projections.
     spec = spec_for(model, 16, [1, 2], [1], cpu_threads=1, time_budget_s=2, comm="copy")
-    out = probe.run(spec)
+    out = driver.run(spec)
     assert all(r["status"] == "ok" for r in out["runs"]), out["runs"]
     assert "estimated as a ring all-reduce" in out["tp_comm"]["2"]["note"]
     profile = profile_from_probe(model, out, host="localhost")
@@ -258,16 +319,16 @@ def test_other_layer_shapes_measure_with_exact_parameter_counts(model: ModelSpec
 
 def test_shard_problems_are_skipped_with_a_reason() -> None:
     block = layer_shapes(TINY)["block"]
-    assert probe.shard_problem("block", block, 2) is None
-    assert "heads" in str(probe.shard_problem("block", block, 3))
-    assert probe.shard_problem("head", layer_shapes(TINY)["head"], 3) is None
+    assert shards.shard_problem("block", block, 2) is None
+    assert "heads" in str(shards.shard_problem("block", block, 3))
+    assert shards.shard_problem("head", layer_shapes(TINY)["head"], 3) is None
 
 
 def test_out_of_memory_errors_are_recognised() -> None:
-    assert probe._is_oom(MemoryError())
-    assert probe._is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
-    assert probe._is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert not probe._is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert memory.is_oom(MemoryError())
+    assert memory.is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"))
+    assert memory.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not memory.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 # --- the measured profile ---------------------------------------------------------------------
@@ -305,7 +366,7 @@ def test_profile_has_every_layer_of_every_combination(
 def test_profile_meta_records_host_time_and_versions(measured: Profile) -> None:
     meta = measured.meta
     assert meta["source"] == "measured" and meta["hosts"] == ["localhost"]
-    assert meta["created"].endswith("+00:00") and meta["probe_version"] == probe.PROBE_VERSION
+    assert meta["created"].endswith("+00:00") and meta["probe_version"] == PROBE_VERSION
     assert meta["software"]["torch"] and meta["software"]["python"]
     notes = meta["history"][0]["notes"]
     assert any("gloo" in n for n in notes) and any("thread" in n for n in notes)
@@ -463,7 +524,7 @@ def test_spec_for_rejects_nonsense() -> None:
     assert set(llama["layers"]) == {"embedding", "block", "norm", "head"}
     assert llama["layers"]["block"]["rotary"] and llama["layers"]["block"]["gated_mlp"]
     assert not llama["layers"]["head"]["final_norm"]
-    probe.check_spec(llama)
+    check_spec(llama)
 
 
 # --- planning with it -------------------------------------------------------------------------
