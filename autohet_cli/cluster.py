@@ -23,7 +23,7 @@ from autohet_cli.gputypes import gpu_types_to_dict, parse_gpu_types, resolve_gpu
 from autohet_cli.limits import MAX_CLUSTER_GPUS, MAX_GPUS_PER_HOST, at_most
 from autohet_cli.names import check_address, check_host_name, check_remote_dir
 from autohet_cli.preemption import CheckSpec, check_from_dict
-from autohet_cli.slurm.settings import SlurmSettings, backend_from, settings_from_dict
+from autohet_cli.slurmconf import SlurmSettings, backend_from, settings_from_dict
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce, load_yaml, read_text
 from autohet_cli.yamlio import field as get
 

@@ -1,4 +1,7 @@
-"""How a cluster file asks for Slurm, and what it says to sbatch (pure).
+"""How a cluster file names its backend and asks for Slurm, and what it says to sbatch (pure).
+
+Part of the cluster file's schema (``cluster`` reads it), so it lives beside it at
+the bottom of the layers, not in the ``slurm`` package that runs jobs.
 
     backend: slurm            # ssh (the default) or slurm
     slurm:
@@ -30,7 +33,8 @@ from typing import Any
 from autohet_cli.errors import ConfigError
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce
 
-BACKENDS = ("ssh", "slurm")
+# The backends a cluster file may name; ``launch.backend.register`` adds one.
+BACKENDS: list[str] = ["ssh", "slurm"]
 DEFAULT_SIGNAL_BEFORE_END_S = 120
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:,+@%=/-]*\Z")
 _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}\Z|(\d+-\d+)\Z|UNLIMITED\Z|INFINITE\Z")

@@ -430,6 +430,13 @@ def remote_storage(url: str | None) -> str | None:
     return url
 
 
+def remote_root(cluster_remote: str | None, env: Mapping[str, str]) -> str | None:
+    """Where the remote copy lives: the cluster's ``remote_storage``, else
+    ``$AUTOHET_REMOTE_STORAGE``; None: no remote copy (a shard whose every host
+    copy is lost cannot be recovered, which launch says)."""
+    return remote_storage(cluster_remote or env.get(REMOTE_ENV))
+
+
 def new_key() -> bytes:
     """A fresh job key (``secrets``: the OS's cryptographic randomness)."""
     return secrets.token_bytes(KEY_BYTES)

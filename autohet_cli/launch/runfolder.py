@@ -37,8 +37,9 @@ from autohet_cli.runfiles.metricsfile import (
 from autohet_cli.runfiles.record import RunRecord, RunRecordError, write_record
 
 if TYPE_CHECKING:
-    from autohet_cli.launch.executor import Job, JobOutcome
-    from autohet_cli.launch.session import Prepared
+    from autohet_cli.launch.attempt import Prepared
+    from autohet_cli.launch.attempt import RunningJob as Job
+    from autohet_cli.launch.executor import JobOutcome
 
 Printer = Callable[[str], None]
 

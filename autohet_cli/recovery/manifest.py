@@ -23,7 +23,6 @@ from autohet_cli.ckpt.format import (
     KEY_FILE,
     MANIFEST,
     METADATA,
-    REMOTE_ENV,
     SCHEMA,
     Manifest,
     ManifestFile,
@@ -35,14 +34,15 @@ from autohet_cli.ckpt.format import (
     namespace,
     parse_manifest,
     parse_step_dir,
+    remote_root,
     remote_step_dir,
-    remote_storage,
     step_dir_name,
 )
 from autohet_cli.errors import ConfigError
 from autohet_cli.recovery.errors import RecoveryError
 
 __all__ = [
+    "remote_root",
     "COMPLETE",
     "KEY_FILE",
     "MANIFEST",
@@ -67,13 +67,6 @@ __all__ = [
 ]
 
 REMOTE = "remote"  # the name the remote copy goes by in listings and reports
-
-
-def remote_root(cluster_remote: str | None, env: Mapping[str, str]) -> str | None:
-    """Where the remote copy lives: the cluster's ``remote_storage``, else
-    ``$AUTOHET_REMOTE_STORAGE``; None: no remote copy (a shard whose every host
-    copy is lost cannot be recovered, which launch says)."""
-    return remote_storage(cluster_remote or env.get(REMOTE_ENV))
 
 
 # --------------------------------------------------------------------- choice

@@ -59,7 +59,7 @@ from autohet_cli.recovery.replan import CopyHolders, Replan, replan
 from autohet_cli.recovery.report import PhaseClock, build_report
 from autohet_cli.recovery.transfer import TransferPlan, plan_transfers
 from autohet_cli.runtime.train_args import check_flags
-from autohet_cli.slurm.settings import backend_from
+from autohet_cli.slurmconf import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
 

@@ -1,1 +1,2 @@
-"""Launching on Slurm: settings, batch scripts, job control, cluster import."""
+"""Launching on Slurm: the backend, batch scripts, job control, cluster import (the cluster
+file's slurm: section is ``autohet_cli.slurmconf``)."""

@@ -1,6 +1,6 @@
 """``autohet launch`` (and recover's relaunch) on Slurm: one attempt of a plan (effects).
 
-The same steps as the SSH backend (``launch.session.run_job``), Slurm's way:
+The same steps as the SSH backend (``launch.ssh_backend``), Slurm's way:
 
 1. the run directory ``runs/<plan>/<run id>`` (absolute) must be on a file
    system the nodes share with this machine, as home and project directories
@@ -23,17 +23,17 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from autohet_cli.ckpt.format import new_key
 from autohet_cli.cluster import Cluster
 from autohet_cli.launch import jobs
+from autohet_cli.launch.attempt import Attempt, Prepared, local_run_dir
 from autohet_cli.launch.executor import JobOutcome, LaunchError, Printer
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
+from autohet_cli.launch.supervise import announce_checkpoints, announce_metrics, supervise
 from autohet_cli.plan import Plan
 from autohet_cli.slurm import precheck
 from autohet_cli.slurm.job import SlurmJob
@@ -41,9 +41,6 @@ from autohet_cli.slurm.script import KEY_NAME, SCRIPT_NAME, check_run_dir, rende
 from autohet_cli.transport.base import Runner
 from autohet_cli.transport.local import LocalRunner
 from autohet_cli.transport.pool import ConnectOptions, HostPool
-
-if TYPE_CHECKING:
-    from autohet_cli.launch.session import JobChoice, Prepared
 
 # Static rendezvous on a node we cannot look at first: a random port in a range
 # that Linux does not hand out as ephemeral ports (32768-60999), printed, and
@@ -91,7 +88,7 @@ def build(
     return SlurmLaunch(specs=specs, script=text, run_dir=run_dir, job=job)
 
 
-class _LocalPool(HostPool):
+class LocalPool(HostPool):
     """Every host read on this machine: for checkpoint directories on a shared file
     system, where the login node sees what the nodes wrote."""
 
@@ -118,7 +115,7 @@ def choose_job(
     name = p.plan.name
     if key is not None and job is not None:
         return job, key
-    pool = _LocalPool(p.cluster, ConnectOptions())
+    pool = LocalPool(p.cluster, ConnectOptions())
     found = jobs.list_jobs(pool, hosts, name)
     if resume and job is None and not found:
         raise LaunchError(
@@ -146,35 +143,22 @@ def choose_job(
     return chosen, new_key()
 
 
-def run_slurm_job(
-    p: Prepared,
-    *,
-    train_args: Sequence[str],
-    script: Sequence[str] = (),
-    master_port: int | None = None,
-    run_id: str | None = None,
-    sync_dir: Path | None = None,
-    start_timeout_s: float = 300.0,
-    runs_root: Path = Path("runs"),
-    printer: Printer = print,
-    job_choice: JobChoice,
-    stop: threading.Event | None = None,
-) -> JobOutcome:
-    from autohet_cli.launch import session  # it dispatches here: imported late
-
-    if sync_dir is not None:
+def run_slurm_job(p: Prepared, attempt: Attempt) -> JobOutcome:
+    a, printer = attempt, attempt.printer
+    script, train_args, master_port = a.script, a.train_args, a.master_port
+    if a.sync_dir is not None:
         raise LaunchError(
             "--sync-dir: on Slurm the nodes cannot be reached before the job runs; put "
             "your code on the file system the nodes share and pass --sync-dir no more"
         )
-    check_run_dir(str(runs_root.resolve()))  # before anything is created under it
-    precheck.check(p.cluster, p.plan.hosts(), runs_root)  # Slurm's commands, a shared folder
-    local_dir, rid = session._local_run_dir(runs_root, p.plan, run_id)
+    check_run_dir(str(a.runs_root.resolve()))  # before anything is created under it
+    precheck.check(p.cluster, p.plan.hosts(), a.runs_root)  # Slurm's commands, shared folder
+    local_dir, rid = local_run_dir(a.runs_root, p.plan, a.run_id)
     run_dir = local_dir.resolve()
     hosts = p.plan.hosts()
     job_name, job_key = (None, None)
     if not script:
-        c = job_choice
+        c = a.job_choice
         job_name, job_key = choose_job(
             p, hosts, c.resume, c.job, c.key, printer, c.steps, run_id=rid
         )
@@ -203,8 +187,8 @@ def run_slurm_job(
         f"{other}); run {rid}; logs in {run_dir}"
     )
     if not script:
-        session._announce_checkpoints(launch.specs, train_args, p, printer)
-        session._announce_metrics(launch.specs[0], printer)
+        announce_checkpoints(launch.specs, train_args, p, printer)
+        announce_metrics(launch.specs[0], printer)
     sjob = SlurmJob(
         launch.specs,
         HostPool(p.cluster, ConnectOptions()),
@@ -212,14 +196,14 @@ def run_slurm_job(
         run_dir,
         printer=printer,
         shares=tuple(pl.num_microbatches for pl in p.plan.pipelines),
-        start_timeout_s=None if script else start_timeout_s,
+        start_timeout_s=None if script else a.start_timeout_s,
     )
     # The key leaves the run directory however the job ends.
-    return session.supervise(
+    return supervise(
         sjob,
         p,
         run_dir,
         printer,
-        stop,
+        a.stop,
         cleanup=lambda: (run_dir / KEY_NAME).unlink(missing_ok=True),
     )

@@ -1,7 +1,7 @@
 """Issue 46.5: ``autohet launch --dry-run`` refuses what the launch would refuse before
 any worker starts (exit 1, the launch's message), and the launch refuses an
 ``--init-from`` of another model, or data beyond the model's vocabulary, in its
-preflight instead of 17 s later from every worker (``launch.drycheck``,
+preflight instead of 17 s later from every worker (``launch.session.dry_check``,
 ``launch.inputcheck``). Hosts: this machine (address localhost)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from autohet_cli.hfconfig import to_hf_config
-from autohet_cli.launch import drycheck
+from autohet_cli.launch import session
 from autohet_cli.launch.preflight import PreflightError
 from autohet_cli.launch.session import LaunchRequest
 from autohet_cli.models import get_model
@@ -83,7 +83,7 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _check(plan: Path, *train_args: str, init_from: str | None = None) -> list[str]:
     req = LaunchRequest(plan_file=plan, train_args=train_args, init_from=init_from)
-    return drycheck.check(req)
+    return session.dry_check(req)
 
 
 def test_data_the_workers_would_refuse_is_refused_before_they_start(

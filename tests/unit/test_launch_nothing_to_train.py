@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from autohet_cli.cli import launch as launch_cli
-from autohet_cli.launch import jobs, session
+from autohet_cli.launch import jobs, session, ssh_backend
 from autohet_cli.launch.executor import Status
 from autohet_cli.launch.jobs import JobInfo, NothingToTrain
 
@@ -74,7 +74,7 @@ def test_no_key_is_sent_and_no_worker_started_when_there_is_nothing_to_train(
     p = SimpleNamespace(plan=SimpleNamespace(name="lab"), remote_storage="s3://b", plan_file="p")
     choice = session.JobChoice(resume=True, steps=100)
     with pytest.raises(NothingToTrain):
-        session._prepare_job(p, object(), ["a"], choice, print)  # type: ignore[arg-type]
+        ssh_backend.prepare_job(p, object(), ["a"], choice, print)  # type: ignore[arg-type]
     assert sent == []
 
 

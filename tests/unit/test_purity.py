@@ -30,6 +30,10 @@ PURE_MODULES = (
     "autohet_cli.cluster",
     "autohet_cli.models",
     "autohet_cli.layerspec",
+    "autohet_cli.modelspec",
+    "autohet_cli.hffamilies",
+    "autohet_cli.slurmconf",
+    "autohet_cli.launch.backend",
     "autohet_cli.architecture",
     "autohet_cli.hfconfig",
     "autohet_cli.plan",
@@ -70,7 +74,12 @@ PURE_MODULES = (
     "autohet_cli.ckpt.steptext",
 )
 # The run folder's readers: `autohet runs` must start fast (matplotlib only for a PNG).
-PURE_PACKAGES = ("autohet_cli.costmodel", "autohet_cli.planner", "autohet_cli.runfiles")
+PURE_PACKAGES = (
+    "autohet_cli.costmodel",
+    "autohet_cli.planner",
+    "autohet_cli.runfiles",
+    "autohet_cli.estimates",
+)
 
 # The only names above that may be absent (not written yet). Keep this explicit:
 # a listed module that exists is checked anyway; an unlisted one that is missing fails.

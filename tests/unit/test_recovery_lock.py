@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autohet_cli.errors import ConfigError
-from autohet_cli.launch.session import _run_id
+from autohet_cli.launch.attempt import run_id_of as _run_id
 from autohet_cli.recovery.errors import RecoveryError
 from autohet_cli.recovery.lock import recover_lock
 

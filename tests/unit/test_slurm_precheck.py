@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from autohet_cli.cluster import load_cluster
-from autohet_cli.launch import drycheck, session
+from autohet_cli.launch import session
 from autohet_cli.launch.session import LaunchRequest, dry_run
 from autohet_cli.runfiles.listing import find_runs
 from autohet_cli.slurm import ctl, nodeport, precheck
@@ -55,7 +55,7 @@ def test_missing_sbatch_is_refused_before_anything_is_written_or_said(
     assert "run autohet on a Slurm login node" in str(exc.value)
     assert said == [] and not (tmp_path / "runs").exists()  # no rendezvous, no run folder
     with pytest.raises(SlurmError, match="sbatch, scontrol, sinfo, scancel are not on PATH"):
-        drycheck.check(req)
+        session.dry_check(req)
 
 
 def test_a_node_local_run_folder_is_refused_unless_the_nodes_are_this_machine(
@@ -76,7 +76,7 @@ def test_a_node_local_run_folder_is_refused_unless_the_nodes_are_this_machine(
     assert "a file system the nodes share" in str(exc.value)
     assert not (tmp_path / "runs").exists()
     with pytest.raises(SlurmError, match="node-local"):
-        drycheck.check(req)
+        session.dry_check(req)
     (tmp_path / "here").mkdir()
     here = load_cluster(_loopback(tmp_path / "here"))
     assert precheck.problems(here, ["a100-0", "v100-0"], tmp_path / "runs") == []
