@@ -1,18 +1,23 @@
-"""Helpers shared by the benchmarks: timing, plain-text tables, plan summaries."""
+"""Helpers shared by the benchmarks: timing, worker processes, plain-text tables, plan
+summaries."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from autohet_cli.plan import Pipeline
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +48,22 @@ def timed(fn: Callable[[], T], repeats: int) -> tuple[Timing, T]:
         cpu.append(time.process_time() - start_cpu)
     assert result is not None
     return Timing(wall_s=wall, cpu_s=cpu), result
+
+
+def worker_times(
+    cmd: Sequence[str], variant: str, out: Path, env: Mapping[str, str] | None = None
+) -> list[float]:
+    """Run a benchmark's worker ``cmd`` from the repository (one thread per process,
+    ``env`` added, no launcher variables of ours) and read the step times it wrote to
+    ``out``; exit with its stderr if it failed."""
+    full = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env or {}))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        full.pop(name, None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    times: list[float] = json.loads(out.read_text())
+    return times
 
 
 def machine() -> str:

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from autohet_cli.models import ModelSpec
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
-from benchmarks._common import machine, table
+from autohet_cli.plan import write_plan
+from benchmarks._common import machine, table, worker_times
+from tests.planting import plan_of, stage
 
-ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 256, 4, 8
 WARMUP, MEASURED, REPEATS = 3, 10, 3
 SPEC = ModelSpec(
@@ -52,34 +50,14 @@ SPEC = ModelSpec(
     activation="silu",
     default_seq_len=SEQ_LEN,
 )
-PLAN = Plan(
+PLAN = plan_of(
+    [stage(0, SPEC.num_layers, "localhost")],
+    microbatches=GLOBAL_BATCH // MICRO_BATCH,
+    micro_batch_size=MICRO_BATCH,
+    seq_len=SEQ_LEN,
+    precision="fp32",
+    model=SPEC,
     name="bench-llama",
-    version=1,
-    model_name=SPEC.name,
-    num_layers=SPEC.num_layers,
-    architecture=SPEC,
-    training=TrainingSettings(
-        global_batch_size=GLOBAL_BATCH,
-        micro_batch_size=MICRO_BATCH,
-        seq_len=SEQ_LEN,
-        precision="fp32",
-        optimizer="adam",
-    ),
-    tensor_parallel=1,
-    pipelines=(
-        Pipeline(
-            num_microbatches=GLOBAL_BATCH // MICRO_BATCH,
-            stages=(
-                Stage(
-                    layer_start=0,
-                    layer_end=SPEC.num_layers,
-                    gpu_type="cpu",
-                    tensor_parallel=1,
-                    devices=(Device(host="localhost", gpu=0),),
-                ),
-            ),
-        ),
-    ),
 )
 
 
@@ -107,21 +85,10 @@ def worker_plain() -> list[float]:
     import torch
 
     from autohet_cli.runtime.data import SyntheticCorpus
-    from autohet_cli.runtime.model_api import ModelRequest
     from autohet_cli.runtime.models import build
+    from tests.hf_reference import model_request
 
-    parts = build(
-        ModelRequest(
-            model_name=SPEC.name,
-            num_layers=SPEC.num_layers,
-            layer_start=0,
-            layer_end=SPEC.num_layers,
-            seed=0,
-            seq_len=SEQ_LEN,
-            micro_batch_size=MICRO_BATCH,
-            architecture=SPEC,
-        )
-    )
+    parts = build(model_request(SPEC, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH))
     model = torch.nn.Sequential(*parts.layers)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
@@ -149,14 +116,7 @@ def worker_plain() -> list[float]:
 
 def _launch(variant: str, out: Path, plan: Path) -> list[float]:
     cmd = [sys.executable, "-m", "benchmarks.llama_runtime", "--worker", variant, str(out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), AUTOHET_BENCH_PLAN=str(plan))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    times: list[float] = json.loads(out.read_text())
-    return times
+    return worker_times(cmd, variant, out, {"AUTOHET_BENCH_PLAN": str(plan)})
 
 
 def main() -> None:

@@ -18,10 +18,11 @@ from unittest import mock
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.inputs import Inputs, load_inputs, tables_for
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Pipeline, Plan
 from autohet_cli.planner import enumeration
 from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
 from benchmarks._common import describe
+from tests.planting import stage
 
 ROOT = Path(__file__).resolve().parents[1]  # tests import this from any directory
 CLUSTER = str(ROOT / "profiles/clusters/neo-a100-v100.yaml")
@@ -30,28 +31,18 @@ BATCH = 128
 SEQ_LEN = 2048
 
 
-def _stage(a: int, b: int, gpu: str, host: str, gpus: tuple[int, ...]) -> Stage:
-    return Stage(
-        layer_start=a,
-        layer_end=b,
-        gpu_type=gpu,
-        tensor_parallel=len(gpus),
-        devices=tuple(Device(host=host, gpu=g) for g in gpus),
-    )
-
-
 def metis_plan(like: Plan) -> Plan:
     """The Metis plan as ours would write it, with ``like``'s model and training."""
     pipelines = tuple(
         Pipeline(
             num_microbatches=64,
             stages=(
-                _stage(0, 3, "V100-16", "v100-0", (2 * j, 2 * j + 1)),
-                _stage(3, 5, "V100-16", "v100-1", (2 * j, 2 * j + 1)),
-                _stage(5, 12, "A100-40", "a100-0", (j,)),
-                _stage(12, 19, "A100-40", "a100-0", (2 + j,)),
-                _stage(19, 26, "A100-40", "a100-1", (j,)),
-                _stage(26, 34, "A100-40", "a100-1", (2 + j,)),
+                stage(0, 3, "v100-0", 2 * j, 2 * j + 1, gpu_type="V100-16"),
+                stage(3, 5, "v100-1", 2 * j, 2 * j + 1, gpu_type="V100-16"),
+                stage(5, 12, "a100-0", j, gpu_type="A100-40"),
+                stage(12, 19, "a100-0", 2 + j, gpu_type="A100-40"),
+                stage(19, 26, "a100-1", j, gpu_type="A100-40"),
+                stage(26, 34, "a100-1", 2 + j, gpu_type="A100-40"),
             ),
         )
         for j in (0, 1)

@@ -11,54 +11,44 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.models import get_model
 from autohet_cli.profiling.run import ProfileRunRequest, run_profiling
-from tests.e2e.sshd import SshdFarm, make_client_key, sshd_problem
+from benchmarks._sshd import sshd_farm, sshd_missing
 
 REPEATS = 3
 
 
 def main() -> None:
-    problem = sshd_problem()
-    if problem is not None:
-        print(f"skipped: {problem}")
+    if sshd_missing():
         return
-    with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
-        root = Path(tmp)
-        farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
-        farm.root.mkdir()
-        try:
-            farm.start(3)
-            hosts = tuple(h.as_host(python=sys.executable) for h in farm.hosts)
-            req = ProfileRunRequest(
-                cluster=Cluster(name="bench", hosts=hosts, inter_node_gbps=10.0),
-                model=get_model("gpt-tiny"),
-                seq_len=64,
-                tps=(1,),
-                micro_batch_sizes=(1, 2),
-                all_hosts=True,
-                timeout_s=300,
-                known_hosts=farm.known_hosts,
-                time_budget_s=2.0,
-                measure_network=False,
-            )
-            rows = []
-            for label, parallel in (("serial", 1), ("parallel", 3)):
-                times = []
-                for _ in range(REPEATS):
-                    start = time.perf_counter()
-                    result = run_profiling(replace(req, max_parallel=parallel))
-                    times.append(time.perf_counter() - start)
-                    assert not result.failed, [o.error for o in result.failed]
-                rows.append((label, statistics.median(times), min(times), max(times)))
-        finally:
-            farm.stop_all()
+    with sshd_farm() as (_, farm):
+        farm.start(3)
+        hosts = tuple(h.as_host(python=sys.executable) for h in farm.hosts)
+        req = ProfileRunRequest(
+            cluster=Cluster(name="bench", hosts=hosts, inter_node_gbps=10.0),
+            model=get_model("gpt-tiny"),
+            seq_len=64,
+            tps=(1,),
+            micro_batch_sizes=(1, 2),
+            all_hosts=True,
+            timeout_s=300,
+            known_hosts=farm.known_hosts,
+            time_budget_s=2.0,
+            measure_network=False,
+        )
+        rows = []
+        for label, parallel in (("serial", 1), ("parallel", 3)):
+            times = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                result = run_profiling(replace(req, max_parallel=parallel))
+                times.append(time.perf_counter() - start)
+                assert not result.failed, [o.error for o in result.failed]
+            rows.append((label, statistics.median(times), min(times), max(times)))
     print(f"{'mode':10} {'median s':>9} {'min s':>7} {'max s':>7}")
     for label, med, lo, hi in rows:
         print(f"{label:10} {med:9.1f} {lo:7.1f} {hi:7.1f}")

@@ -34,8 +34,6 @@ import os
 import re
 import shutil
 import statistics
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,8 +44,7 @@ import yaml
 from autohet_cli.ckpt.format import COMPLETE, step_dir_name
 from autohet_cli.hfconfig import load_hf_config
 from autohet_cli.launch import session
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.plan import write_plan
 from autohet_cli.transport.pool import ConnectOptions
 from autohet_cli.yamlio import sha256_file
 from benchmarks import recovery_time
@@ -60,8 +57,10 @@ from benchmarks._recovery import (
     repeats,
     startup_phases,
 )
-from tests.e2e.sshd import FakeSshHost, SshdFarm, make_client_key, sshd_problem
+from benchmarks._sshd import sshd_farm, sshd_missing
+from tests.e2e.sshd import FakeSshHost, SshdFarm
 from tests.e2e.test_launch import free_port
+from tests.planting import plan_of, stage
 
 PLAN_NAME = "bench-disk"
 HF_CONFIG = HF_CONFIG_200M
@@ -77,47 +76,24 @@ COLS = ("blocked", "persisted", "detect", "transfer", "build", "load", "first_st
 def _plan(tmp: Path, cluster: Path, host: str) -> Path:
     (tmp / "config.json").write_text(json.dumps(HF_CONFIG))
     spec = load_hf_config(str(tmp / "config.json"))  # what `autohet plan` reads
-    training = TrainingSettings(
-        global_batch_size=2, micro_batch_size=1, seq_len=SEQ_LEN, precision="fp32"
-    )
-    stage = Stage(
-        layer_start=0,
-        layer_end=spec.num_layers,
-        gpu_type="cpu",
-        tensor_parallel=1,
-        devices=(Device(host=host, gpu=0),),
-    )
-    plan = Plan(
+    plan = plan_of(
+        [stage(0, spec.num_layers, host)],
+        seq_len=SEQ_LEN,
+        precision="fp32",
+        model=spec,
         name=PLAN_NAME,
         version=0,
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        architecture=spec,
-        training=training,
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=(stage,)),),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )
     return write_plan(plan, tmp / "plans")[1]
 
 
 def _cluster(h: FakeSshHost, path: Path, remote: Path | None) -> Path:
-    host = {
-        "name": h.name,
-        "address": h.address,
-        "port": h.port,
-        "user": h.user,
-        "identity_file": str(h.client_key.private_path),
-        "python": sys.executable,
-        "workdir": str(h.root / "work"),
-        "checkpoint_dir": str(h.checkpoint_dir),
-        "gpus": {"type": "cpu", "count": 1},
-    }
     doc: dict[str, Any] = {
         "schema": "autohet.cluster/v1",
         "name": "disk",
         "network": {"inter_node_gbps": 10},
-        "hosts": [host],
+        "hosts": [h.cluster_entry()],
     }
     if remote is not None:
         doc["remote_storage"] = str(remote)
@@ -269,18 +245,10 @@ def _once(tmp: Path, h: FakeSshHost, connect: ConnectOptions, mode: str) -> dict
 def main() -> None:
     """``python -m benchmarks recovery_disk`` (also ``AUTOHET_BENCH_SIZES=200m-disk`` of
     ``recovery_e2e``)."""
-    problem = sshd_problem()
-    if problem is not None:
-        print(f"skipped: {problem}")
+    if sshd_missing():
         return
-    with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
-        root = Path(tmp)
-        farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
-        farm.root.mkdir()
-        try:
-            run(root, farm)
-        finally:
-            farm.stop_all()
+    with sshd_farm() as (root, farm):
+        run(root, farm)
 
 
 def run(root: Path, farm: SshdFarm) -> None:

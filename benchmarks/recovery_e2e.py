@@ -48,7 +48,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -60,10 +59,9 @@ from autohet_cli.ckpt.format import COMPLETE, MANIFEST, load_manifest, parse_ste
 from autohet_cli.hfconfig import load_hf_config
 from autohet_cli.launch import session
 from autohet_cli.models import ModelSpec, get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.plan import write_plan
 from autohet_cli.recovery import executor as rx
 from autohet_cli.recovery import session as rsession
-from autohet_cli.settings import TrainingSettings
 from autohet_cli.transport.pool import ConnectOptions
 from autohet_cli.yamlio import sha256_file
 from benchmarks import recovery_e2e_report, recovery_time
@@ -77,8 +75,10 @@ from benchmarks._recovery import (
     repeats,
     startup_phases,
 )
-from tests.e2e.sshd import SshdFarm, make_client_key, sshd_problem
+from benchmarks._sshd import sshd_farm, sshd_missing
+from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import _cluster_file, free_port
+from tests.planting import plan_of, stage
 
 SIZES = ("toy", "200m", "200m-disk")
 DEFAULT_SIZES = ("toy", "200m")
@@ -132,25 +132,17 @@ def selected_sizes(raw: str | None) -> list[str]:
 def main() -> None:
     sizes = selected_sizes(os.environ.get("AUTOHET_BENCH_SIZES"))
     count, rate = repeats(os.environ), remote_bytes_per_s(os.environ)
-    problem = sshd_problem()
-    if problem is not None:
-        print(f"skipped: {problem}")
+    if sshd_missing():
         return
     for size in sizes:
         print(f"--- size {size}", flush=True)
-        with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
-            root = Path(tmp)
-            farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
-            farm.root.mkdir()
-            try:
-                if size == "200m-disk":
-                    from benchmarks import recovery_disk
+        with sshd_farm() as (root, farm):
+            if size == "200m-disk":
+                from benchmarks import recovery_disk
 
-                    recovery_disk.run(root, farm)
-                else:
-                    _run(SCENARIOS[size], root, farm, count, rate)
-            finally:
-                farm.stop_all()
+                recovery_disk.run(root, farm)
+            else:
+                _run(SCENARIOS[size], root, farm, count, rate)
 
 
 def _model(sc: Scenario, tmp: Path) -> ModelSpec:
@@ -168,31 +160,13 @@ def _layout(sc: Scenario, tmp: Path, num_hosts: int) -> tuple[ModelSpec, list[tu
 
 def _plan(sc: Scenario, tmp: Path, cluster: Path, hosts: list[str]) -> Path:
     spec, cuts = _layout(sc, tmp, len(hosts))
-    plan = Plan(
+    plan = plan_of(
+        [stage(a, b, h) for (a, b), h in zip(cuts, hosts, strict=True)],
+        precision="fp32",
+        model=spec,
+        architecture=spec if sc.hf_config is not None else None,
         name=sc.plan_name,
         version=0,
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        architecture=spec if sc.hf_config is not None else None,
-        training=TrainingSettings(
-            global_batch_size=2, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=2,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host=h, gpu=0),),
-                    )
-                    for (a, b), h in zip(cuts, hosts, strict=True)
-                ),
-            ),
-        ),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )
     _, path = write_plan(plan, tmp / "plans")

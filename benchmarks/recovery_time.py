@@ -27,15 +27,16 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Plan
 from autohet_cli.recovery import copies
 from autohet_cli.recovery import executor as rx
 from autohet_cli.recovery.manifest import Manifest, ManifestFile
 from autohet_cli.recovery.transfer import plan_transfers
-from autohet_cli.settings import TrainingSettings
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from benchmarks._recovery import DEFAULT_REMOTE_MB_PER_S, REMOTE_ENV, remote_bytes_per_s, repeats
-from tests.e2e.sshd import SshdFarm, make_client_key, sshd_problem
+from benchmarks._sshd import sshd_farm, sshd_missing
+from tests.e2e.sshd import SshdFarm
+from tests.planting import plan_of, stage
 
 SHARD_MIB = 32
 RATE: dict[str, float] = {"bytes_per_s": DEFAULT_REMOTE_MB_PER_S * 1e6}
@@ -58,39 +59,14 @@ fsspec.register_implementation("throttled", ThrottledFS, clobber=True)
 
 
 def _plan(hosts: list[str]) -> Plan:
-    def st(a: int, b: int, host: str) -> Stage:
-        return Stage(
-            layer_start=a,
-            layer_end=b,
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=host, gpu=0),),
-        )
-
-    return Plan(
-        name="bench",
-        version=2,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=(st(0, 3, hosts[0]), st(3, 6, hosts[1]))),),
-    )
+    return plan_of([stage(0, 3, hosts[0]), stage(3, 6, hosts[1])], name="bench", version=2)
 
 
 def main() -> None:
-    problem = sshd_problem()
-    if problem is not None:
-        print(f"skipped: {problem}")
+    if sshd_missing():
         return
-    with tempfile.TemporaryDirectory(prefix="autohet-bench-") as tmp:
-        root = Path(tmp)
-        farm = SshdFarm(root=root / "sshd", client_key=make_client_key(root / "key"))
-        farm.root.mkdir()
-        try:
-            _run(root, farm)
-        finally:
-            farm.stop_all()
+    with sshd_farm() as (root, farm):
+        _run(root, farm)
 
 
 def _run(root: Path, farm: SshdFarm) -> None:

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,11 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
-from benchmarks._common import machine, table
+from autohet_cli.plan import Plan, write_plan
+from benchmarks._common import machine, table, worker_times
+from tests.planting import plan_of, stage
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL, NUM_LAYERS, CUT = "gpt-small", 10, 5
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 128, 2, 8
 WARMUP, MEASURED = 3, 10
@@ -51,35 +48,15 @@ SEED = 0
 
 def make_plan(name: str, layout: list[tuple[int, list[tuple[int, int]]]]) -> Plan:
     gpus = iter(range(NPROC))
-    return Plan(
-        name=name,
-        version=1,
-        model_name=MODEL,
+    return plan_of(
+        *([stage(a, b, "localhost", next(gpus)) for a, b in stages] for _, stages in layout),
+        microbatches=[m for m, _ in layout],
+        micro_batch_size=MICRO_BATCH,
+        seq_len=SEQ_LEN,
+        precision="fp32",
+        model=MODEL,
         num_layers=NUM_LAYERS,
-        training=TrainingSettings(
-            global_batch_size=GLOBAL_BATCH,
-            micro_batch_size=MICRO_BATCH,
-            seq_len=SEQ_LEN,
-            precision="fp32",
-            optimizer="adam",
-        ),
-        tensor_parallel=1,
-        pipelines=tuple(
-            Pipeline(
-                num_microbatches=m,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="localhost", gpu=next(gpus)),),
-                    )
-                    for a, b in stages
-                ),
-            )
-            for m, stages in layout
-        ),
+        name=name,
     )
 
 
@@ -274,14 +251,7 @@ def _launch(variant: str, out: Path, plan: Path | None = None) -> list[float]:
         *("--variant", variant, "--out", str(out)),
         *(("--plan", str(plan)) if plan else ()),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"{variant} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    times: list[float] = json.loads(out.read_text())
-    return times
+    return worker_times(cmd, variant, out)
 
 
 def _median(runs: list[list[float]]) -> float:

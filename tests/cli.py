@@ -1,4 +1,5 @@
-"""Run the real ``autohet`` command in a fresh interpreter, as a user's shell would."""
+"""Run the real ``autohet`` command in a fresh interpreter, as a user's shell would: to
+its end (``autohet``) or in the background (``start_autohet``)."""
 
 from __future__ import annotations
 
@@ -24,4 +25,20 @@ def autohet(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def start_autohet(
+    *args: str, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``autohet ARGS`` started in ``cwd`` with this checkout on the path (``env``
+    added), in a session of its own; stdout and stderr come as one text pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "autohet_cli", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )

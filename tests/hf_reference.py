@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from autohet_cli.models import ModelSpec
+    from autohet_cli.runtime.model_api import ModelRequest
     from autohet_cli.runtime.stage import StageModule
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,23 +120,50 @@ def dcp_checkpoint(
     return step_dir
 
 
-def tiny_model(spec: ModelSpec | None = None) -> StageModule:
-    """A whole model of ``spec`` (default: the zoo's gpt-tiny), seeded."""
+def model_request(
+    spec: ModelSpec,
+    *,
+    seq_len: int,
+    micro_batch_size: int = 1,
+    start: int = 0,
+    end: int | None = None,
+    **fields: Any,
+) -> ModelRequest:
+    """What the runtime asks the built-in families for: layers ``[start, end)`` (default:
+    all) of ``spec``, seed 0; ``fields``: the request's others (``tensor_parallel``)."""
+    from autohet_cli.runtime.model_api import ModelRequest
+
+    return ModelRequest(
+        model_name=spec.name,
+        num_layers=spec.num_layers,
+        layer_start=start,
+        layer_end=spec.num_layers if end is None else end,
+        seed=0,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        architecture=spec,
+        **fields,
+    )
+
+
+def tiny_model(
+    spec: ModelSpec | None = None,
+    *,
+    seq_len: int = 16,
+    micro_batch_size: int = 1,
+    start: int = 0,
+    end: int | None = None,
+) -> StageModule:
+    """Layers ``[start, end)`` (default: all) of ``spec`` (default: the zoo's gpt-tiny) as
+    one seeded stage, tied parameters tied."""
     from autohet_cli.models import get_model
-    from autohet_cli.runtime.model_api import ModelRequest, local_layers
+    from autohet_cli.runtime.model_api import local_layers
     from autohet_cli.runtime.models import build
     from autohet_cli.runtime.stage import StageModule, tie_parameters
 
     spec = spec or get_model("gpt-tiny")
-    request = ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=0,
-        layer_end=spec.num_layers,
-        seed=0,
-        seq_len=16,
-        micro_batch_size=1,
-        architecture=spec,
+    request = model_request(
+        spec, seq_len=seq_len, micro_batch_size=micro_batch_size, start=start, end=end
     )
     parts = build(request)
     stage = StageModule(local_layers(parts, request))

@@ -14,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from autohet_cli.ckpt.format import KEY_FILE, Manifest, ManifestFile, signed_manifest_text
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.plan import write_plan
 from autohet_cli.yamlio import sha256_file
+from tests.planting import plan_of, stage
 
 HOSTS = ("a", "b", "c")
 JOB = "20260101T000000Z-abcd"
@@ -59,24 +59,9 @@ def make_site(root: Path, steps: tuple[int, ...] = (3, 6)) -> Site:
     }
     cluster_file = root / "cluster.yaml"
     cluster_file.write_text(yaml.safe_dump(cluster))
-    stages = tuple(
-        Stage(
-            layer_start=2 * i,
-            layer_end=2 * i + 2,
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=h, gpu=0),),
-        )
-        for i, h in enumerate(HOSTS)
-    )
-    plan = Plan(
-        name="lab",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=3, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=3, stages=stages),),
+    plan = plan_of(
+        [stage(2 * i, 2 * i + 2, h) for i, h in enumerate(HOSTS)],
+        microbatches=3,
         inputs={"cluster": {"path": str(cluster_file), "sha256": sha256_file(cluster_file)}},
     )
     _, plan_file = write_plan(plan, root / "plans")

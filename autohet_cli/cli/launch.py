@@ -11,11 +11,10 @@ from typing import Annotated
 import typer
 
 from autohet_cli.cli import trainopts
-from autohet_cli.launch import drycheck, runfolder, session
+from autohet_cli.launch import runfolder, session
 from autohet_cli.launch.executor import JobOutcome
 from autohet_cli.launch.jobs import NothingToTrain
 from autohet_cli.launch.pathargs import HELP as PATHS_HELP
-from autohet_cli.transport.pool import ConnectOptions
 
 EPILOG = (
     "Examples:\n\n"
@@ -35,6 +34,7 @@ EPILOG = (
 )
 
 
+@trainopts.options("launch")
 def launch(
     plan_file: Annotated[
         Path, typer.Argument(metavar="PLAN_FILE", help="Plan to run (plans/NAME.vN.yaml).")
@@ -46,32 +46,8 @@ def launch(
     cluster: Annotated[
         str | None, typer.Option(help="Cluster file or 'localhost'. [default: the plan's]")
     ] = None,
-    steps: Annotated[
-        int | None, typer.Option(help="Train until this step. [default: 100]", min=0)
-    ] = None,
-    config: trainopts.ConfigOpt = None,
-    data: trainopts.DataOpt = None,
-    data_fn: trainopts.DataFnOpt = None,
-    lr_extend: trainopts.LrExtendOpt = None,
-    checkpoint_every: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint-every",
-            metavar="K|auto|0",
-            help="Save every K steps and after the last; auto: under 2% overhead, at "
-            "least every 30 min; 0: no periodic saves, the last step is still saved "
-            "(nothing at all with --no-emergency-save). [default: auto]",
-        ),
-    ] = None,
-    no_emergency_save: trainopts.NoEmergencyOpt = False,
-    no_compile: trainopts.NoCompileOpt = False,
-    keep_checkpoints: trainopts.KeepOpt = None,
-    replicas: trainopts.ReplicasOpt = None,
-    replica_budget: trainopts.ReplicaBudgetOpt = None,
-    train_arg: Annotated[
-        list[str] | None,
-        typer.Option(help="Extra worker argument (repeatable), for example: --train-arg=--lr=3e-4"),
-    ] = None,
+    *,
+    training: trainopts.Training,
     init_from: Annotated[
         str | None,
         typer.Option(
@@ -92,10 +68,7 @@ def launch(
         str | None,
         typer.Option(help="Checkpoint namespace to use. [default: a new one; --resume: newest]"),
     ] = None,
-    master_port: Annotated[
-        int | None,
-        typer.Option(help="Rendezvous port. [default: a free port on the master host]"),
-    ] = None,
+    master_port: trainopts.MasterPortOpt = None,
     run_id: Annotated[
         str | None, typer.Option(help="Run directory name, used once. [default: UTC time]")
     ] = None,
@@ -133,52 +106,36 @@ def launch(
     force: Annotated[
         bool, typer.Option("--force", help="Run even if the cluster file changed.")
     ] = False,
-    accept_new_host_keys: Annotated[
-        bool, typer.Option("--accept-new-host-keys", help="Trust host keys seen first now.")
-    ] = False,
-    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file.")] = None,
+    accept_new_host_keys: trainopts.AcceptNewHostKeysOpt = False,
+    known_hosts: trainopts.KnownHostsOpt = None,
     auto_recover: Annotated[
         bool, typer.Option("--auto-recover", help="If a host is lost, recover at once.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Start torchrun on every host of PLAN, stream the output, stop cleanly on Ctrl-C."""
-    training = trainopts.resolve(
-        config=config,
-        steps=steps,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        replicas=replicas,
-        replica_budget=replica_budget,
-        data=data,
-        data_fn=data_fn,
-        lr_extend=lr_extend,
-        train_arg=trainopts.switches(
-            train_arg, no_emergency_save=no_emergency_save, no_compile=no_compile
-        ),
-    )
     req = session.LaunchRequest(
         plan_file=plan_file,
         cluster=cluster,
-        steps=training.steps,
-        checkpoint_every=training.checkpoint_every,
-        keep_checkpoints=training.keep_checkpoints,
-        train_args=training.train_args,
+        **training.request_fields(),
+        **trainopts.reach(
+            master_port=master_port,
+            backend=backend,
+            known_hosts=known_hosts,
+            accept_new_host_keys=accept_new_host_keys,
+        ),
         script=tuple(script or ()),
-        master_port=master_port,
         run_id=run_id,
         sync_dir=sync_dir,
         force=force,
-        connect=ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys),
         start_timeout_s=start_timeout,
         resume=resume,
         job=job,
         init_from=init_from,
-        backend=backend,
     )
     if dry_run:
         typer.echo(session.dry_run(req))
-        for line in drycheck.check(req):  # the launch's checks: exit 1 where it would refuse
+        for line in session.dry_check(req):  # the launch's checks: exit 1 where it would refuse
             typer.echo(line, err=True)
         return
     try:

@@ -13,7 +13,6 @@ from autohet_cli.launch.pathargs import HELP as PATHS_HELP
 from autohet_cli.plan import load_plan
 from autohet_cli.recovery import session
 from autohet_cli.recovery.report import dry_run_text, phases_text
-from autohet_cli.transport.pool import ConnectOptions
 
 EPILOG = (
     "Examples:\n\n"
@@ -27,6 +26,7 @@ EPILOG = (
 )
 
 
+@trainopts.options("recover")
 def recover(
     plan_file: Annotated[
         Path, typer.Argument(metavar="PLAN_FILE", help="The plan that was running.")
@@ -47,29 +47,8 @@ def recover(
         str | None,
         typer.Option(help="Checkpoint namespace (launch prints it). [default: the newest]"),
     ] = None,
-    steps: Annotated[
-        int | None, typer.Option(help="Train until this step. [default: 100]", min=1)
-    ] = None,
-    config: trainopts.ConfigOpt = None,
-    data: trainopts.DataOpt = None,
-    data_fn: trainopts.DataFnOpt = None,
-    lr_extend: trainopts.LrExtendOpt = None,
-    checkpoint_every: Annotated[
-        str | None,
-        typer.Option(
-            "--checkpoint-every",
-            metavar="K|auto|0",
-            help="As for launch: K steps, auto, or 0 (the last step only). [default: auto]",
-        ),
-    ] = None,
-    no_emergency_save: trainopts.NoEmergencyOpt = False,
-    no_compile: trainopts.NoCompileOpt = False,
-    keep_checkpoints: trainopts.KeepOpt = None,
-    replicas: trainopts.ReplicasOpt = None,
-    replica_budget: trainopts.ReplicaBudgetOpt = None,
-    train_arg: Annotated[
-        list[str] | None, typer.Option(help="Extra worker argument (repeatable).")
-    ] = None,
+    *,
+    training: trainopts.Training,
     time_limit: Annotated[
         float,
         typer.Option(
@@ -87,10 +66,7 @@ def recover(
         bool,
         typer.Option("--resume/--no-resume", help="Relaunch training after moving the shards."),
     ] = True,
-    master_port: Annotated[
-        int | None,
-        typer.Option(help="Rendezvous port. [default: a free port on the master host]"),
-    ] = None,
+    master_port: trainopts.MasterPortOpt = None,
     backend: Annotated[
         str | None,
         typer.Option(
@@ -102,10 +78,8 @@ def recover(
             "[default: the cluster file's backend, else ssh]",
         ),
     ] = None,
-    accept_new_host_keys: Annotated[
-        bool, typer.Option("--accept-new-host-keys", help="Trust host keys seen first now.")
-    ] = False,
-    known_hosts: Annotated[Path | None, typer.Option(help="known_hosts file.")] = None,
+    accept_new_host_keys: trainopts.AcceptNewHostKeysOpt = False,
+    known_hosts: trainopts.KnownHostsOpt = None,
     break_lock: Annotated[
         bool,
         typer.Option(
@@ -130,20 +104,6 @@ def recover(
     version, copies each missing shard from a surviving peer (remote storage only
     for what every peer lost), verifies it by sha256, then relaunches training.
     """
-    training = trainopts.resolve(
-        config=config,
-        steps=steps,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        replicas=replicas,
-        replica_budget=replica_budget,
-        data=data,
-        data_fn=data_fn,
-        lr_extend=lr_extend,
-        train_arg=trainopts.switches(
-            train_arg, no_emergency_save=no_emergency_save, no_compile=no_compile
-        ),
-    )
 
     def say(message: str) -> None:
         if not as_json:
@@ -155,16 +115,16 @@ def recover(
         cluster=cluster,
         step=step,
         job=job,
-        steps=training.steps,
-        checkpoint_every=training.checkpoint_every,
-        keep_checkpoints=training.keep_checkpoints,
-        train_args=training.train_args,
+        **training.request_fields(),
+        **trainopts.reach(
+            master_port=master_port,
+            backend=backend,
+            known_hosts=known_hosts,
+            accept_new_host_keys=accept_new_host_keys,
+        ),
         time_limit_s=time_limit,
         dry_run=dry_run,
         resume=resume,
-        master_port=master_port,
-        backend=backend,
-        connect=ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys),
         break_lock=break_lock,
     )
     result = session.recover(req, say)

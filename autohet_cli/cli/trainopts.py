@@ -1,5 +1,10 @@
 """Training options shared by `launch` and `recover`: run config, data, worker flags.
 
+Both commands declare them once, here: ``options`` puts them where the command has
+its ``training`` parameter and hands the command what they resolve to
+(:class:`Training`). The options of how to reach the hosts, alike in both, are here
+too (``MasterPortOpt``, ``KnownHostsOpt``, ... and ``reach``).
+
 Precedence, lowest first: built-in defaults, the ``--config`` file, the command's
 own flags (``--steps``, ``--data``, ...), then ``--train-arg``s, which reach the
 worker last and so win (argparse keeps the last value of a flag).
@@ -7,10 +12,13 @@ worker last and so win (argparse keeps the last value of a flag).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +29,7 @@ from autohet_cli.limits import MAX_STEPS, at_most
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.runconfig import load_run_config, worker_args
 from autohet_cli.runtime.train_args import check_flags
+from autohet_cli.transport.pool import ConnectOptions
 
 DEFAULT_STEPS = 100
 DEFAULT_EVERY = "auto"
@@ -98,6 +107,28 @@ NoCompileOpt = Annotated[
     ),
 ]
 
+# Not training options, but launch and recover declare them alike too.
+MasterPortOpt = Annotated[
+    int | None,
+    typer.Option(help="Rendezvous port. [default: a free port on the master host]"),
+]
+AcceptNewHostKeysOpt = Annotated[
+    bool, typer.Option("--accept-new-host-keys", help="Trust host keys seen first now.")
+]
+KnownHostsOpt = Annotated[Path | None, typer.Option(help="known_hosts file.")]
+
+
+def reach(
+    *,
+    master_port: int | None,
+    backend: str | None,
+    known_hosts: Path | None,
+    accept_new_host_keys: bool,
+) -> dict[str, Any]:
+    """The request fields, alike in launch and recover, of how to reach the hosts."""
+    connect = ConnectOptions(known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys)
+    return {"master_port": master_port, "backend": backend, "connect": connect}
+
 
 class LrExtend(StrEnum):
     """``--lr-extend``'s choices (``runtime.lr_schedule``)."""
@@ -142,10 +173,16 @@ def switches(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
+    """What the training options resolve to; launch and recover requests take these
+    fields by the same names (``request_fields``)."""
+
     steps: int
     checkpoint_every: str
     train_args: tuple[str, ...]
     keep_checkpoints: int = DEFAULT_KEEP
+
+    def request_fields(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def resolve(
@@ -198,3 +235,90 @@ def resolve(
         keep_checkpoints=keep,
         train_args=(*worker_args(settings), *explicit, *(train_arg or ())),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Differs:
+    """What the training options say differently in each command."""
+
+    steps_min: int
+    checkpoint_every_help: str
+    train_arg_help: str
+
+
+_BY_COMMAND = {
+    "launch": _Differs(
+        steps_min=0,
+        checkpoint_every_help="Save every K steps and after the last; auto: under 2% "
+        "overhead, at least every 30 min; 0: no periodic saves, the last step is still "
+        "saved (nothing at all with --no-emergency-save). [default: auto]",
+        train_arg_help="Extra worker argument (repeatable), for example: --train-arg=--lr=3e-4",
+    ),
+    "recover": _Differs(
+        steps_min=1,
+        checkpoint_every_help="As for launch: K steps, auto, or 0 (the last step only). "
+        "[default: auto]",
+        train_arg_help="Extra worker argument (repeatable).",
+    ),
+}
+
+
+def _declarations(differs: _Differs) -> list[inspect.Parameter]:
+    """The training options in ``--help`` order."""
+    steps = Annotated[
+        int | None,
+        typer.Option(
+            help=f"Train until this step. [default: {DEFAULT_STEPS}]", min=differs.steps_min
+        ),
+    ]
+    every = Annotated[
+        str | None,
+        typer.Option("--checkpoint-every", metavar="K|auto|0", help=differs.checkpoint_every_help),
+    ]
+    train_arg = Annotated[list[str] | None, typer.Option(help=differs.train_arg_help)]
+    declared: list[tuple[str, Any, object]] = [
+        ("steps", steps, None),
+        ("config", ConfigOpt, None),
+        ("data", DataOpt, None),
+        ("data_fn", DataFnOpt, None),
+        ("lr_extend", LrExtendOpt, None),
+        ("checkpoint_every", every, None),
+        ("no_emergency_save", NoEmergencyOpt, False),
+        ("no_compile", NoCompileOpt, False),
+        ("keep_checkpoints", KeepOpt, None),
+        ("replicas", ReplicasOpt, None),
+        ("replica_budget", ReplicaBudgetOpt, None),
+        ("train_arg", train_arg, None),
+    ]
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return [inspect.Parameter(n, kind, annotation=a, default=d) for n, a, d in declared]
+
+
+def options(command_name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Declare the training options of ``command_name`` (launch, recover) in place of the
+    command's keyword-only ``training`` parameter; the command is called with them
+    resolved (``resolve``) as ``training``."""
+    declared = _declarations(_BY_COMMAND[command_name])
+    names = [p.name for p in declared]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("training")
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> None:
+            given = {name: kwargs.pop(name) for name in names}
+            switched = switches(
+                given.pop("train_arg"),
+                no_emergency_save=given.pop("no_emergency_save"),
+                no_compile=given.pop("no_compile"),
+            )
+            command(**kwargs, training=resolve(**given, train_arg=switched))
+
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*params[:at], *declared, *params[at + 1 :]]
+        )
+        return run
+
+    return decorate

@@ -17,11 +17,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from autohet_cli.errors import CommandFailed, CommandTimeout
 from autohet_cli.transport.lines import LineCallback, LineLog
+from autohet_cli.transport.quoting import check_argv
 
 DEFAULT_KILL_GRACE_S = 2.0
 # After the process exited, how long to keep reading output that a leftover child
@@ -47,13 +47,24 @@ class RunResult:
         if self.exit_code != 0:
             tail = "\n".join(self.stderr.splitlines()[-20:])
             raise CommandFailed(
-                f"host {self.host}: {_show(self.argv)} exited with code {self.exit_code}"
+                f"host {self.host}: {show_command(self.argv)} exited with code {self.exit_code}"
                 + (f":\n{tail}" if tail else " (no stderr)"),
                 host=self.host,
                 exit_code=self.exit_code,
                 stderr=self.stderr,
             )
         return self
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """What ``Runner.start`` runs: ``argv`` with ``env`` added, in ``cwd`` (None: the
+    host's default), its pid written to ``pid_file`` (on the host) first."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    pid_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +75,8 @@ class Liveness:
     answered_sent_s: float | None = None  # the newest answered one went out then
 
 
-def _show(argv: Sequence[str], limit: int = 120) -> str:
+def show_command(argv: Sequence[str], limit: int = 120) -> str:
+    """A command as errors quote it: enough to recognise, never a whole script."""
     text = " ".join(argv)
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
@@ -103,7 +115,7 @@ class ProcessHandle(ABC):
         code = self._wait_exit(timeout_s)
         if code is None:
             raise CommandTimeout(
-                f"host {self.host}: {_show(self.argv)} still running after {timeout_s:g} s",
+                f"host {self.host}: {show_command(self.argv)} still running after {timeout_s:g} s",
                 host=self.host,
                 timeout_s=timeout_s or 0.0,
                 stdout=self.log.text("stdout"),
@@ -153,7 +165,6 @@ class Runner(ABC):
 
     host_name: str
 
-    @abstractmethod
     def start(
         self,
         argv: Sequence[str],
@@ -165,6 +176,13 @@ class Runner(ABC):
     ) -> ProcessHandle:
         """Start ``argv`` (in its own process group) and return at once; ``pid_file``
         (on the host): its pid is written there before it runs."""
+        check_argv(argv, env=env, cwd=cwd)
+        command = Command(argv=tuple(argv), env=env, cwd=cwd, pid_file=pid_file)
+        return self._start(command, on_line)
+
+    @abstractmethod
+    def _start(self, command: Command, on_line: LineCallback | None) -> ProcessHandle:
+        """``start`` with ``command`` checked (``quoting.check_argv``)."""
 
     @abstractmethod
     def put(self, local: str | Path, remote: str) -> None:
@@ -203,7 +221,7 @@ class Runner(ABC):
         except CommandTimeout:
             proc.kill()
             raise CommandTimeout(
-                f"host {self.host_name}: {_show(argv)} timed out after {timeout_s:g} s "
+                f"host {self.host_name}: {show_command(argv)} timed out after {timeout_s:g} s "
                 "and was killed",
                 host=self.host_name,
                 timeout_s=timeout_s or 0.0,
@@ -218,10 +236,5 @@ class Runner(ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

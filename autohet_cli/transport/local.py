@@ -12,29 +12,21 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from autohet_cli.errors import TransportError
-from autohet_cli.transport.base import ProcessHandle, Runner
+from autohet_cli.transport.base import Command, ProcessHandle, Runner
 from autohet_cli.transport.lines import LineCallback
-from autohet_cli.transport.quoting import check_argv
 
 
 class LocalProcess(ProcessHandle):
-    def __init__(
-        self,
-        host: str,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        on_line: LineCallback | None,
-    ) -> None:
+    def __init__(self, host: str, command: Command, *, on_line: LineCallback | None) -> None:
+        argv = command.argv
         super().__init__(host=host, argv=argv, on_line=on_line)
-        full_env = {**os.environ, **(env or {})}
-        workdir = os.path.expanduser(cwd) if cwd is not None else None
+        full_env = {**os.environ, **(command.env or {})}
+        workdir = os.path.expanduser(command.cwd) if command.cwd is not None else None
         try:
             self._proc = subprocess.Popen(
                 list(argv),
@@ -96,24 +88,15 @@ class LocalRunner(Runner):
     def __init__(self, host_name: str = "localhost") -> None:
         self.host_name = host_name
 
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        on_line: LineCallback | None = None,
-        pid_file: str | None = None,
-    ) -> LocalProcess:
-        check_argv(argv, env=env, cwd=cwd)
-        proc = LocalProcess(self.host_name, argv, env=env, cwd=cwd, on_line=on_line)
-        if pid_file is not None:
+    def _start(self, command: Command, on_line: LineCallback | None) -> LocalProcess:
+        proc = LocalProcess(self.host_name, command, on_line=on_line)
+        if command.pid_file is not None:
             try:
-                Path(pid_file).expanduser().write_text(f"{proc.pid}\n")
+                Path(command.pid_file).expanduser().write_text(f"{proc.pid}\n")
             except OSError as exc:
                 proc.kill(0.0)
                 raise TransportError(
-                    f"host {self.host_name}: cannot write the pid file {pid_file}: "
+                    f"host {self.host_name}: cannot write the pid file {command.pid_file}: "
                     f"{exc.strerror or exc}",
                     host=self.host_name,
                 ) from exc

@@ -11,14 +11,14 @@ from __future__ import annotations
 import posixpath
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import paramiko
 
 from autohet_cli.cluster import Host
 from autohet_cli.errors import HostUnreachable, SessionsExhausted, TransportError
-from autohet_cli.transport.base import Liveness, ProcessHandle, Runner
+from autohet_cli.transport.base import Command, Liveness, ProcessHandle, Runner, show_command
 from autohet_cli.transport.connect import Connection, open_connection, reason
 from autohet_cli.transport.lines import LineCallback, ReadsLines, strip_newline
 from autohet_cli.transport.local import atomic_target, not_a_file
@@ -206,19 +206,12 @@ class SshRunner(Runner):
                 host=self.host_name,
             ) from exc
 
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        on_line: LineCallback | None = None,
-        pid_file: str | None = None,
-    ) -> SshProcess:
-        command = remote_command(argv, env=env, cwd=cwd, announce_pid=True, pid_file=pid_file)
+    def _start(self, command: Command, on_line: LineCallback | None) -> SshProcess:
+        argv, env, cwd = command.argv, command.env, command.cwd
+        line = remote_command(argv, env=env, cwd=cwd, announce_pid=True, pid_file=command.pid_file)
         chan = self._session(f"to run {_brief(argv)}")
         try:
-            return SshProcess(self, chan, argv, command=command, on_line=on_line)
+            return SshProcess(self, chan, argv, command=line, on_line=on_line)
         except _SESSION_ERRORS as exc:
             chan.close()
             raise HostUnreachable(
@@ -323,10 +316,8 @@ class SshRunner(Runner):
         )
 
 
-def _brief(argv: Sequence[str], limit: int = 100) -> str:
-    """A command as errors quote it: enough to recognise, never a whole script."""
-    text = " ".join(argv)
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+def _brief(argv: Sequence[str]) -> str:
+    return show_command(argv, limit=100)
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:

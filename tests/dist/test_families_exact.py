@@ -29,14 +29,14 @@ from zygote import run_workers
 
 from autohet_cli.hfconfig import load_hf_config
 from autohet_cli.models import ModelSpec
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.plan import Plan, write_plan
 from autohet_cli.runtime.data import SyntheticCorpus
 from autohet_cli.runtime.model_api import ModelRequest, local_layers
 from autohet_cli.runtime.models import build
 from autohet_cli.runtime.stage import StageModule
-from autohet_cli.settings import TrainingSettings
 from tests.dist.test_runtime_exact import STEPS, TIMEOUT_S, RunResult, _check, _env, collect
-from tests.hf_reference import SEQ_LEN, VOCAB, save_random_model, worst_relative
+from tests.hf_reference import SEQ_LEN, VOCAB, model_request, save_random_model, worst_relative
+from tests.planting import plan_of, stage
 
 pytestmark = pytest.mark.dist
 pytest.importorskip("transformers")
@@ -49,37 +49,18 @@ Layout = list[tuple[int, list[tuple[int, int]]]]
 
 def make_plan(name: str, spec: ModelSpec, layout: Layout, tp: int = 1) -> Plan:
     gpus = iter(range(64))
-    total = sum(m for m, _ in layout)
-    return Plan(
+    return plan_of(
+        *(
+            [stage(a, b, "localhost", *(next(gpus) for _ in range(tp))) for a, b in stages]
+            for _, stages in layout
+        ),
+        microbatches=[m for m, _ in layout],
+        micro_batch_size=MICRO_BATCH,
+        seq_len=SEQ_LEN,
+        precision="fp32",
+        optimizer="sgd",
+        model=spec,
         name=name,
-        version=1,
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        architecture=spec,
-        training=TrainingSettings(
-            global_batch_size=total * MICRO_BATCH,
-            micro_batch_size=MICRO_BATCH,
-            seq_len=SEQ_LEN,
-            precision="fp32",
-            optimizer="sgd",
-        ),
-        tensor_parallel=tp,
-        pipelines=tuple(
-            Pipeline(
-                num_microbatches=m,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=tp,
-                        devices=tuple(Device(host="localhost", gpu=next(gpus)) for _ in range(tp)),
-                    )
-                    for a, b in stages
-                ),
-            )
-            for m, stages in layout
-        ),
     )
 
 
@@ -149,16 +130,7 @@ def test_combined_plan_from_hf_weights_matches_one_process(family: str, tmp_path
 
 
 def request(spec: ModelSpec) -> ModelRequest:
-    return ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=0,
-        layer_end=spec.num_layers,
-        seed=0,
-        seq_len=SEQ_LEN,
-        micro_batch_size=MICRO_BATCH,
-        architecture=spec,
-    )
+    return model_request(spec, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH)
 
 
 def export(step_dir: Path, tmp: Path) -> object:

@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,20 @@ class FakeSshHost:
         }
         fields.update(overrides)
         return Host(**fields)
+
+    def cluster_entry(self, num_gpus: int = 1) -> dict[str, Any]:
+        """This fake host as a cluster file lists it (``num_gpus`` cpu "GPUs")."""
+        return {
+            "name": self.name,
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "identity_file": str(self.client_key.private_path),
+            "python": sys.executable,
+            "workdir": str(self.root / "work"),
+            "checkpoint_dir": str(self.checkpoint_dir),
+            "gpus": {"type": "cpu", "count": num_gpus},
+        }
 
     def host_key_public(self) -> str:
         """``ssh-ed25519 AAAA...`` (type and base64, no comment)."""

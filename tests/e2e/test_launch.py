@@ -8,17 +8,17 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.plan import Stage, write_plan
 from autohet_cli.yamlio import sha256_file
+from tests.cli import start_autohet
 from tests.e2e.sshd import SshdFarm
+from tests.planting import plan_of, stage
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,19 +34,7 @@ def _cluster_file(
     """``gpus``: CPU "GPUs" per host name where not 1; ``checks``: preemption checks."""
     hosts = []
     for h in farm.hosts:
-        hosts.append(
-            {
-                "name": h.name,
-                "address": h.address,
-                "port": h.port,
-                "user": h.user,
-                "identity_file": str(h.client_key.private_path),
-                "python": sys.executable,
-                "workdir": str(h.root / "work"),
-                "checkpoint_dir": str(h.checkpoint_dir),
-                "gpus": {"type": "cpu", "count": (gpus or {}).get(h.name, 1)},
-            }
-        )
+        hosts.append(h.cluster_entry((gpus or {}).get(h.name, 1)))
         if checks and h.name in checks:
             hosts[-1]["preemption_check"] = checks[h.name]
     doc = {
@@ -75,30 +63,14 @@ def _plan(tmp: Path, cluster: Path, layout: Layout = THREE_HOSTS) -> Path:
     def st(a: int, b: int, host: str, tp: int = 1) -> Stage:
         first = used.get(host, 0)
         used[host] = first + tp
-        return Stage(
-            layer_start=a,
-            layer_end=b,
-            gpu_type="cpu",
-            tensor_parallel=tp,
-            devices=tuple(Device(host=host, gpu=first + k) for k in range(tp)),
-        )
+        return stage(a, b, host, *range(first, first + tp))
 
-    plan = Plan(
+    plan = plan_of(
+        *([st(*s) for s in stages] for _, stages in layout),
+        microbatches=[m for m, _ in layout],
+        precision="fp32",
         name="e2e",
         version=0,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=sum(m for m, _ in layout),
-            micro_batch_size=1,
-            seq_len=64,
-            precision="fp32",
-        ),
-        tensor_parallel=max(s[3] if len(s) > 3 else 1 for _, st_ in layout for s in st_),
-        pipelines=tuple(
-            Pipeline(num_microbatches=m, stages=tuple(st(*s) for s in stages))
-            for m, stages in layout
-        ),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )
     _, path = write_plan(plan, tmp / "plans")
@@ -113,27 +85,10 @@ def free_port() -> int:
 
 
 def _launch(plan: Path, cwd: Path, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if "--master-port" not in extra:  # options go before a `--` user script
         extra = ("--master-port", str(free_port()), *extra)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autohet_cli",
-            "launch",
-            str(plan),
-            "--known-hosts",
-            str(cwd / "sshd" / "known_hosts"),
-            *extra,
-        ],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    known_hosts = str(cwd / "sshd" / "known_hosts")
+    return start_autohet("launch", str(plan), "--known-hosts", known_hosts, *extra, cwd=cwd)
 
 
 def _workers_alive(farm: SshdFarm) -> list[str]:

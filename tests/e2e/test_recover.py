@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import start_autohet
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import (
     ROOT,
@@ -67,32 +68,11 @@ def _losses(text: str) -> dict[int, float]:
 
 def _reference(tmp: Path, steps: int = STEPS) -> dict[int, float]:
     """The uninterrupted run: one process, same global batch, seed and steps."""
-    from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-    from autohet_cli.settings import TrainingSettings
+    from autohet_cli.plan import write_plan
+    from tests.planting import plan_of, stage
 
-    one = Plan(
-        name="ref",
-        version=0,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=8, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=8,
-                stages=(
-                    Stage(
-                        layer_start=0,
-                        layer_end=6,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="localhost", gpu=0),),
-                    ),
-                ),
-            ),
-        ),
+    one = plan_of(
+        [stage(0, 6, "localhost")], microbatches=8, precision="fp32", name="ref", version=0
     )
     _, path = write_plan(one, tmp / "ref")
     out = subprocess.run(
@@ -367,25 +347,10 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
 
     total = sum(int(i["bytes"]) for i in moved["transfers"]["items"])
     # recover itself is interrupted (SIGKILL) as soon as its first file has landed
-    victim = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autohet_cli",
-            "recover",
-            str(plan),
-            "--lost",
-            "fake-4",
-            "--no-resume",
-            "--known-hosts",
-            str(tmp_path / "sshd" / "known_hosts"),
-        ],
+    victim = start_autohet(
+        *("recover", str(plan), "--lost", "fake-4", "--no-resume"),
+        *("--known-hosts", str(tmp_path / "sshd" / "known_hosts")),
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     assert victim.stdout is not None
     for line in victim.stdout:

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from autohet_cli.ckpt.notice import LAST_SAVE_FILE
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.plan import write_plan
 from autohet_cli.runtime.agent import child_pids
-from autohet_cli.settings import TrainingSettings
+from tests.cli import start_autohet
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import ROOT, _cluster_file, _launch, _plan, _workers_alive, free_port
 from tests.e2e.test_recover import _losses, _reference
 from tests.e2e.test_slurm import _rest
+from tests.planting import plan_of, stage
 
 pytestmark = pytest.mark.e2e
 STEPS = 40  # far beyond the notice: the run stops at the notice's step
@@ -184,42 +185,15 @@ def test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption(
 ) -> None:
     """The embedded localhost cluster: the shutdown signals the launcher too. It is a
     preemption (exit 3, the step saved), and the printed --resume continues it."""
-    plan = Plan(
-        name="local",
-        version=0,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=4, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=4,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="localhost", gpu=g),),
-                    )
-                    for g, (a, b) in enumerate(((0, 3), (3, 6)))
-                ),
-            ),
-        ),
-    )
+    stages = [stage(0, 3, "localhost", 0), stage(3, 6, "localhost", 1)]
+    plan = plan_of(stages, microbatches=4, precision="fp32", name="local", version=0)
     _, path = write_plan(plan, tmp_path / "plans")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    cmd = [sys.executable, "-m", "autohet_cli", "launch", str(path), "--steps", str(STEPS)]
-    proc = subprocess.Popen(
-        [*cmd, "--checkpoint-every", "0", "--master-port", str(free_port())],
+    proc = start_autohet(
+        *("launch", str(path), "--steps", str(STEPS), "--checkpoint-every", "0"),
+        *("--master-port", str(free_port())),
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     seen = _run_until_step(proc, 2)
     pids = _tree(proc.pid)

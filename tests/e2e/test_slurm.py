@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli import start_autohet
 from tests.e2e.slurm import SlurmCluster, SlurmNode, slurm_problem
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import _plan
@@ -107,15 +108,7 @@ def _cluster_file(
 
 
 def _autohet(slurm: SlurmCluster, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "autohet_cli", *args],
-        cwd=cwd,
-        env={**slurm.env, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    return start_autohet(*args, cwd=cwd, env=slurm.env)
 
 
 def _left_behind(tmp: Path) -> list[str]:

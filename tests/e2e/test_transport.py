@@ -32,6 +32,7 @@ from autohet_cli.errors import (
 from autohet_cli.transport import RunResult, SshRunner, fan_out, runner_for
 from autohet_cli.transport.target import resolve
 from tests.e2e.sshd import FakeSshHost, SshdFarm, _descendants
+from tests.planting import cpu_host
 
 pytestmark = pytest.mark.e2e
 
@@ -256,16 +257,7 @@ def full_backlog() -> Iterator[tuple[str, int]]:
 
 
 def _plain_host(name: str, address: str, port: int = 22) -> Host:
-    return Host(
-        name=name,
-        address=address,
-        port=port,
-        user="nobody",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=4 << 30,
-        intra_node_gbps=80.0,
-    )
+    return cpu_host(name, address, gpu_mem_bytes=4 << 30, port=port, user="nobody")
 
 
 def test_timeouts_name_the_host_and_the_phase(
@@ -338,14 +330,7 @@ def test_ssh_config_and_proxy_jump(sshd_farm: SshdFarm) -> None:
         f"  User {target.user}\n  IdentityFile {key}\n  ProxyJump bastion\n"
     )
     # Only the alias in the cluster file: address, port, user, key come from ssh config.
-    host = Host(
-        name="inner-node",
-        address="inner",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=4 << 30,
-        intra_node_gbps=80.0,
-    )
+    host = cpu_host("inner-node", "inner", gpu_mem_bytes=4 << 30)
     runner = runner_for(host, known_hosts=sshd_farm.known_hosts, ssh_config=sshd_farm.ssh_config)
     assert isinstance(runner, SshRunner) and runner.num_jumps == 1
     with runner:

@@ -1,4 +1,5 @@
-"""Fixtures shared by the unit tests, and the rule that keeps this tier fast.
+"""Fixtures shared by the unit tests (``alone``, ``sailor_root``, ``receiver``), and the
+rule that keeps this tier fast.
 
 The unit tier checks logic in this process (a CLI in a fresh interpreter is fine):
 it never starts worker processes, sshd or Slurm. Those live in ``tests/dist`` and
@@ -14,12 +15,18 @@ import importlib
 import os
 import subprocess
 from collections.abc import Iterator, Sequence
-from pathlib import PurePath
-from typing import Any
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from autohet_cli.peer.replicate import Replicator
+
+# Sailor's measured data, copied into the repository (see tests/data/sailor/README.md).
+SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "AUTOHET_HOST")
 
@@ -94,3 +101,28 @@ def alone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def sailor_root() -> Path:
+    """Sailor's measured profiles (``tests/data/sailor``), failing where they are gone."""
+    if not (SAILOR / "llm_info.json").is_file():
+        pytest.fail(
+            f"Sailor's measured profiles are missing at {SAILOR}; they ship with the "
+            "repository (tests/data/sailor): restore them from git",
+            pytrace=False,
+        )
+    return SAILOR
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Replicator]:
+    """Host b's replica receiver on loopback (``tests.peering``), its job folder holding
+    an empty step 2."""
+    from tests import peering
+
+    job = tmp_path / "b" / "plan" / "default"
+    (job / peering.STEP).mkdir(parents=True)
+    r = peering.receiver(job)
+    yield r
+    r.close()

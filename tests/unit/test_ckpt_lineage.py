@@ -23,43 +23,24 @@ from autohet_cli.ckpt.lineage import (
 )
 from autohet_cli.errors import ConfigError
 from autohet_cli.models import get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Plan
 from autohet_cli.recovery.manifest import load_manifest
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
-from autohet_cli.settings import TrainingSettings
+from tests.planting import plan_of, stage
 
 GPT_TINY = get_model("gpt-tiny")
 
 
 def _plan(batch: int = 4, architecture: object = None) -> Plan:
-    return Plan(
+    return plan_of(
+        [stage(0, 6, "h0")],
+        microbatches=batch // 2,
+        micro_batch_size=2,
+        seq_len=16,
+        precision="fp32",
         name="one",
         version=3,
-        model_name="gpt-tiny",
-        num_layers=6,
-        architecture=architecture,  # type: ignore[arg-type]
-        training=TrainingSettings(
-            global_batch_size=batch,
-            micro_batch_size=2,
-            seq_len=16,
-            precision="fp32",
-            optimizer="adam",
-        ),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=batch // 2,
-                stages=(
-                    Stage(
-                        layer_start=0,
-                        layer_end=6,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="h0", gpu=0),),
-                    ),
-                ),
-            ),
-        ),
+        architecture=architecture,
     )
 
 

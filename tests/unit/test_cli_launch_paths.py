@@ -19,10 +19,10 @@ import yaml
 from autohet_cli.hfconfig import to_hf_config
 from autohet_cli.launch.session import LaunchRequest, dry_run
 from autohet_cli.models import get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.plan import write_plan
 from autohet_cli.yamlio import sha256_file
 from tests.cli import autohet
+from tests.planting import plan_of, stage
 from tests.recovery_site import make_site
 
 
@@ -52,26 +52,11 @@ def localhost_plan(root: Path) -> Path:
 
 
 def _plan(root: Path, cluster: Path, hosts: tuple[str, ...]) -> Path:
-    stages = tuple(
-        Stage(
-            layer_start=6 * i // len(hosts),
-            layer_end=6 * (i + 1) // len(hosts),
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=h, gpu=0),),
-        )
-        for i, h in enumerate(hosts)
-    )
-    plan = Plan(
+    n = len(hosts)
+    plan = plan_of(
+        [stage(6 * i // n, 6 * (i + 1) // n, h) for i, h in enumerate(hosts)],
+        precision="fp32",
         name="paths",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=2, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=stages),),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )
     _, path = write_plan(plan, root / "plans")
@@ -113,7 +98,7 @@ def test_dry_run_shows_this_machines_paths_read_from_the_current_directory(
 ) -> None:
     plan = localhost_plan(tmp_path)
     cwd = _elsewhere(tmp_path)
-    # What the dry run's checks read there (launch.drycheck): all of it usable.
+    # What the dry run's checks read there (launch.session.dry_check): all of it usable.
     (cwd / "build").mkdir()
     (cwd / "build" / "sample-tokens").write_bytes(bytes(2 * 1000))  # 1,000 uint16 ids
     (cwd / "my-llama").mkdir()
@@ -143,7 +128,7 @@ def test_dry_run_shows_a_remote_hosts_paths_read_from_its_workdir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the dry run prints (``session.dry_run``, no I/O); the CLI then checks on
-    the hosts (launch.drycheck), which these hosts would not answer."""
+    the hosts (launch.session.dry_check), which these hosts would not answer."""
     plan = _remote_plan(tmp_path)
     monkeypatch.chdir(_elsewhere(tmp_path))
     out = dry_run(

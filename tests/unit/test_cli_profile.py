@@ -13,20 +13,6 @@ from autohet_cli.cli import profile as profile_cli
 from autohet_cli.errors import ConfigError, ProfileError
 from autohet_cli.profiling.schema import load_profile
 
-# Sailor's measured data, copied into the repository (see tests/data/sailor/README.md).
-SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"
-
-
-@pytest.fixture(scope="module")
-def sailor_root() -> Path:
-    if not (SAILOR / "llm_info.json").is_file():
-        pytest.fail(
-            f"Sailor's measured profiles are missing at {SAILOR}; they ship with the "
-            "repository (tests/data/sailor): restore them from git",
-            pytrace=False,
-        )
-    return SAILOR
-
 
 def _run(*args: str | Path) -> Result:
     app = typer.Typer()

@@ -94,23 +94,12 @@ def test_a_model_functions_own_loss_keeps_the_built_in_head_unfused() -> None:
     """The built-in head's chunked loss equals the built-in loss_fn only: a model
     function pairing that head with its own loss (label smoothing, z-loss) keeps it."""
     from autohet_cli.models import get_model
-    from autohet_cli.runtime.model_api import ModelRequest
     from autohet_cli.runtime.models import build
     from autohet_cli.runtime.stage import StageModule
+    from tests.hf_reference import model_request
 
     spec = get_model("gpt-tiny")
-    parts = build(
-        ModelRequest(
-            model_name=spec.name,
-            num_layers=spec.num_layers,
-            layer_start=0,
-            layer_end=spec.num_layers,
-            seed=0,
-            seq_len=8,
-            micro_batch_size=1,
-            architecture=spec,
-        )
-    )
+    parts = build(model_request(spec, seq_len=8))
     stage = StageModule(dict(enumerate(parts.layers)))
     assert stage.fused_loss(parts.loss_fn) is not None
 

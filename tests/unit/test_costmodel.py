@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from autohet_cli.costmodel.fixed import TP_COLLECTIVES
 from autohet_cli.costmodel.pipeline import closed_form_1f1b, simulate_1f1b
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.models import ModelSpec, get_model
-from autohet_cli.plan import Device, Pipeline, Stage
+from autohet_cli.plan import Pipeline, Stage
 from autohet_cli.profiling.analytic import analytic_entry
 from autohet_cli.profiling.schema import (
     EntryKey,
@@ -27,24 +28,15 @@ from autohet_cli.profiling.schema import (
     load_profile,
 )
 from autohet_cli.settings import TrainingSettings
+from tests import planting
+from tests.bruteforce import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PROPERTY = settings(deadline=None, max_examples=60, derandomize=True)
 GIB = catalog.GIB
 
 # A 4-layer model (embedding, two blocks, head) whose measured profile we write by hand.
-TOY = ModelSpec(
-    name="toy-4",
-    family="gpt2",
-    num_blocks=2,
-    hidden_size=64,
-    num_heads=4,
-    num_kv_heads=4,
-    ffn_hidden_size=256,
-    vocab_size=256,
-    num_positions=64,
-    default_seq_len=64,
-)
+TOY = tiny_model(2)
 TRAINING = TrainingSettings(global_batch_size=4, micro_batch_size=1, seq_len=128)
 
 # Per layer: fwd 1 ms, bwd 2 ms; the rest differs per layer so that a wrong range shows.
@@ -139,14 +131,7 @@ def make_cluster(
     )
 
 
-def stage(start: int, end: int, host: str, *gpus: int, gpu_type: str = "A100-40") -> Stage:
-    return Stage(
-        layer_start=start,
-        layer_end=end,
-        gpu_type=gpu_type,
-        tensor_parallel=len(gpus),
-        devices=tuple(Device(host=host, gpu=g) for g in gpus),
-    )
+stage = functools.partial(planting.stage, gpu_type="A100-40")
 
 
 def pipe(m: int, *stages: Stage) -> Pipeline:

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from autohet_cli.cli.export import register
 from autohet_cli.models import ModelSpec, get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
+from autohet_cli.plan import write_plan
 from autohet_cli.runtime.hf_export import ExportError, export_hf, open_checkpoint, spec_for
-from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import sha256_file
+from tests import planting
 from tests.hf_reference import dcp_checkpoint, tiny_model
 
 SPEC = get_model("gpt-tiny")  # 4 heads
@@ -28,29 +28,8 @@ EIGHT_HEADS = dataclasses.replace(SPEC, name="gpt-8h", num_heads=8, num_kv_heads
 
 
 def plan_of(spec: ModelSpec, directory: Path, name: str = "lab") -> Path:
-    plan = Plan(
-        name=name,
-        version=1,
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        architecture=spec,
-        training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=16),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=2,
-                stages=(
-                    Stage(
-                        layer_start=0,
-                        layer_end=spec.num_layers,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host="localhost", gpu=0),),
-                    ),
-                ),
-            ),
-        ),
-    )
+    stages = [planting.stage(0, spec.num_layers, "localhost")]
+    plan = planting.plan_of(stages, model=spec, seq_len=16, name=name)
     return write_plan(plan, directory)[1]
 
 

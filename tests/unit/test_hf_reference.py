@@ -20,15 +20,14 @@ from autohet_cli.hfconfig import load_hf_config, to_hf_config
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.data import SyntheticCorpus
 from autohet_cli.runtime.hf_weights import HFWeightsError, load_hf_weights
-from autohet_cli.runtime.model_api import ModelRequest, local_layers
-from autohet_cli.runtime.models import build
-from autohet_cli.runtime.stage import StageModule, tie_parameters
+from autohet_cli.runtime.stage import StageModule
 from tests.hf_reference import (
     FAMILIES,
     SEQ_LEN,
     VOCAB,
     dcp_checkpoint,
     save_random_model,
+    tiny_model,
     worst_relative,
 )
 
@@ -39,20 +38,7 @@ TOLERANCE = 1e-5
 
 
 def our_model(spec: ModelSpec, start: int = 0, end: int | None = None) -> StageModule:
-    request = ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=start,
-        layer_end=spec.num_layers if end is None else end,
-        seed=0,
-        seq_len=SEQ_LEN,
-        micro_batch_size=2,
-        architecture=spec,
-    )
-    parts = build(request)
-    stage = StageModule(local_layers(parts, request))
-    tie_parameters(stage, parts.tied)
-    return stage
+    return tiny_model(spec, seq_len=SEQ_LEN, micro_batch_size=2, start=start, end=end)
 
 
 @pytest.fixture(scope="module")

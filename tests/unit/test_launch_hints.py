@@ -12,32 +12,15 @@ from autohet_cli.cluster import Cluster, Host
 from autohet_cli.errors import AutohetError
 from autohet_cli.launch.executor import JobOutcome
 from autohet_cli.launch.session import LaunchRequest, next_commands
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Plan
 from autohet_cli.recovery import executor as rx
-from autohet_cli.settings import TrainingSettings
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host, plan_of, stage
 
 
 def _plan(*hosts: str) -> Plan:
-    stages = tuple(
-        Stage(
-            layer_start=i * 6 // len(hosts),
-            layer_end=(i + 1) * 6 // len(hosts),
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=h, gpu=0),),
-        )
-        for i, h in enumerate(hosts)
-    )
-    return Plan(
-        name="lab",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=stages),),
-    )
+    n = len(hosts)
+    return plan_of([stage(i * 6 // n, (i + 1) * 6 // n, h) for i, h in enumerate(hosts)])
 
 
 def _lost(*hosts: str) -> JobOutcome:
@@ -72,24 +55,8 @@ def test_failed_workers_get_neither() -> None:
 
 
 def test_recover_with_no_host_of_the_plan_left_says_what_to_run_instead(tmp_path: Path) -> None:
-    host = Host(
-        name="localhost",
-        address="localhost",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        checkpoint_dir=str(tmp_path),
-    )
-    other = Host(
-        name="spare",
-        address="localhost",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        checkpoint_dir=str(tmp_path / "spare"),
-    )
+    host = cpu_host("localhost", checkpoint_dir=str(tmp_path))
+    other = cpu_host("spare", checkpoint_dir=str(tmp_path / "spare"))
     cluster = Cluster(name="c", hosts=(host, other), inter_node_gbps=10.0)
     with HostPool(cluster, ConnectOptions()) as pool:
         with pytest.raises(AutohetError) as info:
@@ -115,16 +82,7 @@ def test_a_host_lost_in_an_earlier_wave_is_never_added_back(tmp_path: Path) -> N
     from autohet_cli.recovery.errors import RecoveryError
 
     def host(name: str, address: str, port: int = 22) -> Host:
-        return Host(
-            name=name,
-            address=address,
-            port=port,
-            gpu_type="cpu",
-            num_gpus=1,
-            gpu_mem_bytes=1 << 30,
-            intra_node_gbps=80.0,
-            checkpoint_dir=str(tmp_path / name),
-        )
+        return cpu_host(name, address, port=port, checkpoint_dir=str(tmp_path / name))
 
     hosts = (
         host("localhost", "localhost"),

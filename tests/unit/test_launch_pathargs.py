@@ -14,20 +14,13 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.launch import pathargs
 from autohet_cli.launch.pathargs import CALLER_DIR, HOME, WORKDIR, Caller, resolve
 from autohet_cli.paths import shell_word
+from tests.planting import cpu_host
 
 CALLER = Caller(cwd="/home/me/proj", home="/home/me")
 
 
 def _host(name: str, address: str, workdir: str = "~/autohet") -> Host:
-    return Host(
-        name=name,
-        address=address,
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        workdir=workdir,
-    )
+    return cpu_host(name, address, workdir=workdir)
 
 
 LOCAL = _host("localhost", "localhost")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster
 from autohet_cli.launch.preflight import PreflightError, preflight, preflight_ahead
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 
 def _counting_python(tmp: Path, name: str) -> str:
@@ -30,16 +31,7 @@ def _runs(tmp: Path, name: str) -> int:
 
 def _cluster(tmp: Path) -> Cluster:
     hosts = tuple(
-        Host(
-            name=n,
-            address="localhost",
-            gpu_type="cpu",
-            num_gpus=1,
-            gpu_mem_bytes=1 << 30,
-            intra_node_gbps=80.0,
-            python=_counting_python(tmp, n),
-            workdir=str(tmp / f"work-{n}"),
-        )
+        cpu_host(n, python=_counting_python(tmp, n), workdir=str(tmp / f"work-{n}"))
         for n in ("a", "b")
     )
     return Cluster(name="c", hosts=hosts, inter_node_gbps=10.0)

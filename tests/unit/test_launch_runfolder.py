@@ -14,7 +14,6 @@ from autohet_cli.launch.collect import MetricsCollector
 from autohet_cli.launch.executor import Job, LaunchError
 from autohet_cli.launch.session import Prepared
 from autohet_cli.launch.specs import LaunchOptions, LaunchSpec, build_launch_specs
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.runfiles.metricsfile import (
     FOLDER_ENV,
     METRIC_PREFIX,
@@ -22,8 +21,8 @@ from autohet_cli.runfiles.metricsfile import (
     tb_scalars,
 )
 from autohet_cli.runfiles.record import read_record
-from autohet_cli.settings import TrainingSettings
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import plan_of, stage
 
 
 def _cluster(first_address: str) -> Cluster:
@@ -46,35 +45,7 @@ def _cluster(first_address: str) -> Cluster:
     )
 
 
-PLAN = Plan(
-    name="lab",
-    version=2,
-    model_name="gpt-tiny",
-    num_layers=6,
-    training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=64),
-    tensor_parallel=1,
-    pipelines=(
-        Pipeline(
-            num_microbatches=2,
-            stages=(
-                Stage(
-                    layer_start=0,
-                    layer_end=3,
-                    gpu_type="cpu",
-                    tensor_parallel=1,
-                    devices=(Device(host="a", gpu=0),),
-                ),
-                Stage(
-                    layer_start=3,
-                    layer_end=6,
-                    gpu_type="cpu",
-                    tensor_parallel=1,
-                    devices=(Device(host="b", gpu=0),),
-                ),
-            ),
-        ),
-    ),
-)
+PLAN = plan_of([stage(0, 3, "a"), stage(3, 6, "b")], version=2)
 
 
 def _specs(first_address: str, **kw: object) -> list[LaunchSpec]:
@@ -187,8 +158,8 @@ def test_launches_in_the_same_second_each_get_their_own_folder(tmp_path: Path) -
     it; each must get a folder of its own (a suffix), never a FileExistsError."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from autohet_cli.launch.attempt import local_run_dir as _local_run_dir
     from autohet_cli.launch.executor import LaunchError
-    from autohet_cli.launch.session import _local_run_dir
     from tests.unit.test_recovery_transfer import plan as make_plan
 
     p = make_plan("lab", 1, [[("a", 0, 8)]])

@@ -9,8 +9,7 @@ import pytest
 from autohet_cli.cluster import cluster_from_dict
 from autohet_cli.launch.session import LaunchRequest, recover_argv
 from autohet_cli.launch.specs import LaunchOptions, build_launch_specs
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
-from autohet_cli.settings import TrainingSettings
+from tests.planting import plan_of, stage
 
 CLUSTER = cluster_from_dict(
     {
@@ -27,32 +26,13 @@ CLUSTER = cluster_from_dict(
 )
 
 
-def stage(start: int, end: int, gpu: str, host: str, *idx: int) -> Stage:
-    return Stage(
-        layer_start=start,
-        layer_end=end,
-        gpu_type=gpu,
-        tensor_parallel=len(idx),
-        devices=tuple(Device(host=host, gpu=i) for i in idx),
-    )
-
-
 # Pipeline 0 starts on the V100 host, so it is node 0 and the master; the A100 GPUs
 # are used out of index order (3 then 1), which CUDA_VISIBLE_DEVICES must keep.
-PLAN = Plan(
-    name="lab",
+PLAN = plan_of(
+    [stage(0, 3, "v100-0", 2, gpu_type="V100-16"), stage(3, 6, "a100-0", 3, gpu_type="A100-40")],
+    [stage(0, 6, "a100-0", 1, gpu_type="A100-40")],
+    microbatches=(5, 3),
     version=3,
-    model_name="gpt-tiny",
-    num_layers=6,
-    training=TrainingSettings(global_batch_size=8, micro_batch_size=1, seq_len=64),
-    tensor_parallel=1,
-    pipelines=(
-        Pipeline(
-            num_microbatches=5,
-            stages=(stage(0, 3, "V100-16", "v100-0", 2), stage(3, 6, "A100-40", "a100-0", 3)),
-        ),
-        Pipeline(num_microbatches=3, stages=(stage(0, 6, "A100-40", "a100-0", 1),)),
-    ),
 )
 
 
@@ -144,17 +124,7 @@ def test_user_script_and_env_replace_the_built_in_trainer() -> None:
 
 
 def test_cpu_hosts_get_one_thread_per_worker_and_no_cuda_devices() -> None:
-    plan = Plan(
-        name="cpu",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=2, micro_batch_size=1, seq_len=64, precision="fp32"
-        ),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=(stage(0, 6, "cpu", "cpu-0", 0),)),),
-    )
+    plan = plan_of([stage(0, 6, "cpu-0")], name="cpu", precision="fp32")
     (spec,) = build_launch_specs(plan, CLUSTER, LaunchOptions(run_id="R"))
     assert spec.env["OMP_NUM_THREADS"] == "1" and "CUDA_VISIBLE_DEVICES" not in spec.env
 
@@ -170,15 +140,7 @@ def test_home_directories_expand_a_tilde_workdir() -> None:
         },
         "t",
     )
-    plan = Plan(
-        name="h",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=1, stages=(stage(0, 6, "cpu", "localhost", 0),)),),
-    )
+    plan = plan_of([stage(0, 6, "localhost")], microbatches=1, name="h")
     (dry,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"))
     assert dry.workdir == "~/autohet"
     (spec,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"), {"localhost": "/h"})
@@ -254,15 +216,7 @@ def test_dry_run_line_runs_as_printed_with_a_tilde_workdir(
         },
         "t",
     )
-    plan = Plan(
-        name="t",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=1, stages=(stage(0, 6, "cpu", "h0", 0),)),),
-    )
+    plan = plan_of([stage(0, 6, "h0")], microbatches=1, name="t")
     (spec,) = build_launch_specs(plan, cluster, LaunchOptions(run_id="R"))
     line = spec.command_line()
     assert "'~" not in line  # a quoted ~ would not expand

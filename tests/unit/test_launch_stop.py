@@ -12,21 +12,14 @@ from autohet_cli.cluster import Cluster, Host
 from autohet_cli.launch.executor import Job
 from autohet_cli.launch.specs import LaunchSpec
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 # Ignores TERM (as a worker waiting to save a step that cannot end would).
 STUBBORN = "trap '' TERM; while :; do sleep 0.1; done"
 
 
 def _host(name: str, tmp: Path) -> Host:
-    return Host(
-        name=name,
-        address="localhost",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        workdir=str(tmp / name),
-    )
+    return cpu_host(name, workdir=str(tmp / name))
 
 
 def _spec(tmp: Path, name: str, rank: int, script: str, tag: str) -> LaunchSpec:

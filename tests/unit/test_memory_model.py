@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from autohet_cli.models import LayerSpec, ModelSpec, get_model
-from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import build
+from tests.hf_reference import model_request
 
 MBS, SEQ = 3, 48  # tokens (144) unlike any weight's dimension
 
@@ -70,17 +70,7 @@ def _kept_bytes(layer: torch.nn.Module, spec: LayerSpec, dtype: torch.dtype | No
 @pytest.mark.parametrize("dtype", [torch.bfloat16, None], ids=["bf16-autocast", "fp32"])
 def test_every_layer_keeps_what_the_model_counts(model: str, dtype: torch.dtype | None) -> None:
     spec = _qwen_like() if model == "qwen-like" else get_model(model)
-    request = ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=0,
-        layer_end=spec.num_layers,
-        seed=0,
-        seq_len=SEQ,
-        micro_batch_size=MBS,
-        architecture=spec,
-    )
-    layers = build(request).layers
+    layers = build(model_request(spec, seq_len=SEQ, micro_batch_size=MBS)).layers
     dtype_bytes = 4 if dtype is None else 2
     checked = set()
     for layer_spec, layer in zip(spec.layers(), layers, strict=True):

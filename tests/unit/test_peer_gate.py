@@ -19,8 +19,8 @@ import pytest
 
 from autohet_cli.peer import gate, stream
 from autohet_cli.peer.replicate import Replicator
+from tests.peering import KEY, receiver
 
-KEY = b"k" * 32
 IDLE = 200
 NAT_ADDR = "127.0.0.9"  # plays an address of no interface here
 
@@ -98,15 +98,7 @@ def test_idle_sockets_from_many_sources_fill_neither_the_gate_nor_the_pool(
 def test_idle_keyless_sockets_do_not_stall_a_replica_push(tmp_path: Path) -> None:
     job = tmp_path / "b" / "plan" / "default"
     (job / "step-00000002").mkdir(parents=True)
-    r = Replicator(
-        host="b",
-        plan_dir=job,
-        key=KEY,
-        replicas=1,
-        budget_bytes=None,
-        owner=True,
-        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
-    )
+    r = receiver(job)
     assert r.server is not None
     src = tmp_path / "__0_0.distcp"
     data = os.urandom(1 << 20)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,30 +16,11 @@ from autohet_cli.peer import held, stream
 from autohet_cli.peer.held import HeldFiles
 from autohet_cli.peer.placement import Placement
 from autohet_cli.peer.replicate import Replicator, Tally
-
-KEY = b"k" * 32
-STEP = "step-00000002"
+from tests.peering import KEY, STEP
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Replicator]:
-    job = tmp_path / "b" / "plan" / "default"
-    (job / STEP).mkdir(parents=True)
-    r = Replicator(
-        host="b",
-        plan_dir=job,
-        key=KEY,
-        replicas=1,
-        budget_bytes=None,
-        owner=True,
-        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
-    )
-    yield r
-    r.close()
 
 
 def _replicate(receiver: Replicator, tmp_path: Path, data: bytes) -> tuple[Path, Tally]:

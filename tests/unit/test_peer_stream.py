@@ -10,35 +10,12 @@ import pytest
 
 from autohet_cli.peer import stream
 from autohet_cli.peer.replicate import Replicator, reserve_bytes
-
-KEY = b"k" * 32
-STEP = "step-00000002"
+from tests import peering
+from tests.peering import KEY, STEP
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _receiver(job: Path, budget_bytes: int | None = None) -> Replicator:
-    """Host b's replica receiver on loopback, keeping copies in ``job``."""
-    return Replicator(
-        host="b",
-        plan_dir=job,
-        key=KEY,
-        replicas=1,
-        budget_bytes=budget_bytes,
-        owner=True,
-        env={"AUTOHET_HOST_ADDR": "127.0.0.1"},
-    )
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Replicator:
-    job = tmp_path / "b" / "plan" / "default"
-    (job / STEP).mkdir(parents=True)
-    r = _receiver(job)
-    yield r
-    r.close()
 
 
 def _push(r: Replicator, src: Path, *, key: bytes = KEY, **over: object) -> bool:
@@ -111,7 +88,7 @@ def test_pushes_outside_the_contract_are_refused(
 def test_the_budget_is_respected_per_step(tmp_path: Path) -> None:
     job = tmp_path / "plan" / "default"
     (job / STEP).mkdir(parents=True)
-    r = _receiver(job, 150_000)
+    r = peering.receiver(job, 150_000)
     try:
         first, second = tmp_path / "__1_0.distcp", tmp_path / "__2_0.distcp"
         first.write_bytes(b"a" * 100_000)
@@ -165,7 +142,7 @@ def test_concurrent_pushes_cannot_overshoot_the_budget(tmp_path: Path) -> None:
 
     job = tmp_path / "plan" / "default"
     (job / STEP).mkdir(parents=True)
-    r = _receiver(job, 250_000)
+    r = peering.receiver(job, 250_000)
     results: list[str] = []
     try:
         srcs = []

@@ -46,32 +46,9 @@ def test_a_host_check_parses_round_trips_and_reaches_the_workers_env() -> None:
     assert check_from_env(check.to_env()) == check
 
     from autohet_cli.launch.specs import LaunchOptions, build_launch_specs
-    from autohet_cli.plan import Device, Pipeline, Plan, Stage
-    from autohet_cli.settings import TrainingSettings
+    from tests.planting import plan_of, stage
 
-    plan = Plan(
-        name="p",
-        version=1,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(global_batch_size=1, micro_batch_size=1, seq_len=8),
-        tensor_parallel=1,
-        pipelines=(
-            Pipeline(
-                num_microbatches=1,
-                stages=tuple(
-                    Stage(
-                        layer_start=a,
-                        layer_end=b,
-                        gpu_type="cpu",
-                        tensor_parallel=1,
-                        devices=(Device(host=h, gpu=0),),
-                    )
-                    for a, b, h in ((0, 3, "a"), (3, 6, "b"))
-                ),
-            ),
-        ),
-    )
+    plan = plan_of([stage(0, 3, "a"), stage(3, 6, "b")], microbatches=1, seq_len=8, name="p")
     specs = {s.host: s for s in build_launch_specs(plan, cl, LaunchOptions(run_id="r"))}
     assert check_from_env(specs["a"].env[CHECK_ENV]) == check
     assert CHECK_ENV not in specs["b"].env

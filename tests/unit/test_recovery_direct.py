@@ -25,18 +25,11 @@ from autohet_cli.recovery.direct import Fetch, Servers, fetch_all
 from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
 from autohet_cli.transport.local import LocalRunner
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 
 def host(name: str, address: str = "127.0.0.1", ckpt: str = "~/ck") -> Host:
-    return Host(
-        name=name,
-        address=address,
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        checkpoint_dir=ckpt,
-    )
+    return cpu_host(name, address, checkpoint_dir=ckpt)
 
 
 A, B = host("a"), host("b")

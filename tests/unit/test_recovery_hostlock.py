@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError
 from autohet_cli.recovery.errors import RecoverLockHeld
 from autohet_cli.recovery.hostlock import (
@@ -28,24 +28,14 @@ from autohet_cli.recovery.hostlock import (
     this_process,
 )
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "lab/20260101T000000Z-abcd"
 
 
 def _pool(tmp: Path) -> HostPool:
-    hosts = tuple(
-        Host(
-            name=name,
-            address="localhost",
-            gpu_type="cpu",
-            num_gpus=1,
-            gpu_mem_bytes=1 << 30,
-            intra_node_gbps=80.0,
-            checkpoint_dir=str(tmp / name),
-        )
-        for name in ("a", "b")
-    )
+    hosts = tuple(cpu_host(name, checkpoint_dir=str(tmp / name)) for name in ("a", "b"))
     return HostPool(Cluster(name="c", hosts=hosts, inter_node_gbps=10.0), ConnectOptions())
 
 

@@ -11,20 +11,13 @@ from autohet_cli.ckpt.retention import choose_prune, parse_pin_name
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.recovery.pins import PIN_TTL_S, pinned_step
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 NS = "lab/J"
 
 
 def _host(name: str, checkpoint_dir: Path) -> Host:
-    return Host(
-        name=name,
-        address="localhost",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        checkpoint_dir=str(checkpoint_dir),
-    )
+    return cpu_host(name, checkpoint_dir=str(checkpoint_dir))
 
 
 def _reader(d: Path) -> Callable[[str], str]:

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.recovery.replan import Candidate, Replan, Stability
 from autohet_cli.recovery.report import PHASES, PhaseClock, RecoveryReport, build_report
 from autohet_cli.recovery.transfer import Source, TransferItem, TransferPlan
-from autohet_cli.settings import TrainingSettings
+from tests.planting import plan_of, stage
 
 CONTRACT = {"new_plan_path", "bytes_from_peers", "bytes_from_remote", "phases", "resumed_step"}
 
@@ -57,21 +56,10 @@ def test_phase_clock_times_and_adds_up_repeated_phases() -> None:
 
 
 def test_build_report_from_replan_and_transfer() -> None:
-    stage = Stage(
-        layer_start=0,
-        layer_end=4,
-        gpu_type="A100-40",
-        tensor_parallel=1,
-        devices=(Device(host="a100-0", gpu=0),),
-    )
-    plan = Plan(
-        name="lab",
+    plan = plan_of(
+        [stage(0, 4, "a100-0", gpu_type="A100-40")],
         version=0,
-        model_name="gpt-tiny",
         num_layers=4,
-        training=TrainingSettings(global_batch_size=2, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=2, stages=(stage,)),),
         notes=("recovered from the loss of v100-0",),
     )
     st = Stability(kept_placements=3, total_placements=4, kept_state_bytes=0, total_state_bytes=0)

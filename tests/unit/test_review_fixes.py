@@ -14,10 +14,11 @@ from pathlib import Path
 from autohet_cli.ckpt.files import ensure_private_dir, read_key, write_key
 from autohet_cli.ckpt.format import Manifest, ManifestFile
 from autohet_cli.ckpt.remote import RemoteCopy, Uploader, UploadJob
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster
 from autohet_cli.launch.hostcmds import PROBE as _PROBE
 from autohet_cli.launch.jobs import list_jobs
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.planting import cpu_host
 
 SHA = "0" * 64
 
@@ -123,15 +124,7 @@ def test_jobs_are_ordered_by_when_they_began_not_by_name(tmp_path: Path) -> None
         when = time.time() - age_s
         os.utime(key, (when, when))
     (plan_dir / "step-00000004").mkdir()  # an old-layout step: not a job
-    host = Host(
-        name="localhost",
-        address="localhost",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        checkpoint_dir=str(ck),
-    )
+    host = cpu_host("localhost", checkpoint_dir=str(ck))
     with HostPool(Cluster(name="c", hosts=(host,), inter_node_gbps=10.0), ConnectOptions()) as pool:
         jobs = list_jobs(pool, ["localhost"], "lab")
     assert list(jobs) == ["20991231T000000Z-ffff", "mine", "default"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError
 from autohet_cli.launch.compare import collective_sync_ms, compare
 from autohet_cli.launch.preflight import PreflightError
@@ -20,13 +20,11 @@ from autohet_cli.profiling.calibrate import calibrate
 from autohet_cli.profiling.runcheck import RunCheckOptions, check_host
 from autohet_cli.profiling.runshapes import predicted, shape_plan, shapes_for
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Overhead, Profile, ProfileEntry
+from tests.planting import cpu_host
 from tests.unit.test_prediction_check import _report
 
 TINY = get_model("gpt-tiny")
-HOST = Host(
-    name="h", address="localhost", gpu_type="cpu", num_gpus=2, gpu_mem_bytes=8 << 30,
-    intra_node_gbps=100.0,
-)  # fmt: skip
+HOST = cpu_host("h", num_gpus=2, gpu_mem_bytes=8 << 30, intra_node_gbps=100.0)
 CLUSTER = Cluster(name="c", hosts=(HOST,), inter_node_gbps=10.0)
 
 

@@ -8,14 +8,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from autohet_cli.cli.runs import register
 from autohet_cli.runfiles.describe import loss_text
 from autohet_cli.runfiles.metricsfile import LossSeries
 from autohet_cli.runfiles.plot import TRAIN_MARK, terminal_plot, write_png
-from tests.unit.test_runs_listing import plant, record
+from tests.unit.test_runs_listing import plant, record, runs_command
 
 
 @pytest.mark.parametrize(
@@ -37,23 +34,15 @@ def test_losses_are_short_whatever_their_size(value: float | None, text: str) ->
     assert loss_text(value) == text
 
 
-def _run(tmp_path: Path, *args: str) -> str:
-    app = typer.Typer()
-    register(app)
-    res = CliRunner().invoke(app, ["runs", *args, "--runs-dir", str(tmp_path / "runs")])
-    assert res.exit_code == 0, res.output
-    return res.output
-
-
 def test_the_listing_and_show_print_a_huge_loss_short_and_plot_without_warnings(
     tmp_path: Path,
 ) -> None:
     plant(tmp_path / "runs", record(status="finished"), [6.0, 5.0, 1e308])
-    listed = _run(tmp_path)
+    listed = runs_command(tmp_path)
     assert "1e+308" in listed and "0" * 30 not in listed
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # matplotlib's overflow warning fails the test
-        shown = _run(tmp_path, "show", "latest")
+        shown = runs_command(tmp_path, "show", "latest")
     assert "finished at step 2, loss 1e+308" in shown and "0" * 30 not in shown
     assert "1 above 1e+30, not drawn" in shown
     assert "inf |" not in shown  # the axis labels are numbers

@@ -8,17 +8,13 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import typer
-from typer.testing import CliRunner
-
-from autohet_cli.cli.runs import register
 from autohet_cli.launch import jobs as launch_jobs
 from autohet_cli.launch import runfolder
 from autohet_cli.runfiles import jobs
 from autohet_cli.runfiles.listing import find_runs
 from autohet_cli.runfiles.record import RunRecord, write_record
 from tests.unit.test_launch_runfolder import _prepared, _specs
-from tests.unit.test_runs_listing import record
+from tests.unit.test_runs_listing import record, runs_command
 
 JOB = "20261125T100000Z-ab12"
 LOST = "lab.v1/20261125T100000Z"
@@ -66,14 +62,6 @@ def _job_tree(tmp_path: Path, *, recorded_resume: bool = True) -> Path:
     return root
 
 
-def _runs(tmp_path: Path, *args: str) -> str:
-    app = typer.Typer()
-    register(app)
-    res = CliRunner().invoke(app, ["runs", *args, "--runs-dir", str(tmp_path / "runs")])
-    assert res.exit_code == 0, res.output
-    return res.output
-
-
 def test_runs_of_one_job_link_across_plan_versions_when_read(tmp_path: Path) -> None:
     for recorded_resume in (True, False):  # an older record: its metrics say where
         root = _job_tree(tmp_path / str(recorded_resume), recorded_resume=recorded_resume)
@@ -92,7 +80,7 @@ def test_runs_of_one_job_link_across_plan_versions_when_read(tmp_path: Path) -> 
 
 def test_runs_show_job_merges_the_runs_and_marks_the_break(tmp_path: Path) -> None:
     _job_tree(tmp_path)
-    out = _runs(tmp_path, "show", JOB)
+    out = runs_command(tmp_path, "show", JOB)
     assert "run 20261125T110000Z of plan lab.v2: finished at step 79" in out
     assert f"job {JOB} of plan lab: 2 runs, steps 0-79 logged" in out
     assert f"  {LOST}: host_lost, steps 0-59" in out
@@ -112,7 +100,7 @@ def test_runs_show_job_merges_the_runs_and_marks_the_break(tmp_path: Path) -> No
 
 def test_runs_show_json_gives_the_merged_series_with_run_ids(tmp_path: Path) -> None:
     _job_tree(tmp_path, recorded_resume=False)  # records of an older autohet link too
-    shown = json.loads(_runs(tmp_path, "show", "latest", "--json"))
+    shown = json.loads(runs_command(tmp_path, "show", "latest", "--json"))
     assert shown["name"] == RECOVERED and shown["job"] == JOB
     assert shown["continues"] == LOST and shown["continued_by"] is None
     train = shown["train"]
@@ -126,21 +114,21 @@ def test_runs_show_json_gives_the_merged_series_with_run_ids(tmp_path: Path) -> 
     ]
     assert [r["name"] for r in shown["job_runs"]] == [LOST, RECOVERED]
     assert shown["job_runs"][0]["continued_by"] == RECOVERED
-    only = json.loads(_runs(tmp_path, "show", "latest", "--run-only", "--json"))
+    only = json.loads(runs_command(tmp_path, "show", "latest", "--run-only", "--json"))
     assert [p["step"] for p in only["train"]][:1] == [50] and "breaks" not in only
 
 
 def test_the_lost_run_names_the_run_that_continued_it(tmp_path: Path) -> None:
     _job_tree(tmp_path, recorded_resume=False)
-    out = _runs(tmp_path, "show", LOST)
+    out = runs_command(tmp_path, "show", LOST)
     assert out.startswith("run 20261125T100000Z of plan lab.v1: host_lost at step 59")
     assert (
         f"  continued by {RECOVERED} (recovered into plan lab.v2 from checkpoint step 50"
     ) in out
-    listed = _runs(tmp_path)
+    listed = runs_command(tmp_path)
     row = next(ln for ln in listed.splitlines() if ln.startswith("20261125T100000Z"))
     assert f"{JOB} (1 of 2)" in row
-    as_json = json.loads(_runs(tmp_path, "--json"))
+    as_json = json.loads(runs_command(tmp_path, "--json"))
     lost = next(r for r in as_json if r["name"] == LOST)
     assert (lost["job"], lost["continued_by"]) == (JOB, RECOVERED)
 
@@ -182,7 +170,7 @@ def test_a_job_begun_afresh_shows_its_newest_attempt_and_names_the_earlier(
     root = _job_tree(tmp_path)
     again = record(run_id="20261125T120000Z", job=JOB, started_at="2026-11-25T12:00:00Z")
     _plant(root, again, range(10), 8.0)  # `launch --job J` without --resume: step 0 again
-    out = _runs(tmp_path, "show", JOB)
+    out = runs_command(tmp_path, "show", JOB)
     assert out.startswith("run 20261125T120000Z of plan lab.v1: running at step 9")
     assert "continued by" not in out and "break at" not in out
     assert f"began job {JOB} afresh at step 0 after {RECOVERED}" in out

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
+from autohet_cli.cli.runs import register
 from autohet_cli.runfiles import describe
 from autohet_cli.runfiles.listing import (
     UNFINISHED,
@@ -52,6 +55,15 @@ def plant(root: Path, rec: RunRecord, losses: list[float] | None = None) -> Path
         lines = [json.dumps({"step": i, "loss": v}) for i, v in enumerate(losses)]
         (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return folder
+
+
+def runs_command(tmp_path: Path, *args: str) -> str:
+    """``autohet runs ARGS`` in this process over ``tmp_path/runs``; its output."""
+    app = typer.Typer()
+    register(app)
+    res = CliRunner().invoke(app, ["runs", *args, "--runs-dir", str(tmp_path / "runs")])
+    assert res.exit_code == 0, res.output
+    return res.output
 
 
 def test_a_record_round_trips_and_is_written_atomically(tmp_path: Path) -> None:

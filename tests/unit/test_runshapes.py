@@ -5,19 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from autohet_cli.cluster import Cluster, Host
+from autohet_cli.cluster import Cluster
 from autohet_cli.models import get_model
 from autohet_cli.plan import plan_to_dict
 from autohet_cli.profiling.calibrate import spread
 from autohet_cli.profiling.runcheck import choose_mbs
 from autohet_cli.profiling.runshapes import fits, predicted, shape_plan, shapes_for
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
+from tests.planting import cpu_host
 
 TINY = get_model("gpt-tiny")
-HOST = Host(
-    name="h", address="localhost", gpu_type="cpu", num_gpus=4, gpu_mem_bytes=8 << 30,
-    intra_node_gbps=100.0,
-)  # fmt: skip
+HOST = cpu_host("h", num_gpus=4, gpu_mem_bytes=8 << 30, intra_node_gbps=100.0)
 CLUSTER = Cluster(name="c", hosts=(HOST,), inter_node_gbps=10.0)
 
 

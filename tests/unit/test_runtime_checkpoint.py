@@ -27,35 +27,12 @@ from autohet_cli.ckpt.checkpointer import (
 )
 from autohet_cli.ckpt.remote import UploadJob
 from autohet_cli.ckpt.state import nested_optimizer
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.recovery.manifest import Manifest, ManifestFile, load_manifest
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
-from autohet_cli.settings import TrainingSettings
-from tests.planting import plant_step
+from tests.planting import plan_of, plant_step, stage
 
-PLAN = Plan(
-    name="one",
-    version=3,
-    model_name="gpt-tiny",
-    num_layers=6,
-    training=TrainingSettings(
-        global_batch_size=4, micro_batch_size=2, seq_len=16, precision="fp32", optimizer="adam"
-    ),
-    tensor_parallel=1,
-    pipelines=(
-        Pipeline(
-            num_microbatches=2,
-            stages=(
-                Stage(
-                    layer_start=0,
-                    layer_end=6,
-                    gpu_type="cpu",
-                    tensor_parallel=1,
-                    devices=(Device(host="h0", gpu=0),),
-                ),
-            ),
-        ),
-    ),
+PLAN = plan_of(
+    [stage(0, 6, "h0")], name="one", version=3, precision="fp32", micro_batch_size=2, seq_len=16
 )
 CONFIG = TrainConfig(seed=3, device="cpu")
 SHA = "0" * 64

@@ -16,23 +16,14 @@ from autohet_cli.models import ZOO, ModelSpec
 from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import build, unsupported_reason
 from autohet_cli.runtime.models.common import common_problems
+from tests.hf_reference import model_request
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {m: ROOT / "profiles" / "models" / m / "config.json" for m in ("tiny-llama", "tiny-qwen2")}
 
 
 def request(spec: ModelSpec, *, tp: int = 1, seq_len: int = 32, end: int = 1) -> ModelRequest:
-    return ModelRequest(
-        model_name=spec.name,
-        num_layers=spec.num_layers,
-        layer_start=0,
-        layer_end=end,
-        seed=0,
-        seq_len=seq_len,
-        micro_batch_size=1,
-        tensor_parallel=tp,
-        architecture=spec,
-    )
+    return model_request(spec, seq_len=seq_len, end=end, tensor_parallel=tp)
 
 
 def test_registry_knows_what_it_trains() -> None:

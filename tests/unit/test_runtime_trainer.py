@@ -9,33 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, TrainConfig, Trainer
-from autohet_cli.settings import TrainingSettings
+from tests.planting import plan_of, stage
 
-PLAN = Plan(
-    name="one",
-    version=1,
-    model_name="gpt-tiny",
-    num_layers=6,
-    training=TrainingSettings(
-        global_batch_size=4, micro_batch_size=2, seq_len=16, precision="fp32", optimizer="adam"
-    ),
-    tensor_parallel=1,
-    pipelines=(
-        Pipeline(
-            num_microbatches=2,
-            stages=(
-                Stage(
-                    layer_start=0,
-                    layer_end=6,
-                    gpu_type="cpu",
-                    tensor_parallel=1,
-                    devices=(Device(host="localhost", gpu=0),),
-                ),
-            ),
-        ),
-    ),
+PLAN = plan_of(
+    [stage(0, 6, "localhost")], name="one", precision="fp32", micro_batch_size=2, seq_len=16
 )
 CONFIG = TrainConfig(seed=3, device="cpu", decay_steps=3)  # fit(2)+fit(1) == fit(3)
 

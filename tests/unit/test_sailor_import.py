@@ -28,8 +28,6 @@ from autohet_cli.profiling.schema import (
 )
 from autohet_cli.profiling.store import find_entry, load_profiles, merge_profiles, tp_mbs_pairs
 
-# Sailor's measured data, copied into the repository (see tests/data/sailor/README.md).
-SAILOR = Path(__file__).resolve().parents[1] / "data" / "sailor"
 SHIPPED = Path(__file__).resolve().parents[2] / "profiles" / "sailor"
 # zoo name -> (Sailor's name, GPU types left out of the import)
 MODELS = {
@@ -40,17 +38,6 @@ MODELS = {
     "OPT-30B": ("OPT-30", ()),
 }
 GPU_DIRS = {"A100-40", "A100-80", "GH-96", "V100-16", "RTX-3090", "RTX-2080", "Titan-RTX"}
-
-
-@pytest.fixture(scope="module")
-def sailor_root() -> Path:
-    if not (SAILOR / "llm_info.json").is_file():
-        pytest.fail(
-            f"Sailor's measured profiles are missing at {SAILOR}; they ship with the "
-            "repository (tests/data/sailor): restore them from git",
-            pytrace=False,
-        )
-    return SAILOR
 
 
 @pytest.fixture(scope="module")

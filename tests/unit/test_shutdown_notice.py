@@ -19,12 +19,13 @@ from autohet_cli.ckpt.notice import notice_warnings, save_bytes_per_host
 from autohet_cli.ckpt.persist import SaveRecord
 from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.launch import triage
-from autohet_cli.launch.session import _stop_on_signals, survivors
+from autohet_cli.launch.session import survivors
+from autohet_cli.launch.supervise import stop_on_signals as _stop_on_signals
 from autohet_cli.models import get_model
-from autohet_cli.plan import Device, Pipeline, Plan, Stage
+from autohet_cli.plan import Plan
 from autohet_cli.runtime.agent import NoticeClock, child_pids, patched_handler
 from autohet_cli.runtime.preempt import Notices
-from autohet_cli.settings import TrainingSettings
+from tests.planting import plan_of, stage
 
 # ------------------------------------------------------------------ the agent
 
@@ -196,27 +197,8 @@ def test_a_save_longer_than_a_spot_notice_is_warned_about_once() -> None:
 
 
 def _plan(host_layers: dict[str, tuple[int, int]]) -> Plan:
-    llama = get_model("llama-tiny")
-    stages = tuple(
-        Stage(
-            layer_start=a,
-            layer_end=b,
-            gpu_type="cpu",
-            tensor_parallel=1,
-            devices=(Device(host=h, gpu=0),),
-        )
-        for h, (a, b) in host_layers.items()
-    )
-    return Plan(
-        name="p",
-        version=1,
-        model_name=llama.name,
-        num_layers=llama.num_layers,
-        training=TrainingSettings(global_batch_size=4, micro_batch_size=1, seq_len=64),
-        tensor_parallel=1,
-        pipelines=(Pipeline(num_microbatches=4, stages=stages),),
-        architecture=llama,
-    )
+    stages = [stage(a, b, h) for h, (a, b) in host_layers.items()]
+    return plan_of(stages, microbatches=4, model=get_model("llama-tiny"), name="p")
 
 
 def test_the_launch_estimate_names_spot_hosts_whose_save_would_not_fit_the_notice() -> None:

@@ -14,11 +14,11 @@ import yaml
 from autohet_cli.cluster import cluster_from_dict, cluster_to_dict, load_cluster
 from autohet_cli.errors import ConfigError
 from autohet_cli.launch.session import LaunchRequest, dry_run
-from autohet_cli.plan import Device, Pipeline, Plan, Stage, write_plan
-from autohet_cli.settings import TrainingSettings
+from autohet_cli.plan import Stage, write_plan
 from autohet_cli.slurm import nodeport
 from autohet_cli.slurm.script import components
 from autohet_cli.yamlio import sha256_file
+from tests.planting import plan_of, stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,30 +54,13 @@ def _plan(tmp: Path, cluster: Path) -> Path:
     """Two pipelines: A100 TP 4 -> A100 TP 4, and one V100 stage on 4 of its 8 GPUs."""
 
     def st(a: int, b: int, host: str, gpu_type: str) -> Stage:
-        return Stage(
-            layer_start=a,
-            layer_end=b,
-            gpu_type=gpu_type,
-            tensor_parallel=4,
-            devices=tuple(Device(host=host, gpu=k) for k in range(4)),
-        )
+        return stage(a, b, host, 0, 1, 2, 3, gpu_type=gpu_type)
 
-    plan = Plan(
-        name="lab",
+    plan = plan_of(
+        [st(0, 3, "a100-0", "A100-40"), st(3, 6, "a100-1", "A100-40")],
+        [st(0, 6, "v100-0", "V100-16")],
+        microbatches=(5, 3),
         version=0,
-        model_name="gpt-tiny",
-        num_layers=6,
-        training=TrainingSettings(
-            global_batch_size=8, micro_batch_size=1, seq_len=64, precision="bf16"
-        ),
-        tensor_parallel=4,
-        pipelines=(
-            Pipeline(
-                num_microbatches=5,
-                stages=(st(0, 3, "a100-0", "A100-40"), st(3, 6, "a100-1", "A100-40")),
-            ),
-            Pipeline(num_microbatches=3, stages=(st(0, 6, "v100-0", "V100-16"),)),
-        ),
         inputs={"cluster": {"path": str(cluster), "sha256": sha256_file(cluster)}},
     )
     _, path = write_plan(plan, tmp / "plans")

@@ -15,19 +15,13 @@ import pytest
 from autohet_cli.cluster import Host
 from autohet_cli.errors import CommandFailed, CommandTimeout, TransportError
 from autohet_cli.transport import LocalRunner, RunResult, fan_out, runner_for
+from tests.planting import cpu_host
 
 PY = sys.executable
 
 
 def _host(name: str, address: str = "localhost") -> Host:
-    return Host(
-        name=name,
-        address=address,
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=4 << 30,
-        intra_node_gbps=80.0,
-    )
+    return cpu_host(name, address, gpu_mem_bytes=4 << 30)
 
 
 def _alive(pid: int) -> bool:

@@ -20,6 +20,7 @@ from autohet_cli.cluster import Host
 from autohet_cli.errors import HostUnreachable
 from autohet_cli.transport.ssh import SshRunner
 from autohet_cli.transport.target import SshOptions
+from tests.planting import cpu_host
 
 
 class _DiesOnSession(paramiko.ServerInterface):
@@ -66,16 +67,8 @@ def dying_server(tmp_path: Path) -> Iterator[tuple[Host, SshOptions]]:
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
     (tmp_path / "ssh_config").write_text("")
-    host = Host(
-        name="gone-1",
-        address="127.0.0.1",
-        port=port,
-        user="u",
-        gpu_type="cpu",
-        num_gpus=1,
-        gpu_mem_bytes=1 << 30,
-        intra_node_gbps=80.0,
-        identity_file=str(tmp_path / "id_rsa"),
+    host = cpu_host(
+        "gone-1", "127.0.0.1", port=port, user="u", identity_file=str(tmp_path / "id_rsa")
     )
     options = SshOptions(
         known_hosts=known,

@@ -1,4 +1,5 @@
-"""What every built-in family shares: assembly, per-parameter init, norms, head, loss.
+"""What every built-in family shares: assembly, per-parameter init, norms, attention, the
+block, head, loss.
 
 Initialisation is per parameter: each tensor draws from its own
 ``torch.Generator`` seeded by (seed, full parameter name), so any rank building
@@ -32,6 +33,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +117,14 @@ def common_problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
     return problems
 
 
+def tied_head(spec: ModelSpec, embedding: str) -> tuple[tuple[str, ...], ...]:
+    """The head tied to the token embedding (``layers.0.<embedding>``) where the spec
+    ties them; a family's ``tied_names``."""
+    if not spec.tied_embeddings:
+        return ()
+    return ((f"layers.0.{embedding}.weight", f"layers.{spec.num_layers - 1}.lm_head.weight"),)
+
+
 def embedding(num_embeddings: int, dim: int) -> nn.Embedding:
     """``nn.Embedding`` without its default N(0, 1) draw, which ``init_layer`` replaces
     anyway (on the meta device, torch 2.11+ runs that draw through a Python
@@ -158,6 +168,74 @@ def vocab_parallel_embedding() -> object:
     from torch.distributed.tensor.parallel import RowwiseParallel
 
     return RowwiseParallel(input_layouts=Replicate())
+
+
+class Attention(nn.Module):
+    """Causal self-attention with separate q/k/v/o projections, grouped-query when the
+    spec has fewer key/value heads; a family adds positions in ``rotate``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_dim
+        qkv_bias = spec.bias if spec.qkv_bias is None else spec.qkv_bias
+        self.head_dim = spec.head_dim
+        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(h, h, bias=spec.bias)
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Queries and keys (batch, heads, tokens, head_dim) with their positions in;
+        as they are here (learned positions are in the embedding)."""
+        return q, k
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under TP each rank holds num_heads / tp and num_kv_heads / tp.
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = self.rotate(q, k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
+        )
+        out: Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return out
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: ``x + attention(norm(x))``, then ``+ mlp(norm(x))``.
+
+    ``NAMES`` names its four parts (norm, attention, norm, MLP) as the family's
+    HuggingFace checkpoints do; our parameter names and checkpoints keep them."""
+
+    NAMES: ClassVar[tuple[str, str, str, str]]
+
+    def __init__(self, spec: ModelSpec, attention: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        parts = (make_norm(spec), attention, make_norm(spec), mlp)
+        for name, part in zip(self.NAMES, parts, strict=True):
+            self.add_module(name, part)
+
+    def forward(self, x: Tensor) -> Tensor:
+        norm_1, attention, norm_2, mlp = [getattr(self, name) for name in self.NAMES]
+        x = x + attention(norm_1(x))
+        out: Tensor = x + mlp(norm_2(x))
+        return out
+
+
+def attention_tp_plan(name: str) -> dict[str, object]:
+    """Megatron's split of the ``Attention`` at ``name``: q/k/v column-parallel (heads
+    across TP ranks) reading one replicated input, o row-parallel."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        name: shared_input(),
+        f"{name}.q_proj": ColwiseParallel(),
+        f"{name}.k_proj": ColwiseParallel(),
+        f"{name}.v_proj": ColwiseParallel(),
+        f"{name}.o_proj": RowwiseParallel(),
+    }
 
 
 class FinalNorm(nn.Module):

@@ -16,21 +16,12 @@ vocabulary-sharded logits under ``loss_parallel()``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.model_api import ModelRequest
-from autohet_cli.runtime.models.common import (
-    FinalNorm,
-    Head,
-    HFSource,
-    activation,
-    embedding,
-    make_norm,
-    shared_input,
-    vocab_parallel_embedding,
-)
+from autohet_cli.runtime.models import common
+from autohet_cli.runtime.models.common import FinalNorm, Head, HFSource, activation, embedding
 
 RESIDUAL = ("o_proj.weight", "mlp.proj.weight")
 
@@ -47,9 +38,7 @@ def problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
 
 
 def tied_names(spec: ModelSpec) -> tuple[tuple[str, ...], ...]:
-    if not spec.tied_embeddings:
-        return ()
-    return (("layers.0.wte.weight", f"layers.{spec.num_layers - 1}.lm_head.weight"),)
+    return common.tied_head(spec, "wte")
 
 
 def make_layer(spec: ModelSpec, index: int, request: ModelRequest) -> nn.Module:
@@ -72,37 +61,18 @@ class Embedding(nn.Module):
         return out
 
     def tp_plan(self) -> dict[str, object]:
-        return {"wte": vocab_parallel_embedding()}
+        return {"wte": common.vocab_parallel_embedding()}
 
 
-class Attention(nn.Module):
+class Attention(common.Attention):
     def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_dim
-        qkv_bias = spec.bias if spec.qkv_bias is None else spec.qkv_bias
-        self.head_dim = spec.head_dim
-        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.o_proj = nn.Linear(h, h, bias=spec.bias)
+        super().__init__(spec)
         if self.k_proj.bias is not None:
             # Kept for GPT-2's parameter layout, but frozen: adding the same q.b_k to a
             # query's every score leaves the softmax unchanged, so its exact gradient
             # is zero and Adam would only random-walk on rounding noise (differently
             # for every plan). Whisper drops this bias for the same reason.
             self.k_proj.bias.requires_grad_(False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        # -1 heads: under TP each rank holds num_heads / tp of them.
-        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
-        )
-        out: Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
-        return out
 
 
 class MLP(nn.Module):
@@ -117,18 +87,11 @@ class MLP(nn.Module):
         return out
 
 
-class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__()
-        self.ln_1 = make_norm(spec)
-        self.attn = Attention(spec)
-        self.ln_2 = make_norm(spec)
-        self.mlp = MLP(spec)
+class Block(common.Block):
+    NAMES = ("ln_1", "attn", "ln_2", "mlp")
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        out: Tensor = x + self.mlp(self.ln_2(x))
-        return out
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec, Attention(spec), MLP(spec))
 
     def tp_plan(self) -> dict[str, object]:
         from torch.distributed.tensor.parallel import (
@@ -137,11 +100,7 @@ class Block(nn.Module):
         )
 
         return {
-            "attn": shared_input(),
-            "attn.q_proj": ColwiseParallel(),
-            "attn.k_proj": ColwiseParallel(),
-            "attn.v_proj": ColwiseParallel(),
-            "attn.o_proj": RowwiseParallel(),
+            **common.attention_tp_plan("attn"),
             "mlp.fc": ColwiseParallel(),
             "mlp.proj": RowwiseParallel(),
         }

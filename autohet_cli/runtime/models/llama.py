@@ -23,21 +23,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.model_api import ModelRequest
-from autohet_cli.runtime.models.common import (
-    FinalNorm,
-    Head,
-    HFSource,
-    activation,
-    embedding,
-    make_norm,
-    shared_input,
-    vocab_parallel_embedding,
-)
+from autohet_cli.runtime.models import common
+from autohet_cli.runtime.models.common import FinalNorm, Head, HFSource, activation, embedding
 
 RESIDUAL = ("o_proj.weight", "down_proj.weight")
 
@@ -52,9 +43,7 @@ def problems(spec: ModelSpec, request: ModelRequest) -> list[str]:
 
 
 def tied_names(spec: ModelSpec) -> tuple[tuple[str, ...], ...]:
-    if not spec.tied_embeddings:
-        return ()
-    return (("layers.0.embed_tokens.weight", f"layers.{spec.num_layers - 1}.lm_head.weight"),)
+    return common.tied_head(spec, "embed_tokens")
 
 
 def make_layer(spec: ModelSpec, index: int, request: ModelRequest) -> nn.Module:
@@ -75,7 +64,7 @@ class Embedding(nn.Module):
         return out
 
     def tp_plan(self) -> dict[str, object]:
-        return {"embed_tokens": vocab_parallel_embedding()}
+        return {"embed_tokens": common.vocab_parallel_embedding()}
 
 
 def inverse_frequencies(spec: ModelSpec) -> Tensor:
@@ -104,19 +93,14 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class Attention(nn.Module):
+class Attention(common.Attention):
+    """Rotary positions on queries and keys."""
+
     cos: Tensor
     sin: Tensor
 
     def __init__(self, spec: ModelSpec, seq_len: int) -> None:
-        super().__init__()
-        h, kv = spec.hidden_size, spec.num_kv_heads * spec.head_dim
-        qkv_bias = spec.bias if spec.qkv_bias is None else spec.qkv_bias
-        self.head_dim = spec.head_dim
-        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.o_proj = nn.Linear(h, h, bias=spec.bias)
+        super().__init__(spec)
         # cos/sin for every position of the plan's sequence length: not parameters, not
         # checkpointed, the same on every rank. Built on the meta device they stay empty
         # until the runtime has placed them (init_buffers).
@@ -136,20 +120,10 @@ class Attention(nn.Module):
         self.cos.copy_(emb.cos())
         self.sin.copy_(emb.sin())
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        # -1 heads: under TP each rank holds num_heads / tp and num_kv_heads / tp.
-        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        t = q.shape[2]
         cos, sin = self.cos[:t].to(q.dtype), self.sin[:t].to(q.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
-        )
-        out: Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
-        return out
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 class MLP(nn.Module):
@@ -168,18 +142,11 @@ class MLP(nn.Module):
         return out
 
 
-class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
-        super().__init__()
-        self.input_layernorm = make_norm(spec)
-        self.self_attn = Attention(spec, seq_len)
-        self.post_attention_layernorm = make_norm(spec)
-        self.mlp = MLP(spec)
+class Block(common.Block):
+    NAMES = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
-        out: Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__(spec, Attention(spec, seq_len), MLP(spec))
 
     def tp_plan(self) -> dict[str, object]:
         from torch.distributed.tensor.parallel import (
@@ -188,12 +155,8 @@ class Block(nn.Module):
         )
 
         return {
-            "self_attn": shared_input(),
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(),
-            "mlp": shared_input(),
+            **common.attention_tp_plan("self_attn"),
+            "mlp": common.shared_input(),
             "mlp.gate_proj": ColwiseParallel(),
             "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel(),
