@@ -74,13 +74,14 @@ def check_lost_names(
         )
 
 
+def _answers(pool: HostPool, host: Host) -> None:
+    """Raises unless ``host`` runs a command now (the probe every check starts with)."""
+    pool.runner(host.name).run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
+
+
 def unreachable(pool: HostPool, names: Sequence[str]) -> list[str]:
     """Which of ``names`` do not answer now (a refusal is an answer: not loss)."""
-
-    def probe(host: Host) -> None:
-        pool.runner(host.name).run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
-
-    results = fan_out([pool.host(n) for n in names], probe)
+    results = fan_out([pool.host(n) for n in names], lambda h: _answers(pool, h))
     return sorted(n for n, r in results.items() if isinstance(r, Exception) and is_unreachable(r))
 
 
@@ -94,12 +95,8 @@ def probe_additions(
     to it. Only a host that answers now joins; one that answers but refuses us is
     left out too (said, not fatal: the job does not need it)."""
 
-    def probe(host: Host) -> None:
-        runner = pool.runner(host.name)
-        runner.run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
-
     todo = [h for h in cluster.hosts if h.name not in plan.hosts() and h.name not in excluded]
-    results = fan_out(todo, probe)
+    results = fan_out(todo, lambda h: _answers(pool, h))
     absent = []
     for name, r in results.items():
         if isinstance(r, Exception):
@@ -120,10 +117,9 @@ def probe_survivors(plan: Plan, pool: HostPool, given_lost: Sequence[str], say: 
     """
 
     def probe(host: Host) -> None:
-        runner = pool.runner(host.name)
-        runner.run(["true"], timeout_s=pool.connect.connect_timeout_s + 5).check()
+        _answers(pool, host)
         d = pool.checkpoint_dir(host.name)
-        res = runner.run(
+        res = pool.runner(host.name).run(
             ["sh", "-c", 'umask 077; mkdir -p -- "$1" && test -r "$1"', "sh", d], timeout_s=30
         )
         if res.exit_code != 0:

@@ -52,10 +52,15 @@ def samples_seen(trainer: TrainerView, step: int | None = None) -> int:
     return (step + trainer.data_shift) * trainer.plan.training.global_batch_size
 
 
-def lineage(trainer: TrainerView, step: int) -> tuple[ModelRecord, DataOrder]:
-    """What the manifest records of the model and the data (``ckpt.lineage``)."""
+def _model(trainer: TrainerView) -> ModelRecord:
     from autohet_cli.models import get_model
 
+    plan = trainer.plan
+    return model_record(plan.architecture or get_model(plan.model_name))
+
+
+def lineage(trainer: TrainerView, step: int) -> tuple[ModelRecord, DataOrder]:
+    """What the manifest records of the model and the data (``ckpt.lineage``)."""
     plan = trainer.plan
     order = DataOrder(
         global_batch_size=plan.training.global_batch_size,
@@ -63,7 +68,7 @@ def lineage(trainer: TrainerView, step: int) -> tuple[ModelRecord, DataOrder]:
         seed=trainer.config.seed,
         data_sha256=data_sha256(json.loads(json.dumps(describe_batches(trainer.data)))),
     )
-    return model_record(plan.architecture or get_model(plan.model_name)), order
+    return _model(trainer), order
 
 
 def check_same_model(trainer: TrainerView, saved: ModelRecord | None, where: str) -> None:
@@ -71,8 +76,7 @@ def check_same_model(trainer: TrainerView, saved: ModelRecord | None, where: str
     load them wherever names and shapes agree, and training would go on silently."""
     if saved is None:
         return  # an older checkpoint: its plan name was compared, nothing more is known
-    mine, _ = lineage(trainer, trainer.step)
-    differ = model_differences(saved, mine)
+    differ = model_differences(saved, _model(trainer))
     if differ:
         raise ConfigError(
             f"{where} holds the weights of another model than this plan's "
