@@ -295,7 +295,8 @@ if not (skip and rank == 1):
     hook.on_train_end(trainer)
 else:  # a rank whose save hangs never asks again
     time.sleep(float(sys.argv[4]) + 3)
-print(json.dumps({"lines": lines, "took": time.monotonic() - start}))
+print(json.dumps({"lines": lines, "took": time.monotonic() - start}), flush=True)
+dist.destroy_process_group()  # as the trainer ends (Trainer.close)
 """
 
 
