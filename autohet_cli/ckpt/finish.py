@@ -112,10 +112,13 @@ def write_and_finish(ckpt: SaveView, job: SaveJob) -> None:
         except Exception as exc:  # any other failure: the other ranks must not wait for it
             problem = f"cannot write the manifest of {job.final}: {type(exc).__name__}: {exc}"
     ckpt.agree_no_problem(problem and not_saved + problem, group=group)
+    persist_s = time.monotonic() - job.started
     record = SaveRecord(
         step=step,
-        blocked_s=max(g[1] for g in gathered),
-        persist_s=time.monotonic() - job.started,
+        # A synchronous save holds training until COMPLETE and the manifest are
+        # written, not only until the data files are: it blocked for all of it.
+        blocked_s=persist_s if job.inline else max(g[1] for g in gathered),
+        persist_s=persist_s,
         nbytes=sum(int(e["bytes"]) for e in files),
         synchronous=job.inline,
         alloc_s=max(g[2] for g in gathered),

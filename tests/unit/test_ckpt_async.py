@@ -203,9 +203,8 @@ def test_short_host_memory_writes_synchronously_and_says_why(
     ckpt.listeners.append(records.append)
     final = ckpt.save()
     assert final is not None and incomplete_reason(final, ckpt.key) is None  # before wait()
-    assert records[0].synchronous and records[0].blocked_s == pytest.approx(
-        records[0].persist_s, rel=0.5
-    )
+    # training waited for the whole save, the rename, COMPLETE and manifest included
+    assert records[0].synchronous and records[0].blocked_s == records[0].persist_s > 0
     err = capsys.readouterr().err
     assert "writes step 1 synchronously (training waits): a snapshot of the training state" in err
     ckpt.close()
