@@ -11,7 +11,7 @@ failed workers
     Every host answers, but workers exited non-zero: a crash in user code, a bad
     config, a port already in use, out of memory. Recovery would only crash again
     on fewer GPUs, so none is offered; the root cause is named instead: the
-    earliest error any rank recorded (``runtime.records``), else what the failed
+    earliest error any rank recorded (``workerbase.records``), else what the failed
     hosts' output says (``logcause``: the first failed worker's message or exit;
     never "out of memory" without evidence).
 preempted

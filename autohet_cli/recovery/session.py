@@ -4,7 +4,9 @@ The command (cli/recover.py) parses options into a ``RecoverRequest`` and prints
 this module runs the phases and names the real cause whenever one cannot go on:
 a ``--lost`` host the plan does not have, survivors that refuse us (key, auth,
 permissions: not loss), no survivor at all, a run that never checkpointed, a
-requested step that is not usable (and why newer steps were skipped).
+requested step that is not usable (and why newer steps were skipped). Which job
+and which step it resumes is ``recovery.choose``'s part; what a dry run reports,
+``recovery.dryrun``'s.
 
 Once the job is known, its recover lock is taken on every survivor (and on any
 new host before a byte moves; ``hostlock.py``), so a second recover of the same
@@ -45,15 +47,12 @@ from autohet_cli.launch.session import (
 from autohet_cli.plan import Plan, load_plan, write_plan
 from autohet_cli.recovery import copies
 from autohet_cli.recovery import executor as rx
+from autohet_cli.recovery.choose import choose_checkpoint, job_and_key
+from autohet_cli.recovery.dryrun import dry_run_report
 from autohet_cli.recovery.errors import RecoveryError, StepLost
 from autohet_cli.recovery.hostlock import HostLock
 from autohet_cli.recovery.lock import recover_lock
-from autohet_cli.recovery.manifest import (
-    CheckpointChoice,
-    newest_complete,
-    parse_step_dir,
-    remote_root,
-)
+from autohet_cli.recovery.manifest import CheckpointChoice, remote_root
 from autohet_cli.recovery.pins import pinned_step
 from autohet_cli.recovery.replan import CopyHolders, Replan, replan
 from autohet_cli.recovery.report import PhaseClock, build_report
@@ -116,7 +115,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
             absent = rx.probe_additions(old, cl, pool, gone, say)
         survivors = [h for h in old.hosts() if h not in gone]
         with clock.phase("checkpoint"):
-            job, key = _job_and_key(old, survivors, pool, req.job, say)
+            job, key = job_and_key(old, survivors, pool, req.job, say)
             ns = namespace(old.name, job)
             # Before anything is read for copying: one recover of this job at a time,
             # whichever directory or machine it runs from.
@@ -127,7 +126,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
         while True:
             with ExitStack() as pins:
                 with clock.phase("checkpoint"):
-                    choice, remote, text = _choose(
+                    choice, remote, text = choose_checkpoint(
                         old, survivors, pool, root, ns, key, req.step, before, say
                     )
                     # No prune (--keep-checkpoints) may remove it while it is copied.
@@ -155,7 +154,7 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                         tp = _transfer_plan(where, choice, remote, r.plan)
                         say(f"transfer rule {tp.rule}: {tp.rule_reason}")
                         if req.dry_run:
-                            planned = _dry_run(old, r.plan, gone, choice, tp) | {
+                            planned = dry_run_report(old, r.plan, gone, choice, tp) | {
                                 "job": job,
                                 "paths": {
                                     h: {a.flag: a.path for a in hp.paths} for h, hp in paths.items()
@@ -335,149 +334,3 @@ def _replan(
         inputs=inputs,
         copies=CopyHolders(manifest=choice.manifest, holders=choice.holders),
     )
-
-
-def _job_and_key(
-    old: Plan, survivors: list[str], pool: HostPool, wanted: str | None, say: Say
-) -> tuple[str, bytes]:
-    """The job to recover (``--job``, else the newest on the survivors) and its key,
-    read from a survivor: the key never leaves our hosts, so remote storage alone
-    can never make a step that loads."""
-    found = jobs.list_jobs(pool, survivors, old.name)
-    if wanted is not None:
-        if wanted not in found:
-            raise RecoveryError(
-                f"--job {wanted}: no survivor has it (jobs of {old.name} there: "
-                f"{', '.join(found) or 'none'})"
-            )
-        info = found[wanted]
-    elif not found:
-        where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{old.name}/" for h in survivors)
-        raise _never_checkpointed(f"no job of {old.name} in {where}")
-    else:
-        info = list(found.values())[-1]
-        others = [j for j in found.values() if j is not info and j.newest_step is not None]
-        if info.newest_step is None and others:
-            listed = ", ".join(f"{j.name} at step {j.newest_step}" for j in others)
-            say(
-                f"note: the newest job {info.name} has no complete checkpoint on the "
-                f"survivors; older ones do ({listed}): pass --job to pick one"
-            )
-    if not info.key_hosts:
-        raise RecoveryError(
-            f"job {info.name}: no survivor holds its key (.autohet-key), so its checkpoints "
-            "cannot be authenticated (written by an older autohet?); nothing is loaded"
-        )
-    return info.name, jobs.fetch_key(pool, info.key_hosts[0], old.name, info.name)
-
-
-def _never_checkpointed(what: str) -> RecoveryError:
-    return RecoveryError(
-        f"the run never checkpointed: {what}. Nothing to resume from: start again with "
-        "autohet launch (checkpoints are on by default; --checkpoint-every 0 with "
-        "--no-emergency-save turns them off)"
-    )
-
-
-def _choose(
-    old: Plan,
-    survivors: list[str],
-    pool: HostPool,
-    root: str | None,
-    ns: str,
-    key: bytes,
-    step: int | None,
-    before: int | None,
-    say: Say,
-) -> tuple[CheckpointChoice, dict[str, set[str]], str]:
-    """The checkpoint to resume from (and its manifest text), saying why newer ones
-    were skipped and when it exists only in remote storage; ``before``: a step
-    found lost, so only older ones."""
-    listings = rx.list_checkpoints(survivors, ns, pool)
-    remote = rx.list_remote(root, ns)
-    found = [d for lst in [*listings.values(), remote] for d in lst]
-    if not any(parse_step_dir(d) is not None for d in found):
-        where = ", ".join(f"{h}:{pool.checkpoint_dir(h)}/{ns}/" for h in survivors)
-        remote_too = f" nor in remote storage {root}/{ns}/" if root else ""
-        raise _never_checkpointed(f"no checkpoint in {where}{remote_too}")
-    manifests, texts = rx.read_manifests(
-        listings, remote, ns, root, pool, key=key, plan_name=old.name
-    )
-    if before is None and step is not None:
-        before = step + 1
-    choice = newest_complete(listings, manifests, remote=remote, before_step=before)
-    for d, why in choice.skipped:
-        say(f"skipped {d}: {why}")
-    _check_model(old, choice)
-    if step is not None and choice.step != step:
-        raise RecoveryError(
-            f"--step {step}: no usable checkpoint of that step "
-            f"({'; '.join(f'{d}: {w}' for d, w in choice.skipped) or 'not found'}); "
-            f"the newest usable one before it is step {choice.step} (pass --step {choice.step})"
-        )
-    if not any(choice.step_dir in lst for lst in listings.values()):
-        say(
-            f"warning: {choice.step_dir} exists only in remote storage {root} (no survivor "
-            "has it); it is used because its manifest authenticates with the job's key"
-        )
-    elif choice.remote_only:
-        say(
-            f"note: {len(choice.remote_only)} file(s) of {choice.step_dir} exist only in "
-            f"remote storage {root}: {', '.join(choice.remote_only)}"
-        )
-    return choice, remote, texts[choice.step_dir]
-
-
-def _check_model(old: Plan, choice: CheckpointChoice) -> None:
-    """The plan recovered from must describe the model the checkpoint holds: an edited
-    plan file of the same name would replan (and resume) another architecture."""
-    from autohet_cli.ckpt.lineage import model_differences, model_record
-    from autohet_cli.models import get_model
-
-    saved = choice.manifest.model
-    if saved is None:
-        return  # an older writer: nothing recorded to compare
-    differ = model_differences(saved, model_record(old.architecture or get_model(old.model_name)))
-    if differ:
-        raise RecoveryError(
-            f"{choice.step_dir} holds the weights of another model than plan "
-            f"{old.name}.v{old.version}: {'; '.join(differ)}. Recover with the plan the job "
-            "ran with"
-        )
-
-
-def _dry_run(
-    old: Plan, new: Plan, gone: list[str], choice: CheckpointChoice, tp: TransferPlan
-) -> dict[str, Any]:
-    return {
-        "lost": gone,
-        "step": choice.step,
-        "new_plan_hosts": new.hosts(),
-        "plan_diff": plan_diff(old, new),
-        "notes": list(new.notes),
-        "transfers": tp.to_dict(),
-    }
-
-
-def plan_diff(old: Plan, new: Plan) -> dict[str, object]:
-    """Stage by stage, old and new: host:gpus [start, end) per pipeline, and the batch."""
-
-    def shape(p: Plan) -> list[str]:
-        return [
-            f"m={pl.num_microbatches}: "
-            + " | ".join(
-                f"{s.host}:{','.join(str(d.gpu) for d in s.devices)} [{s.layer_start},"
-                f"{s.layer_end})"
-                for s in pl.stages
-            )
-            for pl in p.pipelines
-        ]
-
-    removed = sorted(set(old.hosts()) - set(new.hosts()))
-    return {
-        "old": shape(old),
-        "new": shape(new),
-        "hosts_dropped": removed,
-        "tensor_parallel": [old.tensor_parallel, new.tensor_parallel],
-        "micro_batch_size": [old.training.micro_batch_size, new.training.micro_batch_size],
-    }

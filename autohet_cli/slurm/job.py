@@ -23,22 +23,18 @@ waiting until Slurm says the job ended; the first Ctrl-C's notice is ``scancel
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from autohet_cli.errors import HostUnreachable
 from autohet_cli.launch import triage
-from autohet_cli.launch.executor import OUTPUT_TAIL_LINES, Job, LaunchError, Printer
-from autohet_cli.launch.specs import LaunchSpec
+from autohet_cli.launch.executor import Job, LaunchError
 from autohet_cli.slurm import ctl
 from autohet_cli.slurm.script import SCRIPT_NAME
 from autohet_cli.transport.base import ProcessHandle, Runner
 from autohet_cli.transport.local import LocalRunner
-from autohet_cli.transport.pool import HostPool
 
 STATE_EVERY_S = 1.0
 PENDING_SAY_EVERY_S = 30.0
@@ -46,26 +42,10 @@ CANCEL_WAIT_S = 120.0
 
 
 class SlurmJob(Job):
-    def __init__(
-        self,
-        specs: Sequence[LaunchSpec],
-        pool: HostPool,
-        plan_file: Path,
-        run_dir: Path,
-        *,
-        printer: Printer = print,
-        shares: tuple[int, ...] = (),
-        start_timeout_s: float | None = 300.0,
-    ) -> None:
-        super().__init__(
-            specs,
-            pool,
-            plan_file,
-            run_dir,
-            printer=printer,
-            shares=shares,
-            start_timeout_s=start_timeout_s,
-        )
+    """``Job`` with Slurm between the launcher and the nodes: built as a ``Job`` is
+    (``_init_backend`` adds what only Slurm needs), watched and judged as one."""
+
+    def _init_backend(self) -> None:
         self.job_id: str | None = None
         self._local = LocalRunner()
         self._job_state: ctl.JobState | None = None
@@ -94,9 +74,7 @@ class SlurmJob(Job):
         run = self.local_run_dir
         for sub in ("slurm", "exit"):
             (run / sub).mkdir(parents=True, exist_ok=True)
-        for spec in self.specs:
-            self._logs[spec.host] = (run / f"{spec.host}.log").open("a", encoding="utf-8")
-            self._tails[spec.host] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self._open_logs(run, [s.host for s in self.specs])
         self.job_id = ctl.submit(str(run / SCRIPT_NAME))
         self.printer(
             f"submitted: Slurm job {self.job_id} ({run / SCRIPT_NAME}); Ctrl-C here, or "
@@ -179,19 +157,12 @@ class SlurmJob(Job):
             return 128 + 9  # ended by Slurm (cancel, time limit) before torchrun did
         return None
 
-    def _state(
-        self,
-        spec: LaunchSpec,
-        codes: dict[str, int | None],
-        dropped: dict[str, str],
-        probes: dict[str, object],
-    ) -> triage.HostState:
-        """As over SSH, plus what only the peers can tell here: a node whose ranks
-        their peers lost contact with (``peer_lost`` records naming it) and that
-        left no exit code is gone, even before slurmctld notices (minutes)."""
-        state = super()._state(spec, codes, dropped, probes)
-        name = spec.host
-        no_code = codes.get(name) is None or name in self._no_exit_file
+    def _second_look(self, state: triage.HostState, probes: dict[str, object]) -> triage.HostState:
+        """What only the peers can tell here: a node whose ranks their peers lost
+        contact with (``peer_lost`` records naming it) and that left no exit code is
+        gone, even before slurmctld notices (minutes)."""
+        name = state.name
+        no_code = state.exit_code is None or name in self._no_exit_file
         if state.unreachable or not no_code:
             return state
         for host, got in probes.items():

@@ -238,7 +238,6 @@ def test_ctrl_c_saves_the_step_and_leaves_no_process(slurm: SlurmCluster, tmp_pa
 SIGNAL_BEFORE_END_S = 180
 
 
-@pytest.mark.alone("the saved line names both nodes when both TERMs come within the 0.2 s save")
 @pytest.mark.parametrize("sender", ["scancel", "time_limit"])
 @pytest.mark.slow("waits for Slurm's own time limit (or scancel) to signal a running job's steps")
 def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the_step(
@@ -292,8 +291,9 @@ def test_slurm_s_term_to_every_process_of_the_steps_is_one_notice_that_saves_the
         assert f"[{node}] [autohet agent] SIGTERM: a preemption notice; forwarded to {n}" in out
     assert "SIGTERM again" not in out and "SignalException" not in out, out[-6000:]
     # The first step end that saw a notice names the nodes whose TERM had come by then
-    # (slurmd signals each node's step on its own, milliseconds apart); the saved line
-    # names both, so the verdict (and the recover line) lets both go.
+    # (slurmd signals each node's step on its own, milliseconds apart, and seconds apart
+    # on a loaded machine); the verdict names both, a late one from its agent's line,
+    # so the recover line lets both go.
     assert re.search(r"^host preempting: sn[12] \(SIGTERM\)", out, re.M), out[-6000:]
     final = re.search(r"^preempted: host preempting \((.*)\); every rank saved step", out, re.M)
     assert final and sorted(final.group(1).split("; ")) == ["sn1: SIGTERM", "sn2: SIGTERM"], out

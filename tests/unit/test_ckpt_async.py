@@ -193,7 +193,6 @@ def test_one_save_in_flight_the_next_waits_for_it(tmp_path: Path) -> None:
     assert incomplete_reason(tmp_path / JOB / "step-00000002", ckpt.key) is None
 
 
-@pytest.mark.alone("compares two durations of one save: a loaded core stretched one 2.4x")
 def test_short_host_memory_writes_synchronously_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -201,9 +201,9 @@ def test_synthetic_data_refuse_another_batch(tmp_path: Path) -> None:
 
 def test_recover_refuses_a_plan_of_another_model_than_the_checkpoint() -> None:
     from autohet_cli.ckpt.format import Manifest, ManifestFile
+    from autohet_cli.recovery.choose import _check_model
     from autohet_cli.recovery.errors import RecoveryError
     from autohet_cli.recovery.manifest import CheckpointChoice
-    from autohet_cli.recovery.session import _check_model
 
     def choice(model: object) -> CheckpointChoice:
         manifest = Manifest(

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from autohet_cli.cli import launch as launch_cli
 from autohet_cli.launch import jobs, session, ssh_backend
-from autohet_cli.launch.executor import Status
+from autohet_cli.launch.hostlines import Status
 from autohet_cli.launch.jobs import JobInfo, NothingToTrain
 
 FOUND = {

@@ -177,7 +177,7 @@ def test_recover_command_is_exact_and_quoted(
 
 
 def test_status_line_splits_tokens_per_s_by_batch_share() -> None:
-    from autohet_cli.launch.executor import STEP_LINE, Status
+    from autohet_cli.launch.hostlines import STEP_LINE, Status
 
     st = Status(shares=(5, 3))
     assert st.line() == "starting"

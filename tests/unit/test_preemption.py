@@ -17,9 +17,10 @@ from autohet_cli.cluster import cluster_from_dict, cluster_to_dict
 from autohet_cli.errors import ConfigError
 from autohet_cli.launch import triage
 from autohet_cli.launch.executor import Job
+from autohet_cli.launch.hostlines import _with_late_notices
 from autohet_cli.preemption import CHECK_ENV, CheckSpec, check_from_dict, check_from_env
 from autohet_cli.runtime.preempt import poll_once
-from autohet_cli.runtime.records import PREEMPT_PREFIX
+from autohet_cli.workerbase.records import AGENT_NOTICE, PREEMPT_PREFIX
 
 
 def _cluster(host_extra: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
@@ -177,5 +178,15 @@ def test_the_launcher_reads_rank_0s_preemption_lines(tmp_path: Path) -> None:
     ).lost_hosts == ("c", "d")
     assert printed[0].startswith("host preempting: c (preemption check")
     assert printed[1] == "emergency checkpoint: step 9 saved on every rank"
+    # A host whose agent took its TERM after the save (slurmd signals each node on its
+    # own) leaves as well: the verdict adds it once, after the workers' hosts.
+    job._logs["e"] = (tmp_path / "e.log").open("a")
+    job._tails["e"] = collections.deque()
+    for _ in range(2):
+        job._on_line("e")("stderr", f"{AGENT_NOTICE}; forwarded to 1 worker(s), which ...")
+    job._on_line("a")("stderr", "SIGTERM: a preemption notice, quoted by a user's script")
+    final = _with_late_notices(job.preemption, job._agent_notices)
+    assert final.hosts == (*hosts.items(), ("d", "SIGTERM"), ("e", "SIGTERM"))
+    assert _with_late_notices(final, ["c", "e"]) is final  # nothing new: unchanged
     on_line("stdout", PREEMPT_PREFIX + "not json")  # ignored, not a crash
     job.close()
