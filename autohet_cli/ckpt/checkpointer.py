@@ -100,18 +100,17 @@ from autohet_cli.ckpt.files import (
 from autohet_cli.ckpt.finish import SaveJob
 from autohet_cli.ckpt.format import COMPLETE, TMP_PREFIX, check_job, step_dir_name
 from autohet_cli.ckpt.inflight import SaveInFlight
+from autohet_cli.ckpt.layout import CHECKPOINT_DIR_ENV, DEFAULT_JOB
 from autohet_cli.ckpt.memory import available_memory_bytes, memory_verdict, ranks_on_this_host
 from autohet_cli.ckpt.persist import SaveRecord, quiet_writer_thread_errors, writer_threads
 from autohet_cli.ckpt.prune import Retention
 from autohet_cli.ckpt.remote import RemoteCopy, Uploader, remote_url
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
-from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.ckpt.snapshot import Snapshotter
 from autohet_cli.ckpt.state import keep_written, rename_optimizer, tied_aliases
 from autohet_cli.ckpt.view import CheckpointedTrainer
 from autohet_cli.peer.replicate import Replicator
-from autohet_cli.runtime.records import say
-from autohet_cli.runtime.worker_defaults import CHECKPOINT_DIR_ENV, DEFAULT_JOB
+from autohet_cli.workerbase.records import say
 
 __all__ = [
     "CHECKPOINT_DIR_ENV",
@@ -119,7 +118,6 @@ __all__ = [
     "CheckpointError",
     "rename_optimizer",
     "tied_aliases",
-    "CheckpointHook",
     "Checkpointer",
     "RemoteCopy",
     "checkpoint_root",

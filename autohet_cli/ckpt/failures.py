@@ -31,7 +31,7 @@ from autohet_cli.ckpt.jobdir import clear_step
 from autohet_cli.ckpt.state import checkpoint_failure
 from autohet_cli.ckpt.view import JobView
 from autohet_cli.errors import AutohetError
-from autohet_cli.runtime.records import say
+from autohet_cli.workerbase.records import say
 
 # A file system with less free than this after a failed write was what failed it.
 NEARLY_FULL_BYTES = 64 << 20

@@ -11,7 +11,6 @@ Directories we create are mode 0700, the key 0600.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import stat
 import threading
@@ -39,20 +38,11 @@ from autohet_cli.ckpt.memory import ranks_on_this_host
 from autohet_cli.ckpt.persist import share_cores
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.privatedir import make_private_dir
-
-_CHUNK = 1 << 20
+from autohet_cli.yamlio import sha256_file as sha256_file  # the checkpointer's name for it
 
 
 class CheckpointError(AutohetError):
     """A checkpoint cannot be saved or loaded; the message names the directory or file."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -272,7 +262,23 @@ class _OneAtATime:
         return getattr(self._planner, name)
 
 
-class VerifyingReader(FileSystemReader):
+class GivenMetadataReader(FileSystemReader):
+    """DCP's reader on ``path`` with DCP's metadata handed in (read and checked by the
+    caller): ``.metadata`` is never read from disk here."""
+
+    def __init__(self, path: Path, *, metadata: Metadata) -> None:
+        super().__init__(path)
+        self._metadata = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if getattr(self._metadata, "storage_meta", None) is None:
+            self._metadata.storage_meta = StorageMeta()
+        assert self._metadata.storage_meta is not None
+        self._metadata.storage_meta.load_id = self.load_id
+        return self._metadata
+
+
+class VerifyingReader(GivenMetadataReader):
     """DCP reader on this host's step directory: metadata given, files checked before use.
 
     ``fetch(name, dest)`` brings a file this host lacks from the remote copy (False
@@ -301,19 +307,12 @@ class VerifyingReader(FileSystemReader):
         num_threads: int | None = None,
         read_threads: int | None = None,
     ) -> None:
-        super().__init__(path)
-        self._metadata, self._manifest, self._rank, self._fetch = metadata, manifest, rank, fetch
+        super().__init__(path, metadata=metadata)
+        self._manifest, self._rank, self._fetch = manifest, rank, fetch
         self.num_threads = default_read_threads() if num_threads is None else num_threads
         self.read_threads = read_threads
         self._checked: set[str] = set()
         self.fetched: list[str] = []
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if getattr(self._metadata, "storage_meta", None) is None:
-            self._metadata.storage_meta = StorageMeta()
-        assert self._metadata.storage_meta is not None
-        self._metadata.storage_meta.load_id = self.load_id
-        return self._metadata
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         needed = {self.storage_data[item.storage_index].relative_path for item in plan.items}

@@ -33,7 +33,7 @@ from autohet_cli.ckpt.view import CheckpointedTrainer, JobView
 from autohet_cli.peer.placement import Placement
 from autohet_cli.peer.replicate import Replicator
 from autohet_cli.peer.tally import Tally, summary
-from autohet_cli.runtime.records import say
+from autohet_cli.workerbase.records import say
 
 
 class SaveView(JobView, Protocol):

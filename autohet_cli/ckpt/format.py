@@ -41,12 +41,27 @@ import hashlib
 import hmac
 import json
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Where checkpoints live (``ckpt.layout``) and a step directory's names
+# (``workerbase.stepfiles``): part of this contract, importable from here.
+from autohet_cli.ckpt.layout import ABANDONED_PREFIX as ABANDONED_PREFIX
+from autohet_cli.ckpt.layout import KEY_BYTES as KEY_BYTES
+from autohet_cli.ckpt.layout import KEY_FILE as KEY_FILE
+from autohet_cli.ckpt.layout import REMOTE_ENV as REMOTE_ENV
+from autohet_cli.ckpt.layout import TMP_PREFIX as TMP_PREFIX
+from autohet_cli.ckpt.layout import check_job as check_job
+from autohet_cli.ckpt.layout import check_key as check_key
+from autohet_cli.ckpt.layout import local_job_dir as local_job_dir
+from autohet_cli.ckpt.layout import local_step_dir as local_step_dir
+from autohet_cli.ckpt.layout import namespace as namespace
+from autohet_cli.ckpt.layout import new_key as new_key
+from autohet_cli.ckpt.layout import remote_root as remote_root
+from autohet_cli.ckpt.layout import remote_step_dir as remote_step_dir
+from autohet_cli.ckpt.layout import remote_storage as remote_storage
 from autohet_cli.ckpt.lineage import (
     DataOrder,
     ModelRecord,
@@ -54,27 +69,21 @@ from autohet_cli.ckpt.lineage import (
     model_record_from_dict,
 )
 from autohet_cli.errors import ConfigError
+from autohet_cli.workerbase.stepfiles import COMPLETE as COMPLETE
+from autohet_cli.workerbase.stepfiles import MANIFEST as MANIFEST
+from autohet_cli.workerbase.stepfiles import METADATA as METADATA
+from autohet_cli.workerbase.stepfiles import parse_step_dir as parse_step_dir
+from autohet_cli.workerbase.stepfiles import step_dir_name as step_dir_name
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce
 from autohet_cli.yamlio import field as get
 
 SCHEMA = "autohet.checkpoint/v1"
-MANIFEST = "manifest.json"
-COMPLETE = "COMPLETE"
-METADATA = ".metadata"
-KEY_FILE = ".autohet-key"
-REMOTE_ENV = "AUTOHET_REMOTE_STORAGE"  # the remote copy, when no cluster file or flag names one
-KEY_BYTES = 32
 MAC_FIELD = "hmac_sha256"
-ABANDONED_PREFIX = ".abandoned-"  # steps of a run a resume went back from (jobdir)
-TMP_PREFIX = ".tmp-"  # a step being written: ``.tmp-step-<N:08d>``
-
-_STEP_DIR = re.compile(r"^step-(?P<step>\d{8,})$")
 # A plan name as plans are named (``plan.validate_name``): no '/', so a manifest can
 # never point a reader or writer outside the checkpoint directory.
 _PLAN_REF = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)\.v(?P<version>\d+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DATA_FILE = re.compile(r"^__(?P<rank>\d+)_\d+\.distcp$")
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 class ManifestAuthError(ConfigError):
@@ -343,48 +352,6 @@ def _file_dict(f: ManifestFile) -> dict[str, Any]:
     return d
 
 
-# --------------------------------------------------------------------- paths
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def parse_step_dir(name: str) -> int | None:
-    """The step of a ``step-<N:08d>`` directory name; None for anything else."""
-    m = _STEP_DIR.match(name)
-    return int(m.group("step")) if m else None
-
-
-def local_step_dir(checkpoint_dir: str, plan_name: str, step: int) -> str:
-    """``<host.checkpoint_dir>/<plan name>/step-<N:08d>`` (POSIX, on the host)."""
-    return f"{checkpoint_dir.rstrip('/') or '/'}/{plan_name}/{step_dir_name(step)}"
-
-
-def remote_step_dir(root: str, plan_name: str, step: int) -> str:
-    return f"{root.rstrip('/')}/{plan_name}/{step_dir_name(step)}"
-
-
-def local_job_dir(checkpoint_dir: str, plan_name: str, job: str) -> str:
-    """``<host.checkpoint_dir>/<plan name>/<job>`` (POSIX, on the host)."""
-    return f"{checkpoint_dir.rstrip('/') or '/'}/{namespace(plan_name, job)}"
-
-
-def namespace(plan_name: str, job: str) -> str:
-    """The path of a job's checkpoints below a checkpoint or remote root."""
-    check_job(job)
-    return f"{plan_name}/{job}"
-
-
-def check_job(job: str) -> str:
-    if not _JOB.match(job) or ".." in job:
-        raise ConfigError(
-            f"job {job!r}: use letters, digits, '.', '_' and '-' (no '/', no '..'), "
-            "starting with a letter or digit"
-        )
-    return job
-
-
 # --------------------------------------------------------------------- authentication
 
 
@@ -421,31 +388,6 @@ def verified_manifest(text: str, key: bytes, where: str) -> Manifest:
             "by this job (planted or altered?); it is not loaded"
         )
     return m
-
-
-def remote_storage(url: str | None) -> str | None:
-    """A remote copy's URL, or None for no remote copy (unset, '', 'none' or 'off')."""
-    if url is None or url.strip().lower() in ("", "none", "off"):
-        return None
-    return url
-
-
-def remote_root(cluster_remote: str | None, env: Mapping[str, str]) -> str | None:
-    """Where the remote copy lives: the cluster's ``remote_storage``, else
-    ``$AUTOHET_REMOTE_STORAGE``; None: no remote copy (a shard whose every host
-    copy is lost cannot be recovered, which launch says)."""
-    return remote_storage(cluster_remote or env.get(REMOTE_ENV))
-
-
-def new_key() -> bytes:
-    """A fresh job key (``secrets``: the OS's cryptographic randomness)."""
-    return secrets.token_bytes(KEY_BYTES)
-
-
-def check_key(data: bytes, where: str) -> bytes:
-    if len(data) != KEY_BYTES:
-        raise ConfigError(f"{where}: a job key is {KEY_BYTES} bytes, this file has {len(data)}")
-    return data
 
 
 def belongs_to(m: Manifest, plan_name: str) -> bool:

@@ -38,7 +38,7 @@ from autohet_cli.ckpt.format import (
 from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.ckpt.view import JobView
 from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.records import say
+from autohet_cli.workerbase.records import say
 
 
 class JobDirView(JobView, Protocol):

@@ -4,7 +4,7 @@ A preemption notice is only as good as the save it triggers: GCP gives a spot VM
 30 s between its notice and the end, AWS two minutes. The launcher warns, before
 any worker starts, about spot hosts whose save would not fit the shorter of the
 two; the workers warn again once a save has been measured
-(``ckpt.schedule``), which is the figure to trust.
+(``runtime.checkpoint_hook``), which is the figure to trust.
 
 The estimate: the bytes a host writes are at most the fp32 weights and optimizer
 state of the layers its stages hold (a stage's TP ranks share one host, so together
@@ -25,7 +25,7 @@ NOTICE_S = 30.0  # the shortest notice a major cloud gives a spot VM (GCP)
 # measure, written by the workers, read by the next launch or resume of the job).
 LAST_SAVE_FILE = ".last-save-s"
 # Beside it, the last save's metrics record (``ckpt_blocked_s``, ``ckpt_persist_s``, ...):
-# a resumed run's first save waits for the interval these give (``ckpt.schedule``).
+# a resumed run's first save waits for the interval these give (``runtime.checkpoint_hook``).
 LAST_SAVE_RECORD = ".last-save.json"
 ASSUMED_WRITE_GBPS = 0.5
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the compute precision

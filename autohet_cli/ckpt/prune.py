@@ -56,7 +56,7 @@ from autohet_cli.ckpt.retention import (
 )
 from autohet_cli.errors import ConfigError
 from autohet_cli.pids import process_gone
-from autohet_cli.runtime.records import say
+from autohet_cli.workerbase.records import say
 
 # How long a reader's pin lasts where its death cannot be seen (another machine on NFS).
 READ_PIN_TTL_S = 12 * 3600.0

@@ -33,7 +33,7 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.errors import ConfigError
-from autohet_cli.runtime.records import say
+from autohet_cli.workerbase.records import say
 
 UPLOAD_TIMEOUT_S = 600.0  # rank 0 waits this long for the other ranks' uploads
 CLOSE_WAIT_S = 300.0  # at the end of training, how long to wait for a running upload

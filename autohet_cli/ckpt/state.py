@@ -13,7 +13,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from autohet_cli.ckpt.files import CheckpointError
 from autohet_cli.ckpt.format import ManifestFile
 from autohet_cli.errors import AutohetError
-from autohet_cli.runtime.model_api import layer_of
+from autohet_cli.workerbase.paramnames import layer_of
 
 # --------------------------------------------------------------------- tied names
 

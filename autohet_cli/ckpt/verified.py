@@ -44,10 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata
 
-from autohet_cli.ckpt.files import CheckpointError, default_read_threads, run_in_threads
+from autohet_cli.ckpt.files import (
+    CheckpointError,
+    GivenMetadataReader,
+    default_read_threads,
+    run_in_threads,
+)
 from autohet_cli.ckpt.format import MANIFEST, METADATA, Manifest, ManifestFile
 from autohet_cli.errors import AutohetError
 from autohet_cli.privatedir import make_private_dir
@@ -173,20 +177,9 @@ def load_metadata(
     return metadata
 
 
-class VerifiedReader(FileSystemReader):
+class VerifiedReader(GivenMetadataReader):
     """DCP's reader on a ``verified_copy``, with the metadata ``load_metadata`` verified:
     ``.metadata`` is never read from disk again."""
-
-    def __init__(self, path: Path, *, metadata: Metadata) -> None:
-        super().__init__(path)
-        self._metadata = metadata
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if getattr(self._metadata, "storage_meta", None) is None:
-            self._metadata.storage_meta = StorageMeta()
-        assert self._metadata.storage_meta is not None
-        self._metadata.storage_meta.load_id = self.load_id
-        return self._metadata
 
 
 def loaded_ranges(

@@ -44,8 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from autohet_cli.ckpt.files import sha256_file
-from autohet_cli.ckpt.format import COMPLETE, MANIFEST, METADATA, step_dir_name
 from autohet_cli.peer import stream
 from autohet_cli.peer.held import HeldFiles
 from autohet_cli.peer.placement import (
@@ -57,6 +55,8 @@ from autohet_cli.peer.placement import (
     shard_bytes_by_host,
 )
 from autohet_cli.peer.tally import Tally
+from autohet_cli.workerbase.stepfiles import COMPLETE, MANIFEST, METADATA, step_dir_name
+from autohet_cli.yamlio import sha256_file
 
 STREAMS = 4  # files in flight per rank
 # Files received at once per host. Each lands through a 1 MiB pipe (Linux: splice, its

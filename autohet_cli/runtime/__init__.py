@@ -12,6 +12,7 @@
 - ``trainer``   the step loop with hooks; ``train`` the entry point. Below the trainer,
   its helpers see it through ``trainer_api`` (hooks, checkpoint state), never import it
 - ``timing``, ``report``, ``metrics``  what a run measures and reports
+- ``checkpoint_hook`` saves on ``--checkpoint-every``'s schedule, through ``ckpt``
 
 Importing this package loads nothing heavy; the submodules import torch.
 """

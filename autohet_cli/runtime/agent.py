@@ -41,6 +41,7 @@ from types import FrameType
 from typing import Any
 
 from autohet_cli import oom
+from autohet_cli.workerbase.records import AGENT_NOTICE, AGENT_PREFIX
 
 # A shutdown's repeats come within milliseconds (systemd signals the unit's processes
 # in one pass, a Slurm step's processes get one signal each); 10 s absorbs a slow
@@ -97,7 +98,7 @@ def _say(text: str) -> None:
     # os.write, not print: this runs inside a signal handler, and a buffered stream
     # the main thread is writing to would raise a reentrant-call error.
     try:
-        os.write(2, f"[autohet agent] {text}\n".encode())
+        os.write(2, f"{AGENT_PREFIX}{text}\n".encode())
     except OSError:
         pass
 
@@ -123,7 +124,8 @@ def patched_handler(
                 except OSError:
                     pass  # gone already
             _say(
-                f"SIGTERM: a preemption notice; forwarded to {len(kids)} worker(s), which "
+                f"{AGENT_NOTICE.removeprefix(AGENT_PREFIX)}; forwarded to {len(kids)} "
+                "worker(s), which "
                 "save their step and exit (another SIGTERM after "
                 f"{clock.window_s:g} s stops them at once)"
             )

@@ -49,13 +49,13 @@ from autohet_cli.errors import AutohetError
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
-from autohet_cli.runtime.records import first_line, write_error
 from autohet_cli.runtime.rendezvous import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
 from autohet_cli.runtime.rendezvous import connect_store, job_token, pid_alive
 from autohet_cli.runtime.rendezvous import default_timeout_s as default_timeout_s
 from autohet_cli.runtime.rendezvous import init_process_group as init_process_group
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.runtime.worker_defaults import HEARTBEAT_INTERVAL_S
+from autohet_cli.workerbase.records import first_line, write_error
 
 HEARTBEAT_DIR = "heartbeat"
 DEFAULT_INTERVAL_S = HEARTBEAT_INTERVAL_S
@@ -378,7 +378,7 @@ class HealthMonitor(Hook):
         self.exit_fn(EXIT_LOST)
 
     def _record(self, lost: list[Lost], cause: str | None) -> None:
-        """The failure record the launcher reads (``runtime.records``)."""
+        """The failure record the launcher reads (``workerbase.records``)."""
         info = self.runtime.info
         if lost:
             peer = lost[0]

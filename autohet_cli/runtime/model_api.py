@@ -81,6 +81,7 @@ from torch import Tensor, nn
 from autohet_cli import fnspec
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.worker_defaults import DEFAULT_MODEL_FN as DEFAULT_MODEL_FN
+from autohet_cli.workerbase.paramnames import layer_of as layer_of
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,14 +153,6 @@ def local_layers(parts: ModelParts, request: ModelRequest) -> dict[int, nn.Modul
         f"model function returned {n} layers; expected all {request.num_layers} of the "
         f"plan's model or the {end - start} of [{start}, {end})"
     )
-
-
-def layer_of(full_name: str) -> int:
-    """The layer index in a full parameter name ``layers.<i>.<...>``."""
-    head, index, _rest = full_name.split(".", 2)
-    if head != "layers" or not index.isdigit():
-        raise ValueError(f"{full_name!r} is not a full parameter name (layers.<i>.<name>)")
-    return int(index)
 
 
 def local_block(param: Tensor) -> tuple[Tensor, tuple[int, ...], tuple[int, ...]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence, Set
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,48 +97,6 @@ def optimizer_for(
         except RuntimeError:  # a device or dtype this torch has no fused kernel for
             pass
     return torch.optim.AdamW(groups, lr=lr, betas=betas)
-
-
-def materialize_state(optimizer: torch.optim.Optimizer | None) -> bool:
-    """Give an Adam/AdamW without state its state tensors (zeros), as its first step
-    would; True when it did. Before a checkpoint load: DCP loads into existing
-    tensors, and torch's ``get_state_dict`` makes them by running a whole optimizer
-    step on zero gradients (``_init_optim_state``: a zero gradient per parameter, then
-    the update over every parameter): 5.5 s of a 9.3 s load for a 200M model on this
-    2-core machine, against about 0.5 s here. Other optimizers are left to torch.
-    The layout (step a 0-d tensor, on the parameter's device when fused or
-    capturable; moments like the parameter, DTensor included) is Adam's own
-    ``_init_group``'s; ``test_optimizer_state_init`` holds it to torch's result."""
-    if optimizer is None or optimizer.state:
-        return False
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
-        return False
-    from torch.optim import optimizer as torch_optimizer
-
-    scalar_dtype: Any = torch_optimizer._get_scalar_dtype  # untyped in torch
-    for group in optimizer.param_groups:
-        on_device = bool(group.get("capturable") or group.get("fused"))
-        keys = (
-            ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-            if group.get("amsgrad")
-            else (
-                "exp_avg",
-                "exp_avg_sq",
-            )
-        )
-        for p in group["params"]:
-            if not p.requires_grad:
-                continue
-            step = (
-                torch.zeros((), dtype=scalar_dtype(is_fused=group.get("fused")), device=p.device)
-                if on_device
-                else torch.tensor(0.0, dtype=scalar_dtype())
-            )
-            state: dict[str, Any] = {"step": step}
-            for key in keys:
-                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            optimizer.state[p] = state
-    return True
 
 
 def counted_parameters(

@@ -60,8 +60,8 @@ from autohet_cli.preemption import CheckSpec
 from autohet_cli.runtime.agent import REPEAT_WINDOW_S, NoticeClock
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
-from autohet_cli.runtime.records import PREEMPT_PREFIX
 from autohet_cli.runtime.trainer_api import TrainerView
+from autohet_cli.workerbase.records import PREEMPT_PREFIX
 
 CHECK_TIMEOUT_S = 10.0
 # How long the ranks wait for each other to name notices that came during the save.

@@ -18,9 +18,9 @@ import torch.distributed as dist
 
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import peak_memory_bytes
-from autohet_cli.runtime.records import REPORT_PREFIX
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.trace import Span, chrome_trace
+from autohet_cli.workerbase.records import REPORT_PREFIX
 
 REPORT_SCHEMA = "autohet.run-report/v1"
 TRACE_STEPS = 3  # steps traced with --trace, after two warm-up steps

@@ -31,8 +31,8 @@ from autohet_cli.ckpt.lineage import (
 from autohet_cli.errors import ConfigError
 from autohet_cli.runtime.data_api import Batches, describe_batches
 from autohet_cli.runtime.lr_schedule import LRSchedule, describe_extension, extended
-from autohet_cli.runtime.records import say
 from autohet_cli.runtime.trainer_api import TrainerView
+from autohet_cli.workerbase.records import say
 
 
 def describe(trainer: TrainerView) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.model_api import ModelFn, ModelParts
 from autohet_cli.runtime.models.loss import compile_loss
 from autohet_cli.runtime.pipeline import P2P, comm_dtype
-from autohet_cli.runtime.records import say
 from autohet_cli.runtime.stage import StageModule, build_stage, init_params
 from autohet_cli.runtime.train_config import TrainConfig
+from autohet_cli.workerbase.records import say
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from autohet_cli.runtime import IMPORT_START_UNIX
 from autohet_cli.runtime.hooks import Hook
 from autohet_cli.runtime.metrics import StepResult
-from autohet_cli.runtime.records import LAUNCH_TIME_ENV, STARTUP_PREFIX
+from autohet_cli.workerbase.records import LAUNCH_TIME_ENV, STARTUP_PREFIX
 
 PHASES = ("launch", "imports", "process_group", "build", "load", "first_step")
 

@@ -10,11 +10,11 @@ single-process reference every distributed plan must match.
 
 ``--steps N`` is the step training ends at: a run resumed from step k
 (``--resume``) runs steps k .. N-1. ``--checkpoint-every`` (``auto`` by default,
-``ckpt.schedule``) saves on a schedule and at the end
+``runtime.checkpoint_hook``) saves on a schedule and at the end
 (``ckpt.checkpointer``; docs/checkpoint-format.md); every rank beats a heartbeat
 under ``RUN_DIR/heartbeat/`` and a lost peer ends the run within the collective
 timeout (``runtime.health``). A worker marks its start under ``RUN_DIR/boot/`` and
-records why it failed under ``RUN_DIR/errors/`` (``runtime.records``), which is
+records why it failed under ``RUN_DIR/errors/`` (``workerbase.records``), which is
 how the launcher tells a crash from a lost host.
 """
 
@@ -37,7 +37,6 @@ from autohet_cli.ckpt.checkpointer import (
     CHECKPOINT_DIR_ENV,
     Checkpointer,
     CheckpointError,
-    CheckpointHook,
     RemoteCopy,
     checkpoint_root,
     remote_url,
@@ -50,6 +49,7 @@ from autohet_cli.plan import load_plan
 from autohet_cli.preemption import CHECK_ENV, check_from_env
 from autohet_cli.runfiles.metricsfile import FOLDER_ENV, METRICS_FILE, STREAM_ENV, TENSORBOARD_DIR
 from autohet_cli.runtime import train_args
+from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 from autohet_cli.runtime.context import WorkerEnv, pick_device
 from autohet_cli.runtime.health import (
     HealthMonitor,
@@ -57,12 +57,12 @@ from autohet_cli.runtime.health import (
     init_process_group,
 )
 from autohet_cli.runtime.preempt import PreemptionHook, notices
-from autohet_cli.runtime.records import error_detail, first_line, say, write_boot, write_error
 from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
+from autohet_cli.workerbase.records import error_detail, first_line, say, write_boot, write_error
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
 NOTICE_BUDGET_ENV = "AUTOHET_NOTICE_BUDGET_S"

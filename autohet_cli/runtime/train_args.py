@@ -7,7 +7,8 @@ settings as their defaults, and the ``TrainConfig`` they make; split from
 The launcher checks the built-in trainer's flags with this same parser before
 anything starts (``check_flags``): a flag the worker would refuse is one line and
 exit 1 in a second, in the words the worker would use, instead of argparse's usage
-on every worker. So this module imports no torch (``runtime.worker_defaults``).
+on every worker. So this module imports no torch (``runtime.worker_defaults``,
+``ckpt.layout``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from autohet_cli.ckpt.layout import CHECKPOINT_DIR_ENV, DEFAULT_JOB
 from autohet_cli.ckpt.policy import AUTO, describe_every
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.runtime.lr_schedule import DEFAULT_EXTEND, EXTEND_MODES
 from autohet_cli.runtime.train_checks import check
-from autohet_cli.runtime.worker_defaults import (
-    CHECKPOINT_DIR_ENV,
-    DEFAULT_JOB,
-    DEFAULT_MODEL_FN,
-    HEARTBEAT_INTERVAL_S,
-)
+from autohet_cli.runtime.worker_defaults import DEFAULT_MODEL_FN, HEARTBEAT_INTERVAL_S
 
 if TYPE_CHECKING:
     from autohet_cli.runtime.train_config import TrainConfig

@@ -17,7 +17,7 @@ from test_runtime_exact import ROOT, _env, _free_port, make_plan
 
 from autohet_cli.plan import write_plan
 from autohet_cli.preemption import CHECK_ENV, CheckSpec
-from autohet_cli.runtime.records import PREEMPT_PREFIX
+from autohet_cli.workerbase.records import PREEMPT_PREFIX
 
 pytestmark = pytest.mark.dist
 

@@ -14,7 +14,7 @@ from autohet_cli.ckpt.policy import (
     parse_every,
     saves_anything,
 )
-from autohet_cli.ckpt.schedule import CheckpointHook
+from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 
 
 def test_parse_every_accepts_auto_zero_and_counts_and_names_the_flag_on_errors() -> None:

@@ -15,8 +15,8 @@ from autohet_cli.ckpt import finish, memory
 from autohet_cli.ckpt.files import CheckpointError, incomplete_reason
 from autohet_cli.ckpt.persist import SaveRecord
 from autohet_cli.ckpt.policy import OVERHEAD_FRACTION
-from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.ckpt.snapshot import Snapshotter
+from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 from tests.unit.test_ckpt_async import JOB, _fresh
 
 pytestmark = pytest.mark.usefixtures("alone")

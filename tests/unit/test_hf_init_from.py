@@ -258,7 +258,7 @@ def test_a_base_model_save_like_the_hubs_gpt2_loads_the_same_weights(
 
 
 def test_a_long_refusal_keeps_its_likely_cause_in_the_record() -> None:
-    from autohet_cli.runtime.records import MAX_MESSAGE_CHARS, clip
+    from autohet_cli.workerbase.records import MAX_MESSAGE_CHARS, clip
 
     said = "/a/long/snapshot/path/" * 30 + ": 9 tensors missing: x; another model's weights?"
     kept = clip(said)

@@ -20,10 +20,9 @@ CORE = {
     "privatedir", "paths", "inputs", "defaults", "runconfig", "tomlio", "trace", "oom", "pids",
 }  # fmt: skip
 EFFECTS = {"cli", "launch", "recovery", "slurm", "profiling", "transport", "runtime", "ckpt"}
-# Packages that still import each other (the worker's side: checkpoints use the
-# runtime's logging and model seams, the runtime writes checkpoints). Known, listed in
-# docs/architecture.md; nothing may join it.
-KNOWN_PACKAGE_CIRCLE = {"ckpt", "peer", "runfiles", "runtime"}
+# The workers' side, top to bottom (docs/architecture.md): runtime over runfiles over
+# ckpt over peer over workerbase; dataset beside them.
+WORKER_ORDER = ("runtime", "runfiles", "ckpt", "peer", "workerbase")
 
 
 def _modules() -> dict[str, Path]:
@@ -80,15 +79,26 @@ def test_the_pure_core_imports_nothing_above_it() -> None:
     up = sorted(
         f"{a} -> {b}"
         for a, b in GRAPH.edges
-        if _top(a) in CORE and _top(b) in EFFECTS | {"peer", "runfiles", "dataset"}
+        if _top(a) in CORE and _top(b) in EFFECTS | {*WORKER_ORDER, "dataset"}
     )
     assert up == [], up
 
 
-def test_packages_form_no_new_circle() -> None:
+def test_packages_form_no_circle() -> None:
     packages = nx.DiGraph((_top(a), _top(b)) for a, b in GRAPH.edges if _top(a) != _top(b))
-    circles = [set(c) for c in nx.strongly_connected_components(packages) if len(c) > 1]
-    assert all(c <= KNOWN_PACKAGE_CIRCLE for c in circles), circles
+    circles = [sorted(c) for c in nx.strongly_connected_components(packages) if len(c) > 1]
+    assert circles == [], circles
+
+
+def test_worker_packages_only_import_down() -> None:
+    """A worker package imports only the ones below it in ``WORKER_ORDER``."""
+    rank = {p: i for i, p in enumerate(WORKER_ORDER)}
+    up = sorted(
+        f"{a} -> {b}"
+        for a, b in GRAPH.edges
+        if _top(a) in rank and _top(b) in rank and rank[_top(b)] < rank[_top(a)]
+    )
+    assert up == [], up
 
 
 def test_sessions_drive_a_backend_and_never_import_one_by_name() -> None:

@@ -1,4 +1,4 @@
-"""``optim.materialize_state`` makes the optimizer state torch's own initialisation
+"""``ckpt.loading.materialize_state`` makes the optimizer state torch's own initialisation
 makes (``_init_optim_state``: a step on zero gradients), without that step."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import _init_optim_state, get_state_dict
 
-from autohet_cli.runtime.optim import materialize_state
+from autohet_cli.ckpt.loading import materialize_state
 
 
 def _model() -> nn.Module:

@@ -17,13 +17,13 @@ import pytest
 
 from autohet_cli.ckpt.notice import notice_warnings, save_bytes_per_host
 from autohet_cli.ckpt.persist import SaveRecord
-from autohet_cli.ckpt.schedule import CheckpointHook
 from autohet_cli.launch import triage
 from autohet_cli.launch.session import survivors
 from autohet_cli.launch.supervise import stop_on_signals as _stop_on_signals
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.agent import NoticeClock, child_pids, patched_handler
+from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 from autohet_cli.runtime.preempt import Notices
 from tests.planting import plan_of, stage
 

@@ -9,9 +9,10 @@ Saves are asynchronous: ``save()`` returns once training may go on, and the hook
 waits for durability only at the end of training (``close``), which is what an
 emergency save needs before the process exits.
 
-The hook is the runtime's kind (``runtime.hooks.Hook``), but the trainer it is handed
-is typed as ``HookTrainer``, what the hook reads of it: the runtime's trainer sits
-above ckpt, and ckpt does not import it (``ckpt.view``)."""
+A hook of the runtime's (``runtime.hooks.Hook``) over the checkpointer it drives,
+typed as ``Saver`` (what the hook calls of ``ckpt.checkpointer``); the trainer it is
+handed is typed as ``HookTrainer``, what the hook reads of it, as the hooks below the
+trainer do (``runtime.trainer_api``)."""
 
 from __future__ import annotations
 
