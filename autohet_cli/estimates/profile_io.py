@@ -65,7 +65,7 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
             }
             for name, d in sorted(p.devices.items())
         },
-        "entries": [_entry_to_dict(e) for _, e in sorted(p.entries.items(), key=_sort_key)],
+        "entries": [_entry_to_dict(p.entries[k]) for k in sorted(p.entries, key=entry_order)],
         **(
             {
                 "overheads": {
@@ -91,12 +91,14 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
     }
 
 
-def _sort_key(item: tuple[EntryKey, ProfileEntry]) -> tuple[str, str, int, int, int]:
-    k = item[0]
+def entry_order(k: EntryKey) -> tuple[str, str, int, int, int]:
+    """The order entries are written and listed in: model, GPU type, TP, mbs, seq_len."""
     return (k.model, k.gpu_type, k.tensor_parallel, k.micro_batch_size, k.seq_len)
 
 
-def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
+def entry_header(e: ProfileEntry) -> dict[str, Any]:
+    """An entry's key, source and dtype as plain data: the head of its YAML form here
+    and of its line in ``autohet profile show`` (``profiling.store.entry_totals``)."""
     k = e.key
     return {
         "model": k.model,
@@ -106,8 +108,11 @@ def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
         "seq_len": k.seq_len,
         "source": e.source,
         "dtype": e.dtype,
-        "layers": [_layer_to_dict(lt) for lt in e.layers],
     }
+
+
+def _entry_to_dict(e: ProfileEntry) -> dict[str, Any]:
+    return {**entry_header(e), "layers": [_layer_to_dict(lt) for lt in e.layers]}
 
 
 def _layer_to_dict(lt: LayerTiming) -> dict[str, Any]:

@@ -1,11 +1,14 @@
-"""One call from inputs to a finished plan: search, baselines, idle GPUs, contingency (pure)."""
+"""One call from inputs to a finished plan: search, baselines, idle GPUs, contingency (pure).
+
+The plan itself is assembled in ``planner.assemble``; what ``--measured-only`` may use
+and its failure message are ``planner.measured_only``'s.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import time
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -16,20 +19,13 @@ from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ConfigError, InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
-from autohet_cli.plan import (
-    Pipeline,
-    Plan,
-    Prediction,
-    SolverInfo,
-    Stage,
-    StagePrediction,
-    pipelines_entry,
-)
+from autohet_cli.plan import Pipeline, Plan, pipelines_entry
+from autohet_cli.planner.assemble import to_plan, with_predictions
 from autohet_cli.planner.baselines import baselines as compute_baselines
 from autohet_cli.planner.decide import decide, first_space, reevaluated, same_space
+from autohet_cli.planner.measured_only import measured_only_message, usable_combinations
 from autohet_cli.planner.parallel import Pending
 from autohet_cli.planner.phases import phase
-from autohet_cli.planner.precision import advice, cpu_advice, measured_as, precision_flag
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
@@ -38,6 +34,16 @@ from autohet_cli.planner.search import (
     search,
 )
 from autohet_cli.settings import TrainingSettings
+
+__all__ = [
+    "CHILD_MARGIN_S",
+    "PlanOutcome",
+    "Planner",
+    "contingency_plans",
+    "make_plan",
+    "training_for",
+    "with_predictions",  # planner.assemble's, imported from here by callers
+]
 
 CHILD_MARGIN_S = 0.3  # the baselines' child ends this long before the call's deadline
 
@@ -48,6 +54,12 @@ class PlanOutcome:
     eval: PlanEval
     result: SearchResult
     baselines: Mapping[str, Candidate | None]
+
+
+# ``make_plan`` as a parameter (recovery's; a stub in its tests). Its keywords are
+# make_plan's: a Protocol restating them was a second copy to keep in step, and it
+# checked nothing, since recovery passes them as a ``dict[str, Any]``.
+Planner = Callable[..., PlanOutcome]
 
 
 def make_plan(
@@ -212,145 +224,6 @@ def _baselines(req: SearchRequest) -> tuple[dict[str, Candidate | None], list[st
         return compute_baselines(req, skipped), skipped
 
 
-def to_plan(
-    *,
-    name: str,
-    best: Candidate,
-    result: SearchResult,
-    model: ModelSpec,
-    tables: CostTables,
-    cluster: Cluster,
-    global_batch_size: int,
-    objective: str,
-    measured_only: bool = False,
-) -> Plan:
-    ev = best.eval
-    pipelines = tuple(
-        Pipeline(
-            num_microbatches=p.num_microbatches,
-            stages=tuple(_with_prediction(s, pe.stages[i]) for i, s in enumerate(p.stages)),
-        )
-        for p, pe in zip(best.pipelines, ev.pipelines, strict=True)
-    )
-    training = replace(
-        tables.training, global_batch_size=global_batch_size, micro_batch_size=best.mbs
-    )
-    return Plan(
-        name=name,
-        version=0,
-        model_name=model.name,
-        num_layers=model.num_layers,
-        architecture=model,
-        training=training,
-        tensor_parallel=max(st.tensor_parallel for p in pipelines for st in p.stages),
-        pipelines=pipelines,
-        prediction=prediction_of(ev),
-        solver=SolverInfo(
-            status=result.status,
-            gap=result.gap,
-            time_s=result.time_s,
-            objective=objective,
-            search_gap=result.search_gap,
-            groupings_explored=result.explored,
-            groupings_pruned=result.pruned + result.hopeless,
-        ),
-        idle=tuple(
-            idle_devices(
-                cluster,
-                best,
-                unmeasured={
-                    t
-                    for t in cluster.gpu_types()
-                    if measured_only and not tables.is_measured(t, best.degree(t), best.mbs)
-                },
-            )
-        ),
-        created=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
-    )
-
-
-def prediction_of(ev: PlanEval) -> Prediction:
-    return Prediction(
-        iteration_time_s=ev.iteration_ms / 1e3,
-        tokens_per_s=ev.tokens_per_s,
-        memory_peak_fraction=ev.memory_peak_fraction,
-        pipeline_time_s=ev.pipeline_ms / 1e3,
-        grad_sync_time_s=ev.grad_sync_ms / 1e3,
-        optimizer_time_s=ev.optimizer_ms / 1e3,
-        closed_form_time_s=ev.closed_form_iteration_ms / 1e3,
-    )
-
-
-def with_predictions(plan: Plan, ev: PlanEval) -> Plan:
-    """``plan`` with every stage's and the iteration's prediction from ``ev``
-    (``evaluate`` of the same pipelines): what a plan file carries and a run is
-    compared against."""
-    pipelines = tuple(
-        replace(
-            p,
-            stages=tuple(
-                _with_prediction(s, se) for s, se in zip(p.stages, pe.stages, strict=True)
-            ),
-        )
-        for p, pe in zip(plan.pipelines, ev.pipelines, strict=True)
-    )
-    return replace(plan, pipelines=pipelines, prediction=prediction_of(ev))
-
-
-def _with_prediction(s: Stage, se: object) -> Stage:
-    from autohet_cli.costmodel.evaluate import StageEval
-
-    assert isinstance(se, StageEval)
-    return replace(
-        s,
-        predicted=StagePrediction(
-            fwd_ms=se.cost.fwd_ms,
-            bwd_ms=se.cost.bwd_ms,
-            update_ms=se.cost.update_ms,
-            mem_bytes=se.mem_bytes,
-            mem_fraction=se.mem_fraction,
-        ),
-    )
-
-
-def idle_devices(
-    cluster: Cluster, best: Candidate, unmeasured: Set[str] = frozenset()
-) -> list[dict[str, object]]:
-    """GPUs the plan leaves unused, per host, with the reason; ``unmeasured`` are the
-    GPU types --measured-only kept out (no measurement at the plan's TP and mbs)."""
-    used: dict[str, set[int]] = {}
-    for p in best.pipelines:
-        for s in p.stages:
-            for d in s.devices:
-                used.setdefault(d.host, set()).add(d.gpu)
-    types_used = {s.gpu_type for p in best.pipelines for s in p.stages}
-    out: list[dict[str, object]] = []
-    for h in cluster.hosts:
-        free = [g for g in range(h.num_gpus) if g not in used.get(h.name, set())]
-        if not free:
-            continue
-        tp = best.degree(h.gpu_type) if h.gpu_type in types_used else 1
-        if h.num_gpus < tp or (h.name in used and len(free) < tp):
-            why = f"tensor_parallel {tp} needs {tp} GPUs of one host; these are left over"
-        elif h.gpu_type not in types_used and h.gpu_type in unmeasured:
-            why = (
-                f"--measured-only: the profile has no measurement of {h.gpu_type} at "
-                f"tensor_parallel {tp}, micro-batch size {best.mbs}"
-            )
-        elif h.gpu_type not in types_used:
-            why = (
-                f"no {h.gpu_type} GPU is used: every grouping that used them was predicted "
-                "slower (slow stages or batch shares too coarse to help)"
-            )
-        else:
-            why = (
-                "left over after forming pipelines of the chosen depth; adding them "
-                "would unbalance the pipelines"
-            )
-        out.append({"host": h.name, "gpus": free, "reason": why})
-    return out
-
-
 def contingency_plans(
     req: SearchRequest, skipped: list[str] | None = None
 ) -> dict[str, dict[str, object]]:
@@ -383,60 +256,6 @@ def contingency_plans(
             "pipelines": [pipelines_entry(p) for p in b.pipelines],
         }
     return out
-
-
-def usable_combinations(req: SearchRequest) -> list[tuple[str, int, int]]:
-    """The (GPU type, TP, micro-batch size) combinations the search may use: TP
-    degrees a host of the type holds, micro-batch sizes dividing the batch."""
-    out = []
-    for gpu in req.cluster.gpu_types():
-        most = max(h.num_gpus for h in req.cluster.hosts if h.gpu_type == gpu)
-        for tp in req.tp_candidates:
-            for mbs in req.mbs_candidates:
-                if tp <= most and req.global_batch_size % mbs == 0:
-                    out.append((gpu, tp, mbs))
-    return out
-
-
-def measured_only_message(req: SearchRequest, reason: str | None, model_ref: str) -> str:
-    """Why --measured-only found no plan: what was measured, and how to measure more."""
-    usable = usable_combinations(req)
-    measured = [c for c in usable if req.tables.is_measured(*c)]
-    t = req.tables.training
-    per_type = []
-    for gpu in req.cluster.gpu_types():
-        pairs = ", ".join(f"tp{tp} mbs{mbs}" for g, tp, mbs in measured if g == gpu)
-        per_type.append(f"{gpu}: {pairs or 'none'}")
-    tps = ",".join(str(tp) for tp in sorted({tp for _, tp, _ in usable}))
-    mbss = ",".join(str(m) for m in sorted({m for _, _, m in usable}))
-    seq = "" if t.seq_len == req.model.default_seq_len else f" --seq-len {t.seq_len}"
-    if measured:
-        head = f"no plan for {req.model.name} on {req.cluster.name} fits using only measured "
-        head += "profile entries"
-    elif not req.tables.profile.entries:
-        head = "no profile was given (--profile), so nothing is measured"
-    else:
-        head = f"the profile measures none of the combinations {req.model.name} could use "
-        head += f"on {req.cluster.name}"
-    said = f" (the search said: {reason})" if reason else ""
-    text = (
-        f"--measured-only: {head}{said}. Measured at seq_len {t.seq_len}, {t.precision}: "
-        f"{'; '.join(per_type)}. "
-    )
-    # Measured in another precision: say so, or "measure more" repeats what was done.
-    found = {g: d for g, tp, mbs in usable if (d := measured_as(req.tables, g, tp, mbs))}
-    if found:
-        said_found = advice(req.model.name, t.precision, found, None)
-        text += f"{said_found[0].upper()}{said_found[1:]}. "
-    types = req.cluster.gpu_types()
-    flag = precision_flag(t.precision, types, always=bool(found))
-    cpus = cpu_advice((g for g in types if g not in found), t.precision)  # not said twice
-    text += (
-        f"Measure more with `autohet profile run CLUSTER --model {model_ref} --tp {tps} "
-        f"--micro-batch-sizes {mbss}{seq}{flag}` and pass the profile it writes with "
-        f"--profile{cpus}, or plan"
-    )
-    return f"{text} without --measured-only to let estimates fill the gaps"
 
 
 def training_for(

@@ -26,18 +26,18 @@ Profile with ``profile_from_probe``:
   only at their own precision).
 
 A malformed result raises ProfileError naming the host and the field.
+
+The spec is ``profiling.probespec``; the result's fields other than the runs are
+read by ``profiling.probefields``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
-from autohet_cli.catalog import CATALOG, canonical_gpu_name
-from autohet_cli.errors import ProfileError, UnknownNameError
 from autohet_cli.estimates.profile import (
     DeviceFacts,
     EntryKey,
@@ -47,142 +47,26 @@ from autohet_cli.estimates.profile import (
 )
 from autohet_cli.models import ModelSpec
 from autohet_cli.profiling.fixedfit import fit_line, probe_fixed
+from autohet_cli.profiling.probefields import ProbeReader, comm_notes, device_facts, probe_meta
+from autohet_cli.profiling.probespec import DTYPES, SPEC_SCHEMA, layer_shapes, spec_for
 
-SPEC_SCHEMA = "autohet.probe-spec/v1"
 RESULT_SCHEMA = "autohet.probe-result/v1"
-DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Adam reads w, g, m, v and writes w, m, v (plus a 16-bit copy): ~30 bytes/param.
 ADAM_BYTES_PER_PARAM = 30.0
 _LAYER_FIELDS = ("fwd_ms", "bwd_ms", "act_bytes", "output_bytes")
 _RECOMPUTE_FIELDS = ("recompute_fwd_ms", "recompute_bwd_ms")
 
-
-def layer_shapes(model: ModelSpec) -> dict[str, dict[str, Any]]:
-    """The shape of each distinct kind of partitionable layer, as the probe builds it."""
-    h = model.hidden_size
-    e = model.embed_proj_dim or h
-    shapes: dict[str, dict[str, Any]] = {
-        "embedding": {
-            "vocab_size": model.padded_vocab_size,  # as trained: see ModelSpec
-            "embed_dim": e,
-            "hidden_size": h,
-            "num_positions": model.num_positions,
-        },
-        "block": {
-            "hidden_size": h,
-            "num_heads": model.num_heads,
-            "num_kv_heads": model.num_kv_heads,
-            "ffn_hidden_size": model.ffn_hidden_size,
-            "gated_mlp": model.gated_mlp,
-            "norm": model.norm,
-            "bias": model.bias,
-            "qkv_bias": model.bias if model.qkv_bias is None else model.qkv_bias,
-            "rotary": model.num_positions == 0,
-        },
-        "head": {
-            "vocab_size": model.padded_vocab_size,  # as trained: see ModelSpec
-            "embed_dim": e,
-            "hidden_size": h,
-            "final_norm": model.final_norm and not model.separate_final_norm,
-            "norm": model.norm,
-        },
-    }
-    if model.separate_final_norm:
-        shapes["norm"] = {"hidden_size": h, "norm": model.norm}
-    return shapes
-
-
-def spec_for(
-    model: ModelSpec,
-    seq_len: int,
-    tps: Sequence[int],
-    mbss: Sequence[int],
-    dtype: str = "auto",
-    *,
-    warmup: int = 2,
-    repeat: int = 10,
-    time_budget_s: float | None = None,
-    cpu_threads: int | None = None,
-    comm: str = "auto",
-) -> dict[str, Any]:
-    """The JSON spec ``probe.py`` takes to measure ``model``.
-
-    ``dtype`` ``auto`` is bf16 on a GPU that supports it (else fp16) and fp32 on
-    the CPU. ``time_budget_s`` None lets the probe choose (600 s on a GPU, 8 s on
-    the CPU); repeats drop to fit it, never below one. ``cpu_threads`` sets the
-    threads of a CPU device (e.g. the host's cores divided by the cluster file's
-    ``cpu`` count); ``comm`` ``copy`` skips the real all-reduce and estimates TP
-    communication from copy bandwidth.
-    """
-    if seq_len < 1:
-        raise ProfileError(f"seq_len: must be at least 1, got {seq_len}")
-    for name, values in (("tensor_parallel", tps), ("micro_batch_sizes", mbss)):
-        if not values or any(v < 1 for v in values):
-            raise ProfileError(f"{name}: expected positive integers, got {list(values)}")
-    if dtype not in DTYPES:
-        raise ProfileError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    if comm not in ("auto", "copy"):
-        raise ProfileError(f"comm: expected auto or copy, got {comm!r}")
-    return {
-        "schema": SPEC_SCHEMA,
-        "model": model.name,
-        "seq_len": seq_len,
-        "tensor_parallel": sorted(set(tps)),
-        "micro_batch_sizes": sorted(set(mbss)),
-        "dtype": dtype,
-        "warmup": warmup,
-        "repeat": repeat,
-        "time_budget_s": time_budget_s,
-        "cpu_threads": cpu_threads,
-        "comm": comm,
-        "layers": layer_shapes(model),
-    }
-
-
-class _Reader:
-    """Typed access to the probe's JSON; every failure names the host and the field."""
-
-    def __init__(self, host: str) -> None:
-        self.host = host
-
-    def fail(self, at: str, problem: str) -> NoReturn:
-        raise ProfileError(f"probe result from {self.host}: {at}: {problem}")
-
-    def mapping(self, obj: Any, at: str) -> Mapping[str, Any]:
-        if not isinstance(obj, Mapping):
-            self.fail(at, f"expected an object, got {type(obj).__name__}")
-        return obj
-
-    def items(self, obj: Any, at: str) -> list[Any]:
-        if not isinstance(obj, list):
-            self.fail(at, f"expected a list, got {type(obj).__name__}")
-        return obj
-
-    def get(self, d: Mapping[str, Any], key: str, at: str) -> Any:
-        if key not in d:
-            self.fail(f"{at}.{key}" if at else key, "missing")
-        return d[key]
-
-    def text(self, d: Mapping[str, Any], key: str, at: str) -> str:
-        value = self.get(d, key, at)
-        if not isinstance(value, str) or not value:
-            self.fail(f"{at}.{key}" if at else key, f"expected a non-empty string, got {value!r}")
-        return value
-
-    def number(self, d: Mapping[str, Any], key: str, at: str, *, positive: bool = False) -> float:
-        value = self.get(d, key, at)
-        where = f"{at}.{key}" if at else key
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(where, f"expected a number, got {value!r}")
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            self.fail(where, f"expected a finite {'positive' if positive else '>= 0'} number")
-        return float(value)
-
-    def integer(self, d: Mapping[str, Any], key: str, at: str, *, minimum: int = 0) -> int:
-        value = self.get(d, key, at)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(f"{at}.{key}" if at else key, f"expected an integer >= {minimum}")
-        return value
+# Re-exported: ``profiling.run`` and the tests import the spec's names from here.
+__all__ = [
+    "ADAM_BYTES_PER_PARAM",
+    "DTYPES",
+    "RESULT_SCHEMA",
+    "SPEC_SCHEMA",
+    "allreduce_fit",
+    "layer_shapes",
+    "profile_from_probe",
+    "spec_for",
+]
 
 
 def profile_from_probe(
@@ -190,7 +74,7 @@ def profile_from_probe(
 ) -> Profile:
     """The probe's result from ``host`` as measured profile entries and device facts,
     keyed by ``gpu_type`` (the host's type in the cluster file) when given."""
-    r = _Reader(host)
+    r = ProbeReader(host)
     doc = r.mapping(result, "result")
     if doc.get("schema") != RESULT_SCHEMA:
         r.fail("schema", f"expected {RESULT_SCHEMA!r}, got {doc.get('schema')!r}")
@@ -203,8 +87,8 @@ def profile_from_probe(
     dtype = r.text(doc, "dtype", "")
     if dtype not in DTYPES[1:]:
         r.fail("dtype", f"expected one of {', '.join(DTYPES[1:])}, got {dtype!r}")
-    device = _device(r, doc, gpu_type)
-    notes = _comm_notes(r, doc)
+    device = device_facts(r, doc, gpu_type)
+    notes = comm_notes(r, doc)
     fit = allreduce_fit(r.mapping(doc.get("tp_comm") or {}, "tp_comm"))
     if fit is not None:
         device = replace(device, allreduce_hop_ms=fit[0], allreduce_gbytes_s=fit[1])
@@ -247,7 +131,7 @@ def profile_from_probe(
     device = replace(device, op_us=fixed.op_us, step_ms=fixed.step_ms)
     if fixed.op_us is not None or fixed.step_ms is not None:
         notes.append(fixed.note())
-    meta = _meta(r, doc, model, host, device, notes)
+    meta = probe_meta(r, doc, model, host, device, notes)
     return Profile(devices={device.gpu_type: device}, entries=entries, meta=meta)
 
 
@@ -285,50 +169,8 @@ def allreduce_fit(tp_comm: Mapping[str, Any]) -> tuple[float, float] | None:
     return intercept / (2 * (n - 1)), 1e-6 / slope
 
 
-def _device(r: _Reader, doc: Mapping[str, Any], declared: str | None) -> DeviceFacts:
-    dev = r.mapping(r.get(doc, "device", ""), "device")
-    kind = r.text(dev, "type", "device")
-    if kind == "cpu":
-        gpu_type = _checked(r, declared, "cpu", "no GPU (it ran on the CPU)")
-    elif kind == "cuda":
-        name = r.text(dev, "name", "device")
-        try:
-            detected = canonical_gpu_name(name)
-        except UnknownNameError as exc:
-            if declared is None:
-                r.fail("device.name", str(exc))
-            detected = None
-        gpu_type = _checked(r, declared, detected, f"{name!r} ({detected})")
-    else:
-        r.fail("device.type", f"expected cpu or cuda, got {kind!r}")
-    matmul = r.mapping(r.get(doc, "matmul", ""), "matmul")
-    bandwidth = r.mapping(r.get(doc, "mem_bandwidth", ""), "mem_bandwidth")
-    return DeviceFacts(
-        gpu_type=gpu_type,
-        mem_bytes=r.integer(dev, "mem_bytes", "device", minimum=1),
-        matmul_tflops=r.number(matmul, "tflops", "matmul", positive=True),
-        mem_bandwidth_gbytes_s=r.number(bandwidth, "gbytes_s", "mem_bandwidth", positive=True),
-        source="measured",
-    )
-
-
-def _checked(r: _Reader, declared: str | None, detected: str | None, found: str) -> str:
-    """The type to file the measurement under: the declared one, unless the device
-    is plainly another (a catalog type, or the CPU) and the numbers would lie."""
-    if declared is None or declared == detected:
-        assert detected is not None  # an unknown device without a declared type failed above
-        return detected
-    if detected is not None and (detected == "cpu" or declared == "cpu" or declared in CATALOG):
-        r.fail(
-            "device.name",
-            f"the cluster file says gpus.type {declared} but the probe found {found}; "
-            "fix the host's gpus.type, or the host's torch install if it should see a GPU",
-        )
-    return declared
-
-
 def _layers(
-    r: _Reader,
+    r: ProbeReader,
     model: ModelSpec,
     run: Mapping[str, Any],
     update: Mapping[str, Any],
@@ -366,7 +208,7 @@ def _layers(
     return layers, sum(1 for layer in model.layers() if layer.kind in estimated)
 
 
-def _update_ms(r: _Reader, update: Mapping[str, Any], tp: int, kind: str) -> float | None:
+def _update_ms(r: ProbeReader, update: Mapping[str, Any], tp: int, kind: str) -> float | None:
     per_tp = update.get(str(tp))
     if per_tp is None:
         return None
@@ -375,60 +217,3 @@ def _update_ms(r: _Reader, update: Mapping[str, Any], tp: int, kind: str) -> flo
     if rec.get("status") != "ok":
         return None
     return r.number(rec, "ms", at)
-
-
-def _comm_notes(r: _Reader, doc: Mapping[str, Any]) -> list[str]:
-    notes = []
-    for tp, raw in sorted(r.mapping(doc.get("tp_comm") or {}, "tp_comm").items()):
-        comm = r.mapping(raw, f"tp_comm.{tp}")
-        method = r.text(comm, "method", f"tp_comm.{tp}")
-        notes.append(f"tp {tp} all-reduces: {method}: {comm.get('note', '')}".rstrip(": "))
-    dev = r.mapping(doc["device"], "device")
-    if dev.get("type") == "cpu":
-        notes.append(
-            f"cpu device: {dev.get('threads')} thread(s) of {dev.get('cores')} core(s); "
-            f"memory {dev.get('mem_note', 'as reported')}"
-        )
-    notes += [str(n) for n in r.items(doc.get("notes") or [], "notes")]
-    return notes
-
-
-def _meta(
-    r: _Reader,
-    doc: Mapping[str, Any],
-    model: ModelSpec,
-    host: str,
-    device: DeviceFacts,
-    notes: list[str],
-) -> dict[str, Any]:
-    facts = r.mapping(r.get(doc, "host", ""), "host")
-    software = {k: facts.get(k) for k in ("python", "torch", "cuda", "driver")}
-    r.text(facts, "torch", "host")
-    created = doc.get("created_utc")
-    if not isinstance(created, str) or not created:
-        created = datetime.now(UTC).isoformat(timespec="seconds")
-    version = str(r.get(doc, "probe_version", ""))
-    dev = r.mapping(doc["device"], "device")
-    matmul = r.mapping(doc["matmul"], "matmul")
-    record = {
-        "measure": "probe",
-        "model": model.name,
-        "host": host,
-        "hostname": facts.get("hostname"),
-        "gpu_type": device.gpu_type,
-        "device_name": dev.get("name"),
-        "dtype": doc.get("dtype"),  # every entry of this measurement is in it
-        "created": created,
-        "probe_version": version,
-        "software": software,
-        "matmul_n": matmul.get("n"),
-        "notes": notes,
-    }
-    return {
-        "source": "measured",
-        "created": created,
-        "hosts": [host],
-        "software": software,
-        "probe_version": version,
-        "history": [record],
-    }

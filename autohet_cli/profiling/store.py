@@ -13,7 +13,7 @@ from typing import Any
 
 from autohet_cli.errors import ProfileError
 from autohet_cli.estimates.profile import EntryKey, Profile, ProfileEntry
-from autohet_cli.estimates.profile_io import load_profile
+from autohet_cli.estimates.profile_io import entry_header, entry_order, load_profile
 
 
 def merge_profiles(profiles: Iterable[Profile]) -> Profile:
@@ -56,7 +56,7 @@ def select_entries(
     }
     return [
         profile.entries[k]
-        for k in sorted(profile.entries, key=_order)
+        for k in sorted(profile.entries, key=entry_order)
         if all(v is None or getattr(k, name) == v for name, v in wanted.items())
     ]
 
@@ -86,22 +86,11 @@ def tp_mbs_pairs(
 
 def entry_totals(entry: ProfileEntry) -> dict[str, Any]:
     """One line of ``autohet profile show``: the key, and sums over the layers."""
-    k = entry.key
     return {
-        "model": k.model,
-        "gpu_type": k.gpu_type,
-        "tensor_parallel": k.tensor_parallel,
-        "micro_batch_size": k.micro_batch_size,
-        "seq_len": k.seq_len,
-        "source": entry.source,
-        "dtype": entry.dtype,
+        **entry_header(entry),
         "num_layers": len(entry.layers),
         "fwd_ms": sum(lt.fwd_ms for lt in entry.layers),
         "bwd_ms": sum(lt.bwd_ms for lt in entry.layers),
         "update_ms": sum(lt.update_ms for lt in entry.layers),
         "num_params": sum(lt.num_params for lt in entry.layers),
     }
-
-
-def _order(k: EntryKey) -> tuple[str, str, int, int, int]:
-    return (k.model, k.gpu_type, k.tensor_parallel, k.micro_batch_size, k.seq_len)

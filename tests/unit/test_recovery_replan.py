@@ -622,7 +622,7 @@ def test_the_short_first_search_needs_a_seed_and_falls_back_to_the_whole_limit()
     be kept (the seed); without one, or when the short search found nothing in time,
     the old plan's space gets the whole --time-limit."""
     from autohet_cli.errors import TimeLimitReached
-    from autohet_cli.recovery.replan import _solve
+    from autohet_cli.recovery.survivor_search import solve_on_survivors as _solve
 
     old = make_old(OLD_PIPES)
     calls: list[dict[str, Any]] = []

@@ -1,0 +1,95 @@
+"""What one pipeline's evaluation owes to the pipeline alone (pure).
+
+Its stages' costs, the sends between them, the 1F1B simulation and the closed form
+beside it, and each stage's memory before ZeRO-1 takes its share: everything of
+``evaluate`` that the other pipelines do not change, so the memo of
+``costmodel.memo`` keeps it per pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from autohet_cli.cluster import Cluster
+from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
+from autohet_cli.costmodel.tables import CostTables, StageCost
+from autohet_cli.costmodel.transfers import send_copies, transfer_ms
+from autohet_cli.plan import Pipeline, Stage
+
+
+def stage_memory_bytes(
+    cost: StageCost,
+    tables: CostTables,
+    gpu_type: str,
+    stage_index: int,
+    num_stages: int,
+    num_microbatches: int,
+) -> int:
+    """Peak bytes on one GPU of a stage under 1F1B (recompute or not: ``cost`` says)."""
+    in_flight = min(num_stages - stage_index, num_microbatches)
+    state = cost.num_params * tables.training.state_bytes_per_param
+    buffers = 2.0 * cost.output_bytes
+    reserve = tables.reserve_bytes(gpu_type)
+    once = cost.transient_bytes + cost.cast_bytes + buffers + reserve
+    return int(state + cost.act_bytes * in_flight + once)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelinePart:
+    """What a pipeline's evaluation owes to the pipeline alone (not to the others)."""
+
+    costs: tuple[StageCost, ...]
+    sends: tuple[float, ...]
+    sim: SimResult
+    closed_ms: float
+    idle_fraction: float
+    mem_bytes: tuple[int, ...]  # before ZeRO-1 takes its share of the optimizer state
+    capacity_bytes: tuple[int, ...]
+
+
+def pipeline_part(p: Pipeline, cluster: Cluster, tables: CostTables, mbs: int) -> PipelinePart:
+    costs = tuple(_stage_cost(s, cluster, tables, mbs) for s in p.stages)
+    sends = tuple(
+        _send_ms(p.stages[s], p.stages[s + 1], costs[s].output_bytes, cluster, tables)
+        for s in range(len(p.stages) - 1)
+    )
+    sim, closed = _pipeline_time(
+        tuple(c.fwd_ms for c in costs), tuple(c.bwd_ms for c in costs), p.num_microbatches, sends
+    )
+    n = len(p.stages)
+    return PipelinePart(
+        costs=costs,
+        sends=sends,
+        sim=sim,
+        closed_ms=closed,
+        idle_fraction=sum(sim.idle_fraction) / len(sim.idle_fraction),
+        mem_bytes=tuple(
+            stage_memory_bytes(c, tables, st.gpu_type, i, n, p.num_microbatches)
+            for i, (c, st) in enumerate(zip(costs, p.stages, strict=True))
+        ),
+        capacity_bytes=tuple(cluster.host(st.host).gpu_mem_bytes for st in p.stages),
+    )
+
+
+@lru_cache(maxsize=8192)
+def _pipeline_time(
+    fwd: tuple[float, ...], bwd: tuple[float, ...], m: int, sends: tuple[float, ...]
+) -> tuple[SimResult, float]:
+    """Simulated and closed-form time; memoised because data-parallel replicas
+    and the planner's neighbouring candidates repeat the same pipelines."""
+    sim = simulate_1f1b(fwd, bwd, m, sends)
+    closed = closed_form_1f1b([f + b for f, b in zip(fwd, bwd, strict=True)], m, sends, fwd_ms=fwd)
+    return sim, closed
+
+
+def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> StageCost:
+    host = cluster.host(s.host)
+    table = tables.table(s.gpu_type, s.tensor_parallel, mbs, host.intra_node_gbps)
+    return table.stage(s.layer_start, s.layer_end, recompute=s.recompute)
+
+
+def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:
+    latency = tables.p2p_latency_ms(a.gpu_type, b.gpu_type)
+    copies = send_copies(a.tensor_parallel, b.tensor_parallel)
+    return latency + transfer_ms(nbytes * copies, cluster.link_gbps(a.host, b.host))
