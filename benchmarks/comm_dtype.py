@@ -33,11 +33,12 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate
 from autohet_cli.inputs import Inputs, load_inputs, tables_for
 from autohet_cli.plan import Device, Pipeline, Stage
-from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.api import training_for
 from autohet_cli.planner.baselines import uniform_baseline
 from autohet_cli.planner.search import SearchRequest
 from autohet_cli.settings import TrainingSettings
 from benchmarks._common import describe, table
+from tests.planning import plan_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "profiles" / "clusters" / "paper-mix.yaml"
@@ -75,15 +76,8 @@ def _score(inputs: Inputs, pipelines: list[Pipeline], mbs: int, nbytes: int) -> 
 def _pick(inputs: Inputs, nbytes: int) -> tuple[list[Pipeline], int]:
     training = training_for(BATCH, inputs.model.default_seq_len, "bf16", "adam")
     with grad_bytes(nbytes):
-        out = make_plan(
-            name="comm-dtype",
-            cluster=inputs.cluster,
-            model=inputs.model,
-            tables=tables_for(inputs, training),
-            global_batch_size=BATCH,
-            time_limit_s=TIME_LIMIT_S,
-            with_baselines=False,
-        )
+        options = {"time_limit_s": TIME_LIMIT_S, "with_baselines": False}
+        out = plan_inputs(inputs, training, name="comm-dtype", **options)
     return list(out.plan.pipelines), out.plan.training.micro_batch_size
 
 

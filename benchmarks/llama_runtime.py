@@ -26,30 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autohet_cli.models import ModelSpec
 from autohet_cli.plan import write_plan
 from benchmarks._common import machine, table, worker_times
+from tests.model_specs import llama
 from tests.planting import plan_of, stage
 
 SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 256, 4, 8
 WARMUP, MEASURED, REPEATS = 3, 10, 3
-SPEC = ModelSpec(
-    name="bench-llama",
-    family="llama",
-    num_blocks=4,
-    hidden_size=256,
-    num_heads=8,
-    num_kv_heads=4,
-    ffn_hidden_size=688,
-    vocab_size=8000,
-    gated_mlp=True,
-    bias=False,
-    norm="rmsnorm",
-    tied_embeddings=False,
-    separate_final_norm=True,
-    activation="silu",
-    default_seq_len=SEQ_LEN,
-)
+SPEC = llama("bench-llama", (4, 256, 8, 4, 688, 8000), activation="silu", default_seq_len=SEQ_LEN)
 PLAN = plan_of(
     [stage(0, SPEC.num_layers, "localhost")],
     microbatches=GLOBAL_BATCH // MICRO_BATCH,

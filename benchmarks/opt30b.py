@@ -11,8 +11,9 @@ import time
 
 from autohet_cli.cluster import Cluster, cluster_from_dict
 from autohet_cli.inputs import load_inputs, tables_for
-from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.api import PlanOutcome, training_for
 from benchmarks._common import describe
+from tests.planning import plan_tables
 
 PROFILE = "profiles/sailor/OPT-30B.yaml"
 BATCH = 256
@@ -44,17 +45,8 @@ def plan(*, zero1: bool | None = None, recompute: bool | None = None) -> PlanOut
     training = training_for(BATCH, SEQ_LEN, "bf16", "adam")
     tables = tables_for(inputs, training)
     tables = type(tables)(inputs.model, inputs.profile, training, gpu_specs=fleet.gpu_specs)
-    return make_plan(
-        name="opt30b",
-        cluster=fleet,
-        model=inputs.model,
-        tables=tables,
-        global_batch_size=BATCH,
-        time_limit_s=TIME_LIMIT_S,
-        recompute=recompute,
-        zero1=zero1,
-        with_baselines=False,
-    )
+    options = {"recompute": recompute, "zero1": zero1, "with_baselines": False}
+    return plan_tables(fleet, tables, name="opt30b", time_limit_s=TIME_LIMIT_S, **options)
 
 
 def main() -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.inputs import Inputs, load_inputs, tables_for
-from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.inputs import Inputs, load_inputs
+from autohet_cli.planner.api import PlanOutcome, training_for
 from benchmarks._common import describe, table
+from tests.planning import plan_inputs
 
 CLUSTERS = "profiles/clusters"
 BATCHES = (32, 64, 256)
@@ -43,14 +44,7 @@ def _cases() -> list[tuple[Inputs, str]]:
 
 def _plan(inputs: Inputs, batch: int) -> PlanOutcome:
     training = training_for(batch, inputs.model.default_seq_len, "bf16", "adam")
-    return make_plan(
-        name="bench",
-        cluster=inputs.cluster,
-        model=inputs.model,
-        tables=tables_for(inputs, training),
-        global_batch_size=batch,
-        time_limit_s=TIME_LIMIT_S,
-    )
+    return plan_inputs(inputs, training, name="bench", time_limit_s=TIME_LIMIT_S)
 
 
 def _gpus(cluster: Cluster) -> str:

@@ -46,9 +46,13 @@ and backward after the first forward reached it, and before the last backward
 then returns to stage 0 (plus the sends between); memory is checked exactly
 with ``stage_memory_bytes``; the optimizer step is the largest stage update;
 gradient sync moves at least the whole model's gradients through rings of the
-fastest link, spread over a pipeline's stages. Every exact pipeline time
-computed is checked against its bound, so a wrong bound fails loudly instead of
-pruning the optimum. ``prune=False`` turns the pruning off, and
+fastest link, spread over a pipeline's stages. Within a composition the fixed
+per-step cost is added too (exact: it depends on the composition alone; the
+visiting order leaves it out, so that which of equal optima is found does not
+change with it), and the gradient sync bound is only computed for the layer
+splits the rest of the bound does not already rule out. Every exact pipeline
+time computed is checked against its bound, so a wrong bound fails loudly
+instead of pruning the optimum. ``prune=False`` turns the pruning off, and
 ``naive_brute_force`` also skips the decomposition (every composition of M is a
 whole-plan ``evaluate``); tests compare the three on small cases.
 """
@@ -61,6 +65,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations, combinations_with_replacement, product
+from typing import Any
 
 from autohet_cli.cluster import Cluster, cluster_from_dict
 from autohet_cli.costmodel.evaluate import (
@@ -71,7 +76,7 @@ from autohet_cli.costmodel.evaluate import (
     stage_memory_bytes,
 )
 from autohet_cli.costmodel.tables import CostTables, StageCost
-from autohet_cli.models import ModelSpec
+from autohet_cli.models import LayerSpec, ModelSpec, get_model
 from autohet_cli.plan import Device, Pipeline, Stage
 from autohet_cli.profiling.schema import EntryKey, LayerTiming, Profile, ProfileEntry
 from autohet_cli.settings import TrainingSettings
@@ -128,16 +133,27 @@ def _host_sequences(caps: Sequence[int], max_len: int) -> Iterator[Seq]:
     yield from rec()
 
 
-def _min_max(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
+def _min_max(
+    times: Sequence[Sequence[float]], M: int, monotone: bool = False
+) -> tuple[float, list[int]] | None:
     """Micro-batches per pipeline (each >= 1, summing to M) minimising max_p T_p(m_p);
-    ``times[p][m - 1]`` is T_p(m) for m = 1..M - P + 1 (inf: does not fit)."""
+    ``times[p][m - 1]`` is T_p(m) for m = 1..M - P + 1 (inf: does not fit); lists
+    may run longer, the entries past M - P + 1 are never taken. ``monotone``: the
+    caller knows every list is non-decreasing (else it is checked up to M - P + 1)."""
     P = len(times)
     if P > M:
         return None
+    if P == 1:  # what the greedy and the dynamic program both give: all M on it
+        last = times[0][M - 1]
+        return None if last == INF else (last, [M])
     top = M - P + 1
-    if all(all(a <= b for a, b in zip(t[:top], t[1:top], strict=False)) for t in times):
+    if monotone or all(all(a <= b for a, b in zip(t[:top], t[1:top], strict=False)) for t in times):
         return _greedy(times, M)
     return _dp(times, M)
+
+
+def _non_decreasing(values: Sequence[float]) -> bool:
+    return all(a <= b for a, b in zip(values, values[1:], strict=False))
 
 
 def _greedy(times: Sequence[Sequence[float]], M: int) -> tuple[float, list[int]] | None:
@@ -190,7 +206,13 @@ def _step_overhead_ms(pipelines: Sequence[Pipeline], tables: CostTables) -> floa
 
 class _Space:
     """One (TP degree per GPU type, micro-batch size): the hosts' TP groups, bounds
-    and caches. ``tp``: one degree for every type, or a degree per type."""
+    and caches. ``tp``: one degree for every type, or a degree per type.
+
+    The caches are keyed by ``(seq, bounds, Pk)``, where ``Pk`` is the number of
+    pipelines where ZeRO-1 shards (it changes memory and update) and 1 elsewhere:
+    without sharding a shape's figures do not depend on the plan around it. Below
+    them, what one stage costs and whether it fits is kept per (host, layers,
+    micro-batches in flight), which many shapes share."""
 
     def __init__(
         self,
@@ -205,7 +227,6 @@ class _Space:
         self.cluster, self.tables, self.mbs, self.M = cluster, tables, mbs, M
         self.recompute = recompute
         self.zero1 = tables.training.zero1
-        self._flags: dict[tuple[Seq, Bounds, int], list[tuple[bool, ...] | None]] = {}
         hosts = [h for h in cluster.hosts if h.num_gpus // degree[h.gpu_type] >= 1]
         self.hosts = hosts
         self.tps = [degree[h.gpu_type] for h in hosts]
@@ -222,11 +243,26 @@ class _Space:
         }
         self.seqs = list(_host_sequences(self.caps, L)) if hosts else []
         self.one_degree = len(set(self.tps)) <= 1
-        self._lb: dict[tuple[Seq, Bounds, int], list[float]] = {}
-        self._exact: dict[tuple[Seq, Bounds, int], list[float]] = {}
-        self._opt: dict[tuple[Seq, Bounds, int], float] = {}
+        Key = tuple[Seq, Bounds, int]
+        self._flags: dict[Key, list[tuple[bool, ...] | None]] = {}
+        self._lb: dict[Key, list[float]] = {}
+        self._opt: dict[Key, float] = {}
+        self._monotone: dict[Key, bool] = {}
+        self._exact: dict[Key, list[float]] = {}
         self._best_lb: dict[tuple[Seq, int], list[float]] = {}
         self._best_opt: dict[tuple[Seq, int], float] = {}
+        self._best_monotone: dict[tuple[Seq, int], bool] = {}
+        # per stage: (host, start, end, recompute) -> cost; (host, start, end,
+        # stages to the end, Pk) -> whether it fits (``_fits``); (host, start, end,
+        # Pk) -> update less ZeRO-1's share; (host, start, end, next host) -> send
+        self._costs: dict[tuple[int, int, int, bool], StageCost] = {}
+        self._fits_of: dict[tuple[int, int, int, int, int], tuple[int, ...]] = {}
+        self._updates: dict[tuple[int, int, int, int], float] = {}
+        self._sends: dict[tuple[int, int, int, int], float] = {}
+        # sync bounds: layer -> stage of a split; (hosts, a, b, P) -> a segment's time
+        self._stage_of: dict[Bounds, tuple[int, ...]] = {}
+        self._segments: dict[tuple[tuple[int, ...], int, int, int], float] = {}
+        self._steps: dict[tuple[frozenset[int], int], float] = {}
         model = tables.model
         tied = {i for i, layer in enumerate(model.layers()) if layer.kind in ("embedding", "head")}
         self.tied = tied if model.tied_embeddings else set()
@@ -239,112 +275,169 @@ class _Space:
 
     # ---------------------------------------------------------------- bounds
 
+    def _pk(self, P: int) -> int:
+        """The pipeline count a shape's figures depend on: P where ZeRO-1 shards."""
+        return P if self.zero1 and P > 1 else 1
+
+    def _cost(self, h: int, a: int, b: int, recompute: bool) -> StageCost:
+        key = (h, a, b, recompute)
+        got = self._costs.get(key)
+        if got is None:
+            got = self._costs[key] = self.lt[h].stage(a, b, recompute=recompute)
+        return got
+
     def _stage_costs(
         self, seq: Seq, bounds: Bounds, flags: Sequence[bool] | None = None
     ) -> list[StageCost]:
         return [
-            self.lt[h].stage(bounds[s], bounds[s + 1], recompute=bool(flags and flags[s]))
+            self._cost(h, bounds[s], bounds[s + 1], bool(flags and flags[s]))
             for s, h in enumerate(seq)
         ]
+
+    def _sharded(self, h: int, a: int, b: int, P: int) -> float:
+        if not self.zero1 or P < 2:
+            return 0.0
+        lt = self.lt[h]
+        untied = (i for i in range(a, b) if i not in self.tied)
+        return sum(lt.params(i, i + 1) for i in untied) * (1 - 1 / P)
 
     def sharded_params(self, seq: Seq, bounds: Bounds, s: int, P: int) -> float:
         """Parameters per GPU of stage ``s`` whose optimizer state ZeRO-1 takes off
         it with ``P`` pipelines (its untied layers; all of them shard in a space of
         one degree, at most all of them otherwise)."""
-        if not self.zero1 or P < 2:
-            return 0.0
-        lt = self.lt[seq[s]]
-        untied = (i for i in range(bounds[s], bounds[s + 1]) if i not in self.tied)
-        return sum(lt.params(i, i + 1) for i in untied) * (1 - 1 / P)
+        return self._sharded(seq[s], bounds[s], bounds[s + 1], P)
+
+    def _fits(self, h: int, a: int, b: int, depth: int, Pk: int) -> tuple[int, ...]:
+        """Whether a stage on host ``h`` holding [a, b), ``depth`` stages from the
+        end of its pipeline, fits with k = 1..depth micro-batches in flight: 0 plain,
+        1 only recomputing (when allowed), -1 neither. Under 1F1B it has
+        min(depth, m) in flight at m micro-batches, and its memory depends on m only
+        through that."""
+        key = (h, a, b, depth, Pk)
+        got = self._fits_of.get(key)
+        if got is None:
+            host = self.hosts[h]
+            per_param = self.tables.training.optimizer_bytes_per_param
+            freed = int(self._sharded(h, a, b, Pk) * per_param)
+            options = [False, True] if self.recompute else [False]
+            codes = []
+            for k in range(1, depth + 1):
+                fit = [
+                    stage_memory_bytes(
+                        self._cost(h, a, b, rc), self.tables, host.gpu_type, 0, depth, k
+                    )
+                    - freed
+                    <= host.gpu_mem_bytes
+                    for rc in options
+                ]
+                codes.append((0 if fit[0] else 1) if any(fit) else -1)
+            got = self._fits_of[key] = tuple(codes)
+        return got
 
     def flags(self, seq: Seq, bounds: Bounds, P: int = 1) -> list[tuple[bool, ...] | None]:
         """Per micro-batch count m = 1..M, each stage's recomputation: off where the
         plain stage fits, on where only recomputation fits (when allowed); None
-        where some stage fits neither way. ``P``: the plan's pipelines (ZeRO-1)."""
-        key = (seq, bounds, P)
+        where some stage fits neither way. ``P``: the plan's pipelines (ZeRO-1).
+        From m = S on, every stage has all it can hold in flight: the same flags."""
+        key = (seq, bounds, Pk := self._pk(P))
         got = self._flags.get(key)
         if got is not None:
             return got
         S = len(seq)
-        hosts = [self.hosts[h] for h in seq]
-        options = [self._stage_costs(seq, bounds)]
-        if self.recompute:
-            options.append(self._stage_costs(seq, bounds, [True] * S))
-        per_param = self.tables.training.optimizer_bytes_per_param
-        freed = [int(self.sharded_params(seq, bounds, s, P) * per_param) for s in range(S)]
+        fits = [self._fits(h, bounds[s], bounds[s + 1], S - s, Pk) for s, h in enumerate(seq)]
         out: list[tuple[bool, ...] | None] = []
-        for m in range(1, self.M + 1):
-            chosen: list[bool] = []
-            for s in range(S):
-                fit = [
-                    stage_memory_bytes(o[s], self.tables, hosts[s].gpu_type, s, S, m) - freed[s]
-                    <= hosts[s].gpu_mem_bytes
-                    for o in options
-                ]
-                if not any(fit):
-                    break
-                chosen.append(not fit[0])
-            out.append(tuple(chosen) if len(chosen) == S else None)
+        for m in range(1, min(S, self.M) + 1):
+            codes = [f[min(len(f), m) - 1] for f in fits]
+            out.append(None if -1 in codes else tuple(c == 1 for c in codes))
+        out.extend([out[-1]] * (self.M - len(out)))
         self._flags[key] = out
         return out
+
+    def _send_ms(self, h: int, a: int, b: int, nxt: int) -> float:
+        """The bound's send from stage [a, b) on host ``h`` to the next on ``nxt``."""
+        key = (h, a, b, nxt)
+        got = self._sends.get(key)
+        if got is None:
+            copies = send_copies(self.tps[h], self.tps[nxt])
+            gbps = self.cluster.link_gbps(self.hosts[h].name, self.hosts[nxt].name)
+            out = self._cost(h, a, b, False).output_bytes
+            got = self._sends[key] = out * copies / (gbps * 1e9 / 8) * 1e3
+        return got
+
+    def _update(self, h: int, a: int, b: int, Pk: int) -> float:
+        """A stage's update, less ZeRO-1's share (at most, where degrees mix)."""
+        key = (h, a, b, Pk)
+        got = self._updates.get(key)
+        if got is None:
+            x = self._cost(h, a, b, False)
+            got = self._updates[key] = (
+                x.update_ms * (1 - self._sharded(h, a, b, Pk) / x.num_params)
+                if x.num_params > 0
+                else x.update_ms
+            )
+        return got
 
     def lb_times(self, seq: Seq, bounds: Bounds, P: int = 1) -> list[float]:
         """Lower bound of T(m), m = 1..M (inf: does not fit at m), in a plan of
         ``P`` pipelines."""
-        key = (seq, bounds, P)
+        key = (seq, bounds, Pk := self._pk(P))
         got = self._lb.get(key)
         if got is not None:
             return got
         S = len(seq)
-        costs = self._stage_costs(seq, bounds)
-        rc_costs = self._stage_costs(seq, bounds, [True] * S) if self.recompute else costs
         flags = self.flags(seq, bounds, P)
-        hosts = [self.hosts[h] for h in seq]
-        copies = [send_copies(self.tps[seq[s]], self.tps[seq[s + 1]]) for s in range(S - 1)]
-        sends = [
-            costs[s].output_bytes
-            * copies[s]
-            / (self.cluster.link_gbps(hosts[s].name, hosts[s + 1].name) * 1e9 / 8)
-            * 1e3
-            for s in range(S - 1)
-        ]
+        sends = [self._send_ms(seq[s], bounds[s], bounds[s + 1], seq[s + 1]) for s in range(S - 1)]
+        # (start offset, per micro-batch time) per stage, per choice of flags
+        by_flags: dict[tuple[bool, ...], list[tuple[float, float]]] = {}
         out = []
         for m in range(1, self.M + 1):
             chosen = flags[m - 1]
             if chosen is None:
                 out.append(INF)
                 continue
-            c = [(rc_costs if f else costs)[s] for s, f in enumerate(chosen)]
-            t = [x.fwd_ms + x.bwd_ms for x in c]
-            pre = [0.0] * S
-            for s in range(1, S):
-                pre[s] = pre[s - 1] + t[s - 1] + 2 * sends[s - 1]
-            out.append(max(p + m * x for p, x in zip(pre, t, strict=True)))
+            terms = by_flags.get(chosen)
+            if terms is None:
+                c = self._stage_costs(seq, bounds, chosen)
+                t = [x.fwd_ms + x.bwd_ms for x in c]
+                pre = [0.0] * S
+                for s in range(1, S):
+                    pre[s] = pre[s - 1] + t[s - 1] + 2 * sends[s - 1]
+                terms = by_flags[chosen] = list(zip(pre, t, strict=True))
+            out.append(max(p + m * x for p, x in terms))
         self._lb[key] = out
+        self._monotone[key] = _non_decreasing(out)
         # the largest stage update, less ZeRO-1's share (at most, where degrees mix)
         self._opt[key] = max(
-            x.update_ms * (1 - self.sharded_params(seq, bounds, s, P) / x.num_params)
-            if x.num_params > 0
-            else x.update_ms
-            for s, x in enumerate(costs)
+            self._update(h, bounds[s], bounds[s + 1], Pk) for s, h in enumerate(seq)
         )
         return out
 
+    def bound(self, seq: Seq, bounds: Bounds, P: int) -> tuple[list[float], float, bool]:
+        """``lb_times``, ``opt_ms`` and whether those times are non-decreasing."""
+        key = (seq, bounds, self._pk(P))
+        got = self._lb.get(key)
+        if got is None:
+            got = self.lb_times(seq, bounds, P)
+        return got, self._opt[key], self._monotone[key]
+
     def opt_ms(self, seq: Seq, bounds: Bounds, P: int = 1) -> float:
-        self.lb_times(seq, bounds, P)
-        return self._opt[(seq, bounds, P)]
+        return self.bound(seq, bounds, P)[1]
 
     def best_lb(self, seq: Seq, P: int = 1) -> list[float]:
-        got = self._best_lb.get((seq, P))
+        key = (seq, self._pk(P))
+        got = self._best_lb.get(key)
         if got is None:
-            lists = [self.lb_times(seq, b, P) for b in self.splits[len(seq)]]
-            got = self._best_lb[(seq, P)] = [min(col) for col in zip(*lists, strict=True)]
-            self._best_opt[(seq, P)] = min(self.opt_ms(seq, b, P) for b in self.splits[len(seq)])
+            found = [self.bound(seq, b, P) for b in self.splits[len(seq)]]
+            got = self._best_lb[key] = [
+                min(col) for col in zip(*(f[0] for f in found), strict=True)
+            ]
+            self._best_opt[key] = min(f[1] for f in found)
+            self._best_monotone[key] = _non_decreasing(got)
         return got
 
     def best_opt(self, seq: Seq, P: int = 1) -> float:
         self.best_lb(seq, P)
-        return self._best_opt[(seq, P)]
+        return self._best_opt[(seq, self._pk(P))]
 
     def _link(self, a: int, b: int) -> float:
         return self.cluster.link_gbps(self.hosts[a].name, self.hosts[b].name)
@@ -366,33 +459,64 @@ class _Space:
             per_byte.append(least * ring_allreduce_ms(1.0, P, max(links)))
         return min(per_byte) * self.grad_prefix[-1] / min(len(s) for s in comp)
 
-    def sync_lb(self, shapes: Sequence[tuple[Seq, Bounds]]) -> float:
-        """``evaluate``'s gradient sync with each layer at its lightest type's size."""
-        P = len(shapes)
-        if P < 2:
-            return 0.0
-        cuts = sorted({b for _, bounds in shapes for b in bounds})
-        busy = [[0.0] * len(seq) for seq, _ in shapes]
-        for a, b in zip(cuts, cuts[1:], strict=False):
-            holders = [
-                (p, next(s for s in range(len(seq)) if bounds[s] <= a < bounds[s + 1]))
-                for p, (seq, bounds) in enumerate(shapes)
-            ]
-            hosts = sorted({shapes[p][0][s] for p, s in holders})
+    def _stages_of(self, bounds: Bounds) -> tuple[int, ...]:
+        """The stage of a split that holds each layer."""
+        got = self._stage_of.get(bounds)
+        if got is None:
+            got = self._stage_of[bounds] = tuple(
+                s for s in range(len(bounds) - 1) for _ in range(bounds[s], bounds[s + 1])
+            )
+        return got
+
+    def _segment_lb(self, hosts: tuple[int, ...], a: int, b: int, P: int) -> float:
+        key = (hosts, a, b, P)
+        got = self._segments.get(key)
+        if got is None:
             nbytes = self.grad_prefix[b] - self.grad_prefix[a]
             if len(hosts) == 1:
                 gbps = self.hosts[hosts[0]].intra_node_gbps
             else:
                 gbps = min(self._link(x, y) for x in hosts for y in hosts if x < y)
                 nbytes *= min(self.tps[h] for h in hosts)
-            t = ring_allreduce_ms(nbytes, P, gbps)
-            for p, s in holders:
-                busy[p][s] += t
+            got = self._segments[key] = ring_allreduce_ms(nbytes, P, gbps)
+        return got
+
+    def sync_lb(self, shapes: Sequence[tuple[Seq, Bounds]]) -> float:
+        """``evaluate``'s gradient sync with each layer at its lightest type's size."""
+        P = len(shapes)
+        if P < 2:
+            return 0.0
+        cuts = sorted({b for _, bounds in shapes for b in bounds})
+        seqs = [seq for seq, _ in shapes]
+        where = [self._stages_of(bounds) for _, bounds in shapes]
+        busy = [[0.0] * len(seq) for seq in seqs]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            holders = [w[a] for w in where]
+            hosts = tuple(sorted({seq[s] for seq, s in zip(seqs, holders, strict=True)}))
+            t = self._segment_lb(hosts, a, b, P)
+            for row, s in zip(busy, holders, strict=True):
+                row[s] += t
         return max(max(row) for row in busy)
+
+    def step_ms(self, comp: Sequence[Seq]) -> float:
+        """``evaluate``'s fixed per-step cost of any plan of this composition: it
+        depends on the stages' types and degrees and the GPUs in use, not on the
+        layers (exact, so pruning with it drops only plans no faster)."""
+        used = frozenset(h for seq in comp for h in seq)
+        world = sum(self.tps[h] for seq in comp for h in seq)
+        got = self._steps.get((used, world))
+        if got is None:
+            got = self._steps[(used, world)] = max(
+                self.tables.step_overhead_ms(self.hosts[h].gpu_type, self.tps[h], world)
+                for h in used
+            )
+        return got
 
     def composition_lb(self, comp: Sequence[Seq]) -> float:
         P = len(comp)
-        solved = _min_max([self.best_lb(s, P) for s in comp], self.M)
+        lists = [self.best_lb(s, P) for s in comp]
+        monotone = all(self._best_monotone[(s, self._pk(P))] for s in comp)
+        solved = _min_max(lists, self.M, monotone)
         if solved is None:
             return INF
         opt = max(self.best_opt(s, P) for s in comp)
@@ -401,10 +525,13 @@ class _Space:
     # ---------------------------------------------------------------- exact
 
     def exact_times(self, seq: Seq, bounds: Bounds, upto: int, P: int = 1) -> list[float]:
-        """T(m) for m = 1..upto from ``evaluate`` of the pipeline alone (its memory
-        as one of ``P`` pipelines: with ZeRO-1, ``flags`` says whether it fits)."""
-        key = (seq, bounds, P)
+        """T(m) for m = 1..upto (or more: the list is shared by every P of the same
+        ``Pk``) from ``evaluate`` of the pipeline alone (its memory as one of ``P``
+        pipelines: with ZeRO-1, ``flags`` says whether it fits)."""
+        key = (seq, bounds, self._pk(P))
         times = self._exact.setdefault(key, [])
+        if len(times) >= upto:
+            return times
         lb = self.lb_times(seq, bounds, P)
         sharding = self.zero1 and P > 1
         while len(times) < upto:
@@ -565,24 +692,36 @@ def brute_force(
     for lb, _, space, comp in queue:
         if best is not None and lb >= best[0]:
             break
+        # the fixed step cost is the same for every plan of the composition
+        step = space.step_ms(comp) if prune else 0.0
+        if best is not None and lb + step >= best[0]:
+            continue
         visited += 1
         M = space.M
         top = M - len(comp) + 1
         P = len(comp)
         for shapes in space.layer_splits(comp):
-            opt = max(space.opt_ms(*sh, P) for sh in shapes)
-            sync_lb = space.sync_lb(shapes) if prune else 0.0
+            figures = [space.bound(*sh, P) for sh in shapes]
+            opt = max(f[1] for f in figures)
+            sync_lb = 0.0
             if prune:
-                bound = _min_max([space.lb_times(*sh, P) for sh in shapes], M)
+                bound = _min_max([f[0] for f in figures], M, all(f[2] for f in figures))
                 if bound is None:
                     continue
-                if best is not None and bound[0] + opt + sync_lb >= best[0]:
-                    continue
+                if best is not None:
+                    least = bound[0] + opt + step  # the sync below only adds to it
+                    if least >= best[0]:
+                        continue
+                    sync_lb = space.sync_lb(shapes)
+                    if least + sync_lb >= best[0]:
+                        continue
+                else:
+                    sync_lb = space.sync_lb(shapes)
             solved = _min_max([space.exact_times(*sh, top, P) for sh in shapes], M)
             if solved is None:
                 continue
             pipe_ms, ms = solved
-            if prune and best is not None and pipe_ms + opt + sync_lb >= best[0]:
+            if prune and best is not None and pipe_ms + opt + step + sync_lb >= best[0]:
                 continue
             pipelines = space.materialize(shapes, ms)
             ev = evaluate(pipelines, cluster, tables, space.mbs)
@@ -600,23 +739,16 @@ def brute_force(
             else:
                 assert math.isclose(ev.pipeline_ms, pipe_ms, rel_tol=1e-12, abs_tol=1e-12)
             assert ev.grad_sync_ms >= sync_lb * (1 - 1e-9), (ev.grad_sync_ms, sync_lb)
-            assert ev.optimizer_ms >= opt * (1 - 1e-9), (ev.optimizer_ms, opt)
+            assert ev.optimizer_ms >= (opt + step) * (1 - 1e-9), (ev.optimizer_ms, opt, step)
             if best is None or ev.iteration_ms < best[0]:
                 best = (ev.iteration_ms, space, pipelines, ev)
     if best is None:
         return None
     value, space, pipelines, ev = best
-    return Optimum(
-        iteration_ms=value,
-        tp=max(s.tensor_parallel for p in pipelines for s in p.stages),
-        mbs=space.mbs,
-        pipelines=pipelines,
-        eval=ev,
-        compositions=total,
-        visited=visited,
-        evaluated=evaluated,
-        recounted=recounted,
-    )
+    tp = max(s.tensor_parallel for p in pipelines for s in p.stages)
+    counts: dict[str, Any] = {"visited": visited, "evaluated": evaluated, "recounted": recounted}
+    chosen: dict[str, Any] = {"tp": tp, "mbs": space.mbs, "pipelines": pipelines, "eval": ev}
+    return Optimum(iteration_ms=value, compositions=total, **chosen, **counts)
 
 
 def _whole_plans(
@@ -706,18 +838,10 @@ def naive_brute_force(
 
 
 def tiny_model(num_blocks: int = 4, name: str | None = None) -> ModelSpec:
-    """A GPT with ``num_blocks + 2`` partitionable layers (embedding, blocks, head)."""
-    return ModelSpec(
-        name=name or f"toy-{num_blocks + 2}",
-        family="gpt2",
-        num_blocks=num_blocks,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=4,
-        ffn_hidden_size=256,
-        vocab_size=256,
-        num_positions=64,
-        default_seq_len=64,
+    """The zoo's gpt-tiny with ``num_blocks + 2`` partitionable layers (embedding,
+    blocks, head)."""
+    return replace(
+        get_model("gpt-tiny"), name=name or f"toy-{num_blocks + 2}", num_blocks=num_blocks
     )
 
 
@@ -745,38 +869,31 @@ def synthetic_tables(
     the head ``head_factor`` blocks; ``block_skew`` scales individual blocks.
     Embedding and head hold half a block's parameters; activations kept and
     bytes sent grow with the micro-batch."""
+    weight = {"embedding": 0.3, "block": 1.0, "head": head_factor}
+
+    def timing(layer: LayerSpec, ms: float, scale: float, tp: int, mbs: int) -> LayerTiming:
+        w = weight.get(layer.kind, 0.2)
+        if layer.kind == "block" and layer.index - 1 < len(block_skew):
+            w *= block_skew[layer.index - 1]
+        fwd = ms * w * scale / 3.0
+        params = int(block_params * (0.5 if layer.kind != "block" else 1.0)) // tp
+        held = {
+            "act_bytes": act_mb_per_block * 1e6 * w * mbs / tp,
+            "output_bytes": out_mb * 1e6 * mbs,
+        }
+        update_ms = update_ms_per_block * w / tp
+        return LayerTiming(
+            fwd_ms=fwd, bwd_ms=2.0 * fwd, update_ms=update_ms, num_params=params, **held
+        )
+
     entries = {}
+    names: dict[str, Any] = {"model": model.name, "seq_len": seq_len}
     for gpu, ms in block_ms.items():
-        for tp in tps:
-            for mbs in mbss:
-                scale = mbs**mbs_exponent / tp * tp_overhead ** (tp.bit_length() - 1)
-                layers = []
-                for layer in model.layers():
-                    w = {"embedding": 0.3, "block": 1.0, "head": head_factor}.get(layer.kind, 0.2)
-                    if layer.kind == "block" and layer.index - 1 < len(block_skew):
-                        w *= block_skew[layer.index - 1]
-                    fwd = ms * w * scale / 3.0
-                    params = int(block_params * (0.5 if layer.kind != "block" else 1.0)) // tp
-                    layers.append(
-                        LayerTiming(
-                            fwd_ms=fwd,
-                            bwd_ms=2.0 * fwd,
-                            update_ms=update_ms_per_block * w / tp,
-                            num_params=params,
-                            act_bytes=act_mb_per_block * 1e6 * w * mbs / tp,
-                            output_bytes=out_mb * 1e6 * mbs,
-                        )
-                    )
-                key = EntryKey(
-                    model=model.name,
-                    gpu_type=gpu,
-                    tensor_parallel=tp,
-                    micro_batch_size=mbs,
-                    seq_len=seq_len,
-                )
-                entries[key] = ProfileEntry(
-                    key=key, source="measured", dtype="bf16", layers=tuple(layers)
-                )
+        for tp, mbs in product(tps, mbss):
+            scale = mbs**mbs_exponent / tp * tp_overhead ** (tp.bit_length() - 1)
+            layers = tuple(timing(layer, ms, scale, tp, mbs) for layer in model.layers())
+            key = EntryKey(gpu_type=gpu, tensor_parallel=tp, micro_batch_size=mbs, **names)
+            entries[key] = ProfileEntry(key=key, source="measured", dtype="bf16", layers=layers)
     training = TrainingSettings(
         global_batch_size=global_batch_size, micro_batch_size=1, seq_len=seq_len
     )

@@ -18,6 +18,7 @@ from test_runtime_exact import ROOT, _env, _free_port, make_plan
 from autohet_cli.plan import write_plan
 from autohet_cli.preemption import CHECK_ENV, CheckSpec
 from autohet_cli.workerbase.records import PREEMPT_PREFIX
+from tests.cli import run
 
 pytestmark = pytest.mark.dist
 
@@ -131,15 +132,8 @@ def _reference(tmp: Path, end: int) -> dict[int, float]:
     if _REFERENCE and max(_REFERENCE) >= end - 1:
         return _REFERENCE
     _, ref_path = write_plan(make_plan("ref", [(4, [(0, 6)])], optimizer="adam"), tmp / "ref")
-    ref = subprocess.run(
-        [sys.executable, *_args(ref_path, max(end, 12), "--metrics", str(tmp / "ref.jsonl"))]
-        + ["--checkpoint-every", "0"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    argv = [sys.executable, *_args(ref_path, max(end, 12), "--metrics", str(tmp / "ref.jsonl"))]
+    ref = run([*argv, "--checkpoint-every", "0"], cwd=ROOT, env=_env(), timeout=TIMEOUT_S)
     assert ref.returncode == 0, ref.stderr[-4000:]
     _REFERENCE.update(_losses(tmp / "ref.jsonl"))
     return _REFERENCE
@@ -150,15 +144,12 @@ def _check_resumes_exactly(tmp: Path, saved_step: int) -> None:
     one = make_plan("pre", [(4, [(0, 6)])], optimizer="adam")
     _, one_path = write_plan(one, tmp / "one")
     end = saved_step + 2
-    resumed = subprocess.run(
-        [sys.executable, *_args(one_path, end, "--resume", "--checkpoint-dir", str(tmp / "disk"))]
-        + ["--metrics", str(tmp / "resumed.jsonl"), "--remote-storage", "none"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    argv = [
+        sys.executable,
+        *_args(one_path, end, "--resume", "--checkpoint-dir", str(tmp / "disk")),
+    ]
+    argv += ["--metrics", str(tmp / "resumed.jsonl"), "--remote-storage", "none"]
+    resumed = run(argv, cwd=ROOT, env=_env(), timeout=TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"at step {saved_step}" in resumed.stderr
     reference = _reference(tmp, end)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,14 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_the_harness_runs_all_three_trainers_in_smoke_mode() -> None:
     env = dict(os.environ, AUTOHET_BENCH_GPU_SMOKE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "gpu_throughput"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=580,
-        check=False,
+    proc = run(
+        [sys.executable, "-m", "benchmarks", "gpu_throughput"], cwd=ROOT, env=env, timeout=580
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()

@@ -16,7 +16,7 @@ import yaml
 
 from autohet_cli.plan import Stage, write_plan
 from autohet_cli.yamlio import sha256_file
-from tests.cli import start_autohet
+from tests.cli import read_until, start_autohet
 from tests.e2e.sshd import SshdFarm
 from tests.planting import plan_of, stage
 
@@ -122,15 +122,21 @@ def farm3(sshd_farm: SshdFarm) -> SshdFarm:
     return sshd_farm
 
 
-def test_asymmetric_plan_trains_20_steps_over_three_hosts(farm3: SshdFarm, tmp_path: Path) -> None:
-    plan = _plan(tmp_path, _cluster_file(farm3, tmp_path / "cluster.yaml"))
-    proc = _launch(plan, tmp_path, "--steps", "20", "--train-arg=--lr=0.003")
+def _trains_20_steps(plan: Path, cwd: Path) -> str:
+    """Launch 20 steps of ``plan``: it ends well and its loss falls; its output."""
+    proc = _launch(plan, cwd, "--steps", "20", "--train-arg=--lr=0.003")
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     losses = [float(m.group(1)) for m in re.finditer(r"step \d+ loss ([0-9.]+)", out)]
     assert len(losses) >= 20
     # the synthetic corpus is learnable but gpt-tiny learns slowly: compare the ends
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02, losses
+    return out
+
+
+def test_asymmetric_plan_trains_20_steps_over_three_hosts(farm3: SshdFarm, tmp_path: Path) -> None:
+    plan = _plan(tmp_path, _cluster_file(farm3, tmp_path / "cluster.yaml"))
+    out = _trains_20_steps(plan, tmp_path)
     for host in ("fake-2", "fake-3", "fake-4"):
         assert f"[{host}]" in out or host in out
     runs = list((tmp_path / "runs").glob("e2e.v1/*/events.json"))
@@ -147,13 +153,7 @@ MIXED_TP: Layout = ((5, ((0, 3, "fake-2", 2), (3, 6, "fake-3"))), (3, ((0, 6, "f
 @pytest.mark.slow("20 steps over three hosts, so the loss is seen to fall")
 def test_mixed_tp_plan_trains_over_three_hosts(farm3: SshdFarm, tmp_path: Path) -> None:
     cluster = _cluster_file(farm3, tmp_path / "cluster.yaml", gpus={"fake-2": 2})
-    plan = _plan(tmp_path, cluster, MIXED_TP)
-    proc = _launch(plan, tmp_path, "--steps", "20", "--train-arg=--lr=0.003")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    losses = [float(m.group(1)) for m in re.finditer(r"step \d+ loss ([0-9.]+)", out)]
-    assert len(losses) >= 20
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.02, losses
+    _trains_20_steps(_plan(tmp_path, cluster, MIXED_TP), tmp_path)
     assert not _workers_alive(farm3)
 
 
@@ -208,12 +208,7 @@ def test_a_vanished_host_is_detected_and_survivors_stopped(farm3: SshdFarm, tmp_
     cluster = _cluster_file(farm3, tmp_path / "cluster.yaml")
     plan = _plan(tmp_path, cluster)
     proc = _launch(plan, tmp_path, "--steps", "100000")
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "step 2 " in line:
-            break
+    seen = read_until(proc, "step 2 ", [])
     killed_at = time.monotonic()
     farm3.hosts[2].stop()  # fake-4: its sshd and every process under it
     rest, _ = proc.communicate(timeout=120)
@@ -236,21 +231,9 @@ def test_frozen_workers_are_caught_by_heartbeat_and_auto_recovered(
     """fake-4's workers stop (SIGSTOP) while its SSH stays up: only heartbeats tell."""
     cluster = _cluster_file(farm3, tmp_path / "cluster.yaml", remote_storage=str(tmp_path / "r"))
     plan = _plan(tmp_path, cluster)
-    proc = _launch(
-        plan,
-        tmp_path,
-        "--steps",
-        "12",
-        "--train-arg=--checkpoint-every=3",
-        "--train-arg=--collective-timeout=300",
-        "--auto-recover",
-    )
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "step 7 " in line:
-            break
+    train = ("--train-arg=--checkpoint-every=3", "--train-arg=--collective-timeout=300")
+    proc = _launch(plan, tmp_path, "--steps", "12", *train, "--auto-recover")
+    seen = read_until(proc, "step 7 ", [])
     frozen = [
         ln.split()[0]
         for ln in _workers_alive(farm3)
@@ -260,10 +243,7 @@ def test_frozen_workers_are_caught_by_heartbeat_and_auto_recovered(
     for pid in frozen:
         os.kill(int(pid), signal.SIGSTOP)
     frozen_at = time.monotonic()
-    for line in proc.stdout:
-        seen.append(line)
-        if "lost: fake-4: heartbeats stale" in line:
-            break
+    read_until(proc, "lost: fake-4: heartbeats stale", seen)
     detected_s = time.monotonic() - frozen_at
     rest, _ = proc.communicate(timeout=300)
     out = "".join(seen) + rest

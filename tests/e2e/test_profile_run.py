@@ -11,10 +11,10 @@ import pytest
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.models import get_model
-from autohet_cli.planner.api import make_plan
 from autohet_cli.profiling.run import ProfileRunRequest, run_profiling, select_hosts
 from autohet_cli.settings import TrainingSettings
 from tests.e2e.sshd import SshdFarm
+from tests.planning import plan_tables
 
 pytestmark = pytest.mark.e2e
 TINY = get_model("gpt-tiny")
@@ -68,15 +68,7 @@ def test_three_hosts_are_profiled_in_parallel_and_plannable(sshd_farm: SshdFarm)
         global_batch_size=6, micro_batch_size=1, seq_len=64, precision="fp32"
     )
     tables = CostTables(TINY, result.profile, training)
-    outcome = make_plan(
-        name="fake",
-        cluster=cluster,
-        model=TINY,
-        tables=tables,
-        global_batch_size=6,
-        time_limit_s=5,
-        with_baselines=False,
-    )
+    outcome = plan_tables(cluster, tables, name="fake", time_limit_s=5, with_baselines=False)
     assert outcome.plan.pipelines
     assert tables.is_measured(
         "cpu", outcome.plan.tensor_parallel, outcome.plan.training.micro_batch_size

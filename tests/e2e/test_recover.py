@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli import start_autohet
+from tests.cli import read_until, run, start_autohet
 from tests.e2e.sshd import SshdFarm
 from tests.e2e.test_launch import (
     ROOT,
@@ -29,29 +29,24 @@ from tests.e2e.test_launch import (
 pytestmark = pytest.mark.e2e
 STEPS = 12
 EVERY = 3
+CONSTANT_LR = ("--train-arg=--lr=0.003", "--train-arg=--lr-schedule=constant")
 
 
 def _recover(
     tmp: Path, plan: Path, *args: str, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """``autohet recover PLAN ARGS`` from ``tmp``, trusting the fake hosts' keys."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autohet_cli",
-            "recover",
-            str(plan),
-            "--known-hosts",
-            str(tmp / "sshd" / "known_hosts"),
-            *args,
-        ],
-        cwd=tmp,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    known = ("--known-hosts", str(tmp / "sshd" / "known_hosts"))
+    argv = [sys.executable, "-m", "autohet_cli", "recover", str(plan), *known, *args]
+    return run(argv, cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+
+
+def _noticed_cluster(farm: SshdFarm, tmp: Path, host: str, notice: Path, remote: Path) -> Path:
+    """The farm's cluster file (remote storage ``remote``) whose preemption check on
+    ``host`` reports a reclaim once ``notice`` exists."""
+    check = {"command": f"test -e {notice}", "interval_s": 0.5}
+    path = tmp / "cluster.yaml"
+    return _cluster_file(farm, path, remote_storage=str(remote), checks={host: check})
 
 
 def _job(root: Path) -> Path:
@@ -107,22 +102,9 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
     sshd_farm.start(3)
     remote = tmp_path / "remote"
     notice = tmp_path / "reclaim-fake-3"  # the second wave's spot notice (below)
-    cluster = _cluster_file(
-        sshd_farm,
-        tmp_path / "cluster.yaml",
-        remote_storage=str(remote),
-        checks={"fake-3": {"command": f"test -e {notice}", "interval_s": 0.5}},
-    )
-    plan = _plan(tmp_path, cluster)
-    proc = _launch(
-        plan,
-        tmp_path,
-        "--steps",
-        "1000",
-        "--train-arg=--lr=0.003",
-        "--train-arg=--lr-schedule=constant",
-        f"--train-arg=--checkpoint-every={EVERY}",
-    )
+    plan = _plan(tmp_path, _noticed_cluster(sshd_farm, tmp_path, "fake-3", notice, remote))
+    every = f"--train-arg=--checkpoint-every={EVERY}"
+    proc = _launch(plan, tmp_path, "--steps", "1000", *CONSTANT_LR, every)
     assert proc.stdout is not None
     # Kill once step 6 is saved AND its replicas are on the partners (issue 30), before
     # the save of step 9 can complete: recover then needs nothing from remote storage.
@@ -150,8 +132,7 @@ def test_kill_a_host_then_recover_resumes_on_the_survivors(
         str(STEPS),
         "--checkpoint-every",
         str(EVERY),
-        "--train-arg=--lr=0.003",
-        "--train-arg=--lr-schedule=constant",
+        *CONSTANT_LR,
         "--json",
         "--master-port",
         str(free_port()),
@@ -190,18 +171,12 @@ def _second_wave(tmp_path: Path, v2: Path, notice: Path) -> None:
         v2 if v2.is_absolute() else tmp_path / v2,
         tmp_path,
         *("--resume", "--steps", str(end), "--checkpoint-every", "1000"),
-        "--train-arg=--lr=0.003",
-        "--train-arg=--lr-schedule=constant",
+        *CONSTANT_LR,
         "--auto-recover",
         *("--master-port", str(free_port())),
     )
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if f"step {STEPS + 1} " in line:
-            notice.touch()
-            break
+    seen = read_until(proc, f"step {STEPS + 1} ", [])
+    notice.touch()
     rest, _ = proc.communicate(timeout=600)
     out = "".join(seen) + rest
     assert proc.returncode == 0, out[-6000:]
@@ -228,33 +203,14 @@ def test_a_preemption_notice_loses_no_step_and_auto_recovery_continues_the_run(
     finished, the launcher recovers on fake-2 and fake-3 from exactly that step."""
     sshd_farm.start(3)
     notice = tmp_path / "reclaim-notice"  # what the cloud's metadata would announce
-    cluster = _cluster_file(
-        sshd_farm,
-        tmp_path / "cluster.yaml",
-        remote_storage=str(tmp_path / "remote"),
-        checks={"fake-4": {"command": f"test -e {notice}", "interval_s": 0.5}},
-    )
+    cluster = _noticed_cluster(sshd_farm, tmp_path, "fake-4", notice, tmp_path / "remote")
     plan = _plan(tmp_path, cluster)
-    proc = _launch(
-        plan,
-        tmp_path,
-        "--steps",
-        str(PREEMPT_STEPS),
-        "--checkpoint-every",
-        "1000",  # no periodic save: the emergency checkpoint is the only one
-        "--train-arg=--lr=0.003",
-        "--train-arg=--lr-schedule=constant",
-        "--auto-recover",
-        "--master-port",
-        str(free_port()),
-    )
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "step 3 " in line:
-            notice.touch()
-            break
+    # no periodic save: the emergency checkpoint is the only one
+    steps = ("--steps", str(PREEMPT_STEPS), "--checkpoint-every", "1000")
+    port = ("--master-port", str(free_port()))
+    proc = _launch(plan, tmp_path, *steps, *CONSTANT_LR, "--auto-recover", *port)
+    seen = read_until(proc, "step 3 ", [])
+    notice.touch()
     rest, _ = proc.communicate(timeout=600)
     out = "".join(seen) + rest
     assert proc.returncode == 0, out[-6000:]

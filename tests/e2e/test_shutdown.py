@@ -50,6 +50,12 @@ def _shutdown(roots: list[Path], rng: random.Random) -> int:
     once, in a shuffled order, then once more to all of them 0.3 s later."""
     pids = [p for r in roots for p in _host_pids(r)]
     assert len(pids) >= 2 * len(roots), pids  # an agent and at least one worker per host
+    _terminate_twice(pids, rng)
+    return len(pids)
+
+
+def _terminate_twice(pids: list[int], rng: random.Random) -> None:
+    """SIGTERM to all of ``pids`` in a shuffled order, then again 0.3 s later."""
     for _ in range(2):
         rng.shuffle(pids)
         for pid in pids:
@@ -58,7 +64,6 @@ def _shutdown(roots: list[Path], rng: random.Random) -> int:
             except ProcessLookupError:
                 pass
         time.sleep(0.3)
-    return len(pids)
 
 
 def _run_until_step(proc: subprocess.Popen[str], step: int) -> list[str]:
@@ -198,15 +203,7 @@ def test_a_shutdown_of_the_machine_running_launcher_and_workers_is_a_preemption(
     seen = _run_until_step(proc, 2)
     pids = _tree(proc.pid)
     assert len(pids) >= 4, pids  # launcher, agent, two workers
-    rng = random.Random(3)
-    for _ in range(2):
-        rng.shuffle(pids)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.3)
+    _terminate_twice(pids, random.Random(3))
     out = "".join(seen) + _rest(proc, 300)
     assert proc.returncode == 3, out[-5000:]
     assert "preempted: host preempting (localhost: SIGTERM)" in out, out[-3000:]

@@ -136,10 +136,15 @@ def test_a_key_replaced_during_the_run_stops_it(tmp_path: Path) -> None:
         ckpt.save()
 
 
-def test_no_key_is_made_for_a_job_that_holds_steps(tmp_path: Path) -> None:
-    trainer, ckpt = _fresh(tmp_path, 1)
+def _save_step_one(tmp_path: Path) -> None:
+    """A fresh run that saves step 1 and closes its checkpointer."""
+    _, ckpt = _fresh(tmp_path, 1)
     ckpt.save()
     ckpt.close()
+
+
+def test_no_key_is_made_for_a_job_that_holds_steps(tmp_path: Path) -> None:
+    _save_step_one(tmp_path)
     (tmp_path / JOB / KEY_FILE).unlink()
     dist.destroy_process_group()
     with pytest.raises(CheckpointError, match="its key .* is on no host"):
@@ -200,9 +205,7 @@ def test_a_resumed_run_sets_the_later_steps_of_the_run_it_left_aside(
 def test_a_fresh_run_in_a_job_with_steps_keeps_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trainer, ckpt = _fresh(tmp_path, 1)
-    ckpt.save()
-    ckpt.close()
+    _save_step_one(tmp_path)
     before = (tmp_path / JOB / "step-00000001" / "manifest.json").read_bytes()
     dist.destroy_process_group()
     _, ckpt = _fresh(tmp_path, 1)  # not resumed: step 0 -> 1 again
@@ -229,9 +232,7 @@ def test_a_failure_after_complete_keeps_the_step(
 
 
 def test_the_step_resumed_from_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trainer, ckpt = _fresh(tmp_path, 1)
-    ckpt.save()
-    ckpt.close()
+    _save_step_one(tmp_path)
     dist.destroy_process_group()
     again = Trainer(PLAN, CONFIG, defer_init=True)
     ckpt = Checkpointer(
@@ -248,9 +249,7 @@ def test_the_step_resumed_from_is_kept(tmp_path: Path, capsys: pytest.CaptureFix
 def test_an_interrupted_saves_leftovers_go_at_the_next_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trainer, ckpt = _fresh(tmp_path, 1)
-    ckpt.save()
-    ckpt.close()
+    _save_step_one(tmp_path)
     left = tmp_path / JOB / ".tmp-step-00000005"
     left.mkdir()
     (left / "__0_0.distcp").write_bytes(b"half")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from autohet_cli.ckpt.checkpointer import Checkpointer
-from autohet_cli.ckpt.format import manifest_from_json, manifest_to_dict
+from autohet_cli.ckpt.format import Manifest, ManifestFile, manifest_from_json, manifest_to_dict
 from autohet_cli.ckpt.lineage import (
+    DataOrder,
     batch_change_refusal,
     data_shift,
     model_differences,
@@ -64,19 +66,17 @@ def test_the_same_shapes_with_other_heads_and_rope_are_another_model() -> None:
     assert model_differences(model_record(then), model_record(renamed)) == []
 
 
-def test_the_manifest_carries_model_and_data_order_and_refuses_edits() -> None:
-    from autohet_cli.ckpt.format import Manifest, ManifestFile
-    from autohet_cli.ckpt.lineage import DataOrder
-
-    m = Manifest(
-        step=8,
-        plan="one.v3",
-        plan_sha256="a" * 64,
-        world_size=1,
-        files=(ManifestFile(path=".metadata", sha256="b" * 64, num_bytes=3, host="h", rank=0),),
-        model=model_record(GPT_TINY),
-        data_order=DataOrder(global_batch_size=8, samples_seen=64, seed=7, data_sha256="c" * 64),
+def _manifest(**fields: Any) -> Manifest:
+    """Step 8 of plan one.v3 on one rank, one file; ``fields``: the manifest's others."""
+    files = (ManifestFile(path=".metadata", sha256="b" * 64, num_bytes=3, host="h", rank=0),)
+    return Manifest(
+        step=8, plan="one.v3", plan_sha256="a" * 64, world_size=1, files=files, **fields
     )
+
+
+def test_the_manifest_carries_model_and_data_order_and_refuses_edits() -> None:
+    order = DataOrder(global_batch_size=8, samples_seen=64, seed=7, data_sha256="c" * 64)
+    m = _manifest(model=model_record(GPT_TINY), data_order=order)
     d = manifest_to_dict(m)
     back = manifest_from_json(json.dumps(d), "m.json")
     assert back.model == m.model and back.data_order == m.data_order
@@ -200,20 +200,12 @@ def test_synthetic_data_refuse_another_batch(tmp_path: Path) -> None:
 
 
 def test_recover_refuses_a_plan_of_another_model_than_the_checkpoint() -> None:
-    from autohet_cli.ckpt.format import Manifest, ManifestFile
     from autohet_cli.recovery.choose import _check_model
     from autohet_cli.recovery.errors import RecoveryError
     from autohet_cli.recovery.manifest import CheckpointChoice
 
     def choice(model: object) -> CheckpointChoice:
-        manifest = Manifest(
-            step=8,
-            plan="one.v3",
-            plan_sha256="a" * 64,
-            world_size=1,
-            files=(ManifestFile(path=".metadata", sha256="b" * 64, num_bytes=3, host="h", rank=0),),
-            model=model,  # type: ignore[arg-type]
-        )
+        manifest = _manifest(model=model)
         return CheckpointChoice(
             step_dir="step-00000008", manifest=manifest, holders={}, remote_only=()
         )

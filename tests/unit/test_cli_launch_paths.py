@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,26 +30,20 @@ from tests.recovery_site import make_site
 def localhost_plan(root: Path) -> Path:
     """A gpt-tiny plan on one CPU device of a localhost cluster whose directories are
     all under ``root`` (set HOME=root too: the workdir is ~/autohet)."""
-    cluster = root / "cluster.yaml"
-    cluster.write_text(
-        yaml.safe_dump(
-            {
-                "schema": "autohet.cluster/v1",
-                "name": "here",
-                "network": {"inter_node_gbps": 10},
-                "remote_storage": str(root / "remote"),
-                "hosts": [
-                    {
-                        "name": "localhost",
-                        "address": "localhost",
-                        "gpus": {"type": "cpu", "count": 1},
-                        "checkpoint_dir": str(root / "ckpt"),
-                    }
-                ],
-            }
-        )
-    )
-    return _plan(root, cluster, ("localhost",))
+    here = {"name": "localhost", "address": "localhost", "checkpoint_dir": str(root / "ckpt")}
+    where = {"remote_storage": str(root / "remote")}
+    return _cluster_plan(root / "cluster.yaml", "here", [{**here, "gpus": dict(CPU)}], **where)
+
+
+CPU = {"type": "cpu", "count": 1}  # copied where used: yaml would write a repeat as an alias
+
+
+def _cluster_plan(cluster: Path, name: str, hosts: list[dict[str, Any]], **extra: Any) -> Path:
+    """A plan over ``hosts`` of cluster ``name``, whose file (``extra``: its other
+    fields) is written to ``cluster``."""
+    raw = {"schema": "autohet.cluster/v1", "name": name, "network": {"inter_node_gbps": 10}}
+    cluster.write_text(yaml.safe_dump({**raw, **extra, "hosts": hosts}))
+    return _plan(cluster.parent, cluster, tuple(h["name"] for h in hosts))
 
 
 def _plan(root: Path, cluster: Path, hosts: tuple[str, ...]) -> Path:
@@ -65,26 +60,9 @@ def _plan(root: Path, cluster: Path, hosts: tuple[str, ...]) -> Path:
 
 def _remote_plan(root: Path) -> Path:
     """Two hosts that are not this machine (a dry run never connects to them)."""
-    cluster = root / "remote.yaml"
-    cluster.write_text(
-        yaml.safe_dump(
-            {
-                "schema": "autohet.cluster/v1",
-                "name": "far",
-                "network": {"inter_node_gbps": 10},
-                "hosts": [
-                    {"name": "a", "address": "10.9.0.1", "gpus": {"type": "cpu", "count": 1}},
-                    {
-                        "name": "b",
-                        "address": "10.9.0.2",
-                        "workdir": "/scratch/w",
-                        "gpus": {"type": "cpu", "count": 1},
-                    },
-                ],
-            }
-        )
-    )
-    return _plan(root, cluster, ("a", "b"))
+    a = {"name": "a", "address": "10.9.0.1", "gpus": dict(CPU)}
+    b = {"name": "b", "address": "10.9.0.2", "workdir": "/scratch/w", "gpus": dict(CPU)}
+    return _cluster_plan(root / "remote.yaml", "far", [a, b])
 
 
 def _elsewhere(root: Path) -> Path:

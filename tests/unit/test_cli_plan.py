@@ -21,23 +21,11 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_autohet(*args, cwd=cwd, timeout=240)
 
 
+# OPT-350M on small-mix with Sailor's profile
+SMALL_OPT = ("--cluster", SMALL, "--model", "OPT-350M", "--profile", OPT_PROFILE)
 # The plan both the fixture and the re-plan test make: small-mix, OPT-350M, batch 32.
-PLAN_SMALL_JSON = (
-    "plan",
-    "--cluster",
-    SMALL,
-    "--model",
-    "OPT-350M",
-    "--profile",
-    OPT_PROFILE,
-    "--global-batch-size",
-    "32",
-    "--time-limit",
-    "10",
-    "--json",
-    "--out-dir",
-    "out",
-)
+PLAN_SMALL_JSON = ("plan", *SMALL_OPT, "--global-batch-size", "32", "--time-limit", "10")
+PLAN_SMALL_JSON += ("--json", "--out-dir", "out")
 
 
 @pytest.fixture(scope="module")
@@ -96,21 +84,8 @@ def test_a_second_plan_is_a_new_version_unless_it_is_the_same(
 
 
 def test_explain_names_stages_binding_and_baselines(tmp_path: Path) -> None:
-    res = autohet(
-        "plan",
-        "--cluster",
-        SMALL,
-        "--model",
-        "OPT-350M",
-        "--profile",
-        OPT_PROFILE,
-        "--global-batch-size",
-        "16",
-        "--time-limit",
-        "10",
-        "--explain",
-        cwd=tmp_path,
-    )
+    args = (*SMALL_OPT, "--global-batch-size", "16", "--time-limit", "10", "--explain")
+    res = autohet("plan", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     text = res.stdout
     for needle in (
@@ -164,16 +139,8 @@ def test_estimate_judges_a_hand_edited_plan(planned: tuple[Path, dict[str, objec
 
 
 def test_infeasible_model_is_a_clean_error(tmp_path: Path) -> None:
-    res = autohet(
-        "plan",
-        "--model",
-        "LLaMA-2-70B",
-        "--global-batch-size",
-        "8",
-        "--time-limit",
-        "5",
-        cwd=tmp_path,
-    )
+    args = ("--model", "LLaMA-2-70B", "--global-batch-size", "8", "--time-limit", "5")
+    res = autohet("plan", *args, cwd=tmp_path)
     assert res.returncode == 1
     assert "Traceback" not in res.stderr
     assert re.search(r"need 1\.\d\d TB, the cluster has \d+\.\d\d GB", res.stderr), res.stderr
@@ -264,19 +231,8 @@ def test_the_solver_line_says_what_is_proven_and_estimate_solves_nothing(
 
 
 def test_localhost_default_cluster_plans_the_tiny_gpt(tmp_path: Path) -> None:
-    res = autohet(
-        "plan",
-        "--model",
-        "gpt-tiny",
-        "--global-batch-size",
-        "8",
-        "--precision",
-        "fp32",
-        "--time-limit",
-        "5",
-        "--json",
-        cwd=tmp_path,
-    )
+    args = ("--model", "gpt-tiny", "--global-batch-size", "8", "--precision", "fp32")
+    res = autohet("plan", *args, "--time-limit", "5", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     plan = load_plan(tmp_path / out["plan_path"])
@@ -288,19 +244,7 @@ def test_launch_refuses_a_plan_made_for_another_cluster_file(tmp_path: Path) -> 
     cluster = tmp_path / "c.yaml"
     cluster.write_text(Path(ROOT / "profiles" / "clusters" / "localhost.yaml").read_text())
     res = autohet(
-        "plan",
-        "--cluster",
-        str(cluster),
-        "--model",
-        "gpt-tiny",
-        "--global-batch-size",
-        "4",
-        "--precision",
-        "fp32",
-        "--time-limit",
-        "5",
-        "--json",
-        cwd=tmp_path,
+        "plan", "--cluster", str(cluster), *TINY_LOCAL, "--time-limit", "5", "--json", cwd=tmp_path
     )
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)["plan_path"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cli import ROOT
+from tests.cli import ROOT, run
 
 CLUSTER = str(ROOT / "profiles" / "clusters" / "paper-mix.yaml")
 PLAN = ["plan", "--cluster", CLUSTER, "--model", "gpt-tiny", "--global-batch-size", "8"]
@@ -44,14 +44,7 @@ console_main()
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     env.pop("PYTHONUNBUFFERED", None)  # stdout to a pipe block-buffered, as users get it
-    return subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run([sys.executable, "-c", SCRIPT, *args], cwd=cwd, env=env, timeout=300)
 
 
 def test_a_plan_exits_quickly_with_its_output_hooks_and_code(tmp_path: Path) -> None:

@@ -83,13 +83,8 @@ def entry(
     seq_len: int = TRAINING.seq_len,
     source: str = "measured",
 ) -> ProfileEntry:
-    key = EntryKey(
-        model=model.name,
-        gpu_type=gpu_type,
-        tensor_parallel=tp,
-        micro_batch_size=mbs,
-        seq_len=seq_len,
-    )
+    names = {"model": model.name, "seq_len": seq_len}
+    key = EntryKey(gpu_type=gpu_type, tensor_parallel=tp, micro_batch_size=mbs, **names)
     return ProfileEntry(key=key, source=source, dtype="bf16", layers=layers)
 
 
@@ -621,15 +616,9 @@ def test_calibration_scales_the_estimate_by_the_nearest_measurement() -> None:
         )
 
     def scaled(e: ProfileEntry, k: float) -> ProfileEntry:
+        assert all(x.recompute_fwd_ms is x.recompute_bwd_ms is None for x in e.layers)
         layers = tuple(
-            LayerTiming(
-                fwd_ms=x.fwd_ms * k,
-                bwd_ms=x.bwd_ms * k,
-                update_ms=x.update_ms * k,
-                num_params=x.num_params,
-                act_bytes=x.act_bytes,
-                output_bytes=x.output_bytes,
-            )
+            replace(x, fwd_ms=x.fwd_ms * k, bwd_ms=x.bwd_ms * k, update_ms=x.update_ms * k)
             for x in e.layers
         )
         return entry("V100-16", layers, tp=e.key.tensor_parallel, mbs=e.key.micro_batch_size)

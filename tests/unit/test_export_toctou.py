@@ -35,10 +35,10 @@ from autohet_cli.ckpt.format import (
 )
 from autohet_cli.runtime.hf_export import ExportError, export_hf, open_checkpoint
 from autohet_cli.yamlio import sha256_file
+from tests.cli import ROOT, run
 from tests.hf_reference import dcp_checkpoint, hf_state, tiny_model
 from tests.unit.test_hf_export_guard import SPEC, plan_of
 
-ROOT = Path(__file__).resolve().parents[2]
 DATA = "__0_0.distcp"
 # The CLI, with the attacker's swaps armed (``SWAP_AFTER_HASH``: sha256 -> [path, swap-in]).
 CLI = """
@@ -160,14 +160,20 @@ def autohet(*args: str, swaps: dict[str, Any], cwd: Path) -> subprocess.Complete
         "COLUMNS": "200",
         "SWAP_AFTER_HASH": json.dumps({k: [str(p), str(s)] for k, (p, s) in swaps.items()}),
     }
-    return subprocess.run(
-        [sys.executable, "-c", CLI, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run([sys.executable, "-c", CLI, *args], cwd=cwd, env=env, timeout=300)
+
+
+def export_despite_swaps(job: Job, out: Path, swaps: dict[str, Any], cwd: Path) -> None:
+    """``autohet export`` of the job's step to ``out`` with ``swaps`` armed: it ran no
+    attacker's code, raised nothing and exported."""
+    res = autohet(
+        "export", str(job.step), "--out", str(out), "--plan", str(job.plan),
+        swaps=swaps, cwd=cwd,
+    )  # fmt: skip
+    output = res.stdout + res.stderr
+    assert not job.marker.exists(), "the attacker's pickle ran"
+    assert "Traceback" not in output, output[-3000:]
+    assert res.returncode == 0, output[-3000:]
 
 
 def test_metadata_swapped_after_its_hash_runs_no_code(job: Job, tmp_path: Path) -> None:
@@ -178,14 +184,7 @@ def test_metadata_swapped_after_its_hash_runs_no_code(job: Job, tmp_path: Path) 
     out = tmp_path / "hf"
     evil = job.evil.read_bytes()
     swaps = {sha256_file(job.step / METADATA): (job.step / METADATA, job.evil)}
-    res = autohet(
-        "export", str(job.step), "--out", str(out), "--plan", str(job.plan),
-        swaps=swaps, cwd=tmp_path,
-    )  # fmt: skip
-    output = res.stdout + res.stderr
-    assert not job.marker.exists(), "the attacker's pickle ran"
-    assert "Traceback" not in output, output[-3000:]
-    assert res.returncode == 0, output[-3000:]
+    export_despite_swaps(job, out, swaps, tmp_path)
     assert (job.step / METADATA).read_bytes() == evil  # the swap did happen
     assert_original_weights(out)
 
@@ -215,14 +214,7 @@ def test_both_swapped_at_once_through_the_cli(job: Job, tmp_path: Path) -> None:
         sha256_file(job.step / METADATA): (job.step / METADATA, job.evil),
         sha256_file(job.step / DATA): (job.step / DATA, job.tampered),
     }
-    res = autohet(
-        "export", str(job.step), "--out", str(out), "--plan", str(job.plan),
-        swaps=swaps, cwd=tmp_path,
-    )  # fmt: skip
-    output = res.stdout + res.stderr
-    assert not job.marker.exists(), "the attacker's pickle ran"
-    assert "Traceback" not in output, output[-3000:]
-    assert res.returncode == 0, output[-3000:]
+    export_despite_swaps(job, out, swaps, tmp_path)
     assert_original_weights(out)
 
 

@@ -213,22 +213,14 @@ def autohet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return run_autohet(*args, cwd=cwd, timeout=240)
 
 
+# gpt-tiny, batch 8, on the cluster file that follows
+TINY_ON = ("plan", "--model", "gpt-tiny", "--global-batch-size", "8", "--cluster")
+
+
 def test_plan_and_estimate_on_a_cluster_of_a_defined_type(tmp_path: Path) -> None:
     cluster = tmp_path / "ws.yaml"
     cluster.write_text(yaml.safe_dump(_raw(A6000=A6000)))
-    res = autohet(
-        "plan",
-        "--cluster",
-        str(cluster),
-        "--model",
-        "gpt-tiny",
-        "--global-batch-size",
-        "8",
-        "--time-limit",
-        "5",
-        "--json",
-        cwd=tmp_path,
-    )
+    res = autohet(*TINY_ON, str(cluster), "--time-limit", "5", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     plan_path = json.loads(res.stdout)["plan_path"]
     plan = load_plan(tmp_path / plan_path)
@@ -243,9 +235,6 @@ def test_plan_and_estimate_on_a_cluster_of_a_defined_type(tmp_path: Path) -> Non
 def test_plan_on_an_undefined_type_fails_cleanly(tmp_path: Path) -> None:
     cluster = tmp_path / "ws.yaml"
     cluster.write_text(yaml.safe_dump(_raw()))
-    res = autohet(
-        "plan", "--cluster", str(cluster), "--model", "gpt-tiny", "--global-batch-size", "8",
-        cwd=tmp_path,
-    )  # fmt: skip
+    res = autohet(*TINY_ON, str(cluster), cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "unknown GPU type 'A6000'" in res.stderr and "gpu_types:" in res.stderr

@@ -16,12 +16,13 @@ from autohet_cli.costmodel.budget import deadline_in
 from autohet_cli.costmodel.pipeline import simulate_1f1b
 from autohet_cli.errors import AutohetError, ConfigError, TimeLimitReached
 from autohet_cli.hfconfig import load_hf_config
-from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.inputs import load_inputs
 from autohet_cli.models import ZOO, ModelSpec
 from autohet_cli.plan import load_plan, write_plan
-from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.api import training_for
 from autohet_cli.profiling.schema import load_profile
 from autohet_cli.yamlio import load_yaml
+from tests.planning import plan_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_LLAMA = ROOT / "profiles" / "models" / "tiny-llama" / "config.json"
@@ -141,15 +142,7 @@ def test_hostfile_host_names_are_checked_too(tmp_path: Path) -> None:
 def plan_text(tmp_path_factory: pytest.TempPathFactory) -> str:
     inputs = load_inputs(None, "gpt-tiny")
     training = training_for(4, 64, "bf16", "adam")
-    outcome = make_plan(
-        name="tiny",
-        cluster=inputs.cluster,
-        model=inputs.model,
-        tables=tables_for(inputs, training),
-        global_batch_size=4,
-        time_limit_s=5,
-        with_baselines=False,
-    )
+    outcome = plan_inputs(inputs, training, name="tiny", time_limit_s=5, with_baselines=False)
     _, path = write_plan(outcome.plan, tmp_path_factory.mktemp("plans"))
     return path.read_text(encoding="utf-8")
 

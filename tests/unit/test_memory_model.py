@@ -97,23 +97,9 @@ def test_the_issue_33_h100_run_is_not_under_predicted() -> None:
     loss); the analytic blocks, optimizer state and weight copies alone must not say
     less than that run's peak less its logits (10 bytes x vocab per token: the fp32
     log-softmax kept, its fp32 and 16-bit gradients in backward)."""
-    from autohet_cli.models import ModelSpec
+    from tests.model_specs import llama
 
-    spec = ModelSpec(
-        name="llama-1.2b",
-        family="llama",
-        num_blocks=16,
-        hidden_size=2048,
-        num_heads=32,
-        num_kv_heads=8,
-        ffn_hidden_size=8192,
-        vocab_size=128256,
-        gated_mlp=True,
-        bias=False,
-        norm="rmsnorm",
-        separate_final_norm=True,
-        tied_embeddings=True,
-    )
+    spec = llama("llama-1.2b", (16, 2048, 32, 8, 8192, 128256), tied_embeddings=True)
     tokens, gib = 8 * 2048, 2**30
     layers = spec.layers()
     act = sum(x.act_bytes(2048, 8, 1, 2) for x in layers if x.kind != "head")

@@ -163,6 +163,15 @@ def _no_such_interface(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "bind", bind)
 
 
+def _replicator(tmp_path: Path, env: dict[str, str]) -> Replicator:
+    """Host b's replicator of a fresh job, one replica, as the job's owner, in ``env``."""
+    job = tmp_path / "plan" / "default"
+    job.mkdir(parents=True)
+    return Replicator(
+        host="b", plan_dir=job, key=KEY, replicas=1, budget_bytes=None, owner=True, env=env
+    )
+
+
 def test_the_server_listens_on_the_address_it_is_given() -> None:
     server = stream.PeerServer("127.0.0.2", KEY, stream.serve_files(set()))
     try:
@@ -178,12 +187,7 @@ def test_an_address_on_no_interface_listens_where_the_peers_are_routed(
 ) -> None:
     """It used to listen on 0.0.0.0: every network the host is on."""
     _no_such_interface(monkeypatch)
-    job = tmp_path / "plan" / "default"
-    job.mkdir(parents=True)
-    env = {"AUTOHET_HOST_ADDR": NAT_ADDR, "MASTER_ADDR": "127.0.0.3"}
-    r = Replicator(
-        host="b", plan_dir=job, key=KEY, replicas=1, budget_bytes=None, owner=True, env=env
-    )
+    r = _replicator(tmp_path, {"AUTOHET_HOST_ADDR": NAT_ADDR, "MASTER_ADDR": "127.0.0.3"})
     try:
         assert r.server is not None and r.problem is None
         # the kernel's source address on the way to 127.0.0.3, not 0.0.0.0
@@ -199,12 +203,7 @@ def test_an_address_on_no_interface_and_no_route_is_refused_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _no_such_interface(monkeypatch)
-    job = tmp_path / "plan" / "default"
-    job.mkdir(parents=True)
-    env = {"AUTOHET_HOST_ADDR": NAT_ADDR}
-    r = Replicator(
-        host="b", plan_dir=job, key=KEY, replicas=1, budget_bytes=None, owner=True, env=env
-    )
+    r = _replicator(tmp_path, {"AUTOHET_HOST_ADDR": NAT_ADDR})
     assert r.server is None
     assert r.problem is not None and f"cannot listen on {NAT_ADDR}" in r.problem
     assert "0.0.0.0" in r.problem and "cluster file" in r.problem

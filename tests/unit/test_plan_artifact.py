@@ -34,8 +34,8 @@ from autohet_cli.plan import (
 )
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import dump_yaml, write_new
+from tests.cli import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 WHERE = "p.yaml"
 
 

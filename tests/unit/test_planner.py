@@ -16,9 +16,10 @@ from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.errors import InfeasibleError
 from autohet_cli.inputs import Inputs, load_inputs, tables_for
 from autohet_cli.plan import check_against_cluster, load_plan, pipelines_entry
-from autohet_cli.planner.api import PlanOutcome, make_plan, training_for
+from autohet_cli.planner.api import PlanOutcome, training_for
 from autohet_cli.planner.search import SearchRequest, scorer, search
 from tests.cli import autohet
+from tests.planning import plan_inputs, plan_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "profiles" / "clusters"
@@ -47,16 +48,8 @@ def _plan(
 ) -> PlanOutcome:
     inp = _inputs(cluster, model, profiled)
     training = training_for(global_batch_size, seq_len or inp.model.default_seq_len, "bf16", "adam")
-    return make_plan(
-        name=cluster,
-        cluster=inp.cluster,
-        model=inp.model,
-        tables=tables_for(inp, training),
-        global_batch_size=global_batch_size,
-        objective=objective,
-        time_limit_s=time_limit_s,
-        recompute=recompute,
-    )
+    options = {"objective": objective, "time_limit_s": time_limit_s, "recompute": recompute}
+    return plan_inputs(inp, training, name=cluster, **options)
 
 
 @cache
@@ -161,14 +154,7 @@ def test_model_too_big_names_the_shortfall() -> None:
     model's states need and how much memory the cluster has."""
     inp = load_inputs(str(CLUSTERS / "localhost.yaml"), "LLaMA-2-70B", [])
     with pytest.raises(InfeasibleError) as info:
-        make_plan(
-            name="localhost",
-            cluster=inp.cluster,
-            model=inp.model,
-            tables=tables_for(inp, training_for(8, 4096, "bf16", "adam")),
-            global_batch_size=8,
-            time_limit_s=5.0,
-        )
+        plan_inputs(inp, training_for(8, 4096, "bf16", "adam"), name="localhost", time_limit_s=5.0)
     msg = str(info.value)
     assert "LLaMA-2-70B" in msg
     found = re.search(r"needs? ([\d.]+) ([KMGT]B).*cluster has ([\d.]+) ([KMGT]B)", msg)
@@ -241,10 +227,7 @@ def test_cards_smaller_than_their_reserve_are_said_to_add_nothing() -> None:
         global_batch_size=8,
     )
     with pytest.raises(InfeasibleError, match=r"the cluster has 0 B of GPU memory") as err:
-        make_plan(
-            name="x", cluster=cluster, model=model_tables.model, tables=model_tables,
-            global_batch_size=8, time_limit_s=5, with_baselines=False,
-        )  # fmt: skip
+        plan_tables(cluster, model_tables, name="x", time_limit_s=5, with_baselines=False)
     assert "-" not in str(err.value).split("the cluster has")[1].split("B")[0]
 
 
@@ -293,14 +276,8 @@ def test_plan_header_names_the_degree_of_each_type() -> None:
     from tests.unit.test_metis_neo import BATCH, CLUSTER, PROFILE
 
     inp = load_inputs(str(CLUSTER), "GPT-Neo-2.7B", [str(PROFILE)])
-    out = make_plan(
-        name="neo",
-        cluster=inp.cluster,
-        model=inp.model,
-        tables=tables_for(inp, training_for(BATCH, 2048, "bf16", "adam")),
-        global_batch_size=BATCH,
-        time_limit_s=TIME_LIMIT_S,
-    )
+    training = training_for(BATCH, 2048, "bf16", "adam")
+    out = plan_inputs(inp, training, name="neo", time_limit_s=TIME_LIMIT_S)
     assert _degrees(out.plan) == "2 on V100-16, 1 on A100-40"
     assert out.plan.tensor_parallel == 2
     from autohet_cli.planner.explain import explain_text
@@ -338,17 +315,10 @@ def test_a_cost_plan_on_free_hosts_alone_is_the_fastest(tmp_path: Path) -> None:
     # What recover asks when every priced host of a cost plan is lost: make_plan (not
     # the CLI) plans the free survivors, fastest first
     inp = load_inputs(str(_unpriced(tmp_path, None)), "gpt-tiny", [])
+    training = training_for(8, 64, "fp32", "adam")
+    options = {"name": "free", "time_limit_s": 10.0, "with_baselines": False}
     plans = {
-        objective: make_plan(
-            name="free",
-            cluster=inp.cluster,
-            model=inp.model,
-            tables=tables_for(inp, training_for(8, 64, "fp32", "adam")),
-            global_batch_size=8,
-            objective=objective,
-            time_limit_s=10.0,
-            with_baselines=False,
-        )
+        objective: plan_inputs(inp, training, objective=objective, **options)
         for objective in ("cost", "time")
     }
     assert plans["cost"].eval.iteration_ms == pytest.approx(

@@ -18,7 +18,8 @@ from autohet_cli.errors import InfeasibleError, UnknownNameError
 from autohet_cli.inputs import load_inputs, tables_for
 from autohet_cli.plan import load_plan
 from autohet_cli.planner import parallel, phases
-from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.api import training_for
+from tests.planning import plan_inputs, plan_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "profiles" / "clusters" / "small-mix.yaml"
@@ -38,14 +39,7 @@ def _plan_opt(cluster: Path, batch: int, **kw: object):  # type: ignore[no-untyp
     """make_plan for Sailor's OPT-350M on ``cluster`` (``kw``: make_plan's options)."""
     inp = load_inputs(str(cluster), "OPT-350M", [str(OPT_PROFILE)])
     training = training_for(batch, inp.model.default_seq_len, "bf16", "adam")
-    return make_plan(
-        name="speed",
-        cluster=inp.cluster,
-        model=inp.model,
-        tables=tables_for(inp, training),
-        global_batch_size=batch,
-        **kw,  # type: ignore[arg-type]
-    )
+    return plan_inputs(inp, training, name="speed", **kw)
 
 
 def test_two_processes_plan_what_one_plans(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,14 +61,8 @@ def test_the_memo_and_the_totals_only_form_change_no_figure(
     out_inputs = _inputs()
     training = training_for(32, out_inputs.model.default_seq_len, "bf16", "adam")
     tables = tables_for(out_inputs, training)
-    out = make_plan(
-        name="memo",
-        cluster=out_inputs.cluster,
-        model=out_inputs.model,
-        tables=tables,
-        global_batch_size=32,
-        time_limit_s=20.0,
-        with_baselines=False,
+    out = plan_tables(
+        out_inputs.cluster, tables, name="memo", time_limit_s=20.0, with_baselines=False
     )
     pipelines, mbs = list(out.plan.pipelines), out.plan.training.micro_batch_size
     # stripped of the artifact's predictions, as the planner evaluates them

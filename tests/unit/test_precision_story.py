@@ -22,16 +22,18 @@ from autohet_cli import catalog
 from autohet_cli.cli import profile as profile_cli
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.errors import ConfigError, InfeasibleError
-from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.inputs import Inputs, load_inputs, tables_for
 from autohet_cli.models import ModelSpec, get_model
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
-from autohet_cli.planner.api import make_plan, training_for
+from autohet_cli.planner.api import training_for
 from autohet_cli.planner.explain import provenance, source_lines, summary_json
 from autohet_cli.profiling import run as run_module
 from autohet_cli.profiling.analytic import analytic_entry
 from autohet_cli.profiling.measure import RESULT_SCHEMA
 from autohet_cli.profiling.schema import Profile, load_profile
+from autohet_cli.settings import TrainingSettings
 from autohet_cli.transport.base import RunResult
+from tests.planning import plan_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCALHOST = str(ROOT / "profiles" / "clusters" / "localhost.yaml")
@@ -239,20 +241,17 @@ def test_explain_on_gpus_names_both_precisions_and_both_flags() -> None:
 # --- --measured-only ------------------------------------------------------------------------
 
 
+def _measured_only_refusal(inp: Inputs, training: TrainingSettings) -> str:
+    """Why make_plan, allowed only the measured combinations, finds no plan."""
+    with pytest.raises(InfeasibleError) as err:
+        plan_inputs(inp, training, name="precision", time_limit_s=2.0, measured_only=True)
+    return str(err.value)
+
+
 def test_measured_only_names_the_precision_measured_and_the_flag() -> None:
     inp = replace(load_inputs(LOCALHOST, TINY.name, []), profile=_cpu_profile("fp32"))
     training = training_for(8, TINY.default_seq_len, "bf16", "adam")
-    with pytest.raises(InfeasibleError) as err:
-        make_plan(
-            name="precision",
-            cluster=inp.cluster,
-            model=inp.model,
-            tables=tables_for(inp, training),
-            global_batch_size=8,
-            time_limit_s=2.0,
-            measured_only=True,
-        )
-    msg = str(err.value)
+    msg = _measured_only_refusal(inp, training)
     assert "Measured at seq_len 64, bf16: cpu: none." in msg
     assert (
         "The profile measured gpt-tiny on cpu in fp32, the plan asks bf16; plan with "
@@ -266,17 +265,7 @@ def test_measured_only_on_gpus_asks_to_measure_in_the_plans_precision() -> None:
         load_inputs(SMALL, OPT.name, []), profile=Profile(devices=SAILOR.devices, entries=fp16)
     )
     training = training_for(32, OPT.default_seq_len, "bf16", "adam")
-    with pytest.raises(InfeasibleError) as err:
-        make_plan(
-            name="precision",
-            cluster=inp.cluster,
-            model=inp.model,
-            tables=tables_for(inp, training),
-            global_batch_size=32,
-            time_limit_s=2.0,
-            measured_only=True,
-        )
-    msg = str(err.value)
+    msg = _measured_only_refusal(inp, training)
     assert "the plan asks bf16; plan with --precision fp16 to use them." in msg
     assert "profile run CLUSTER --model OPT-350M --tp 1,2,4 --micro-batch-sizes 1,2,4,8 " in msg
     assert "--micro-batch-sizes 1,2,4,8 --precision bf16` and pass the profile" in msg

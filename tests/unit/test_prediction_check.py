@@ -19,11 +19,11 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.launch.compare import compare, explained_ms, link_send_ms, render
 from autohet_cli.models import get_model
 from autohet_cli.plan import Device, Pipeline, Plan, Stage
-from autohet_cli.planner.api import make_plan
 from autohet_cli.profiling.calibrate import calibrate
 from autohet_cli.profiling.schema import Overhead, Profile, load_profile, save_profile
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.trace import Span, chrome_trace, predicted_spans
+from tests.planning import plan_tables
 
 MODEL = get_model("gpt-tiny")
 TRAINING = TrainingSettings(global_batch_size=8, micro_batch_size=2, seq_len=64, precision="fp32")
@@ -33,15 +33,7 @@ def _plan(profile: Profile | None = None) -> Plan:
     """The planner's plan for gpt-tiny on the embedded localhost cluster."""
     cluster = load_cluster(resolve_cluster_path(None))
     tables = CostTables(MODEL, profile, TRAINING, gpu_specs=cluster.gpu_specs)
-    return make_plan(
-        name="t",
-        cluster=cluster,
-        model=MODEL,
-        tables=tables,
-        global_batch_size=8,
-        time_limit_s=5,
-        with_baselines=False,
-    ).plan
+    return plan_tables(cluster, tables, name="t", time_limit_s=5, with_baselines=False).plan
 
 
 def _report(plan: Plan, factor: float, *, mem_bytes: int, step_extra_ms: float) -> dict:

@@ -26,7 +26,6 @@ from autohet_cli.costmodel.fixed import layer_ops
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ProfileError
 from autohet_cli.models import ModelSpec, get_model
-from autohet_cli.planner.api import make_plan
 from autohet_cli.profiling import probepack
 from autohet_cli.profiling.measure import layer_shapes, profile_from_probe, spec_for
 from autohet_cli.profiling.probe import cli, driver, host, memory, shards
@@ -39,6 +38,8 @@ from autohet_cli.profiling.probe.spec import (
 )
 from autohet_cli.profiling.schema import Profile, profile_from_dict, profile_to_dict
 from autohet_cli.settings import TrainingSettings
+from tests.model_specs import llama, sized
+from tests.planning import plan_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE_DIR = ROOT / "autohet_cli" / "profiling" / "probe"
@@ -247,17 +248,7 @@ def test_spec_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_what_cannot_fit_is_reported_as_oom_not_run() -> None:
     # A vocabulary no CPU device holds: predicted, so nothing is allocated.
-    huge = ModelSpec(
-        name="huge-vocab",
-        family="gpt2",
-        num_blocks=1,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=4,
-        ffn_hidden_size=256,
-        vocab_size=1 << 30,
-        num_positions=64,
-    )
+    huge = sized("huge-vocab", "gpt2", (1, 64, 4, 4, 256, 1 << 30), num_positions=64)
     spec = spec_for(huge, 16, [1], [1], cpu_threads=1, time_budget_s=2, comm="copy")
     out = driver.run(spec)
     (run,) = out["runs"]
@@ -269,34 +260,10 @@ def test_what_cannot_fit_is_reported_as_oom_not_run() -> None:
     assert any("oom" in note for note in profile.meta["history"][0]["notes"])
 
 
-_LLAMA_MINI = ModelSpec(
-    name="llama-mini",
-    family="llama",
-    num_blocks=2,
-    hidden_size=64,
-    num_heads=4,
-    num_kv_heads=2,
-    ffn_hidden_size=128,
-    vocab_size=128,
-    gated_mlp=True,
-    bias=False,
-    norm="rmsnorm",
-    tied_embeddings=False,
-    separate_final_norm=True,
-)
-_OPT_MINI = ModelSpec(
-    name="opt-mini",
-    family="opt",
-    num_blocks=2,
-    hidden_size=64,
-    num_heads=4,
-    num_kv_heads=4,
-    ffn_hidden_size=256,
-    vocab_size=128,
-    num_positions=18,
-    embed_proj_dim=32,
-    final_norm=False,
-)
+_LLAMA_MINI = llama("llama-mini", (2, 64, 4, 2, 128, 128))
+# OPT's learned positions (offset by 2), embedding projection and no final norm
+_OPT_FIELDS = {"num_positions": 18, "embed_proj_dim": 32, "final_norm": False}
+_OPT_MINI = sized("opt-mini", "opt", (2, 64, 4, 4, 256, 128), **_OPT_FIELDS)
 
 
 @pytest.mark.parametrize("model", [_LLAMA_MINI, _OPT_MINI], ids=lambda m: m.name)
@@ -537,15 +504,7 @@ def test_localhost_plan_uses_the_measured_costs(measured: Profile) -> None:
         global_batch_size=2, micro_batch_size=1, seq_len=SEQ, precision="fp32"
     )
     tables = CostTables(TINY, measured, training)
-    outcome = make_plan(
-        name="localhost",
-        cluster=cluster,
-        model=TINY,
-        tables=tables,
-        global_batch_size=2,
-        time_limit_s=20,
-        with_baselines=False,
-    )
+    outcome = plan_tables(cluster, tables, name="localhost", time_limit_s=20, with_baselines=False)
     plan = outcome.plan
     tp, mbs = plan.tensor_parallel, plan.training.micro_batch_size
     assert plan.prediction is not None and plan.prediction.iteration_time_s > 0

@@ -24,6 +24,7 @@ from autohet_cli.transport.quoting import (
     sftp_path,
 )
 from autohet_cli.transport.ssh import _PidFilter
+from tests.cli import run
 
 SHELLS = [s for s in ("bash", "sh") if shutil.which(s)]
 REPORT = (
@@ -54,15 +55,7 @@ def _hostile(marker: Path) -> list[str]:
 
 
 def _run_shell(shell: str, command: str, cwd: Path, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        [shell, "-c", command],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = run([shell, "-c", command], cwd=cwd, env=env, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

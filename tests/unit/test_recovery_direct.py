@@ -236,13 +236,18 @@ def test_a_missing_source_is_named_so_the_caller_can_relay(tmp_path: Path) -> No
     assert not servers.serves("a", str(tmp_path / "nope")) and "not here" in servers.failed["a"]
 
 
-def test_the_streams_carry_a_recover_and_their_rate_is_recorded(tmp_path: Path) -> None:
+def _copy_site(tmp_path: Path) -> tuple[Path, bytes, Path, HostPool]:
+    """A shard on host a to copy to host b (its path there), the job's key in both
+    hosts' checkpoint dir (one machine), and the pool that reaches them."""
     src, blob = _source(tmp_path)
-    job = tmp_path / "ck" / "p" / "j"  # both hosts' checkpoint dir (one machine)
+    job = tmp_path / "ck" / "p" / "j"
     job.mkdir(parents=True, exist_ok=True)
     _key(job / ".autohet-key")
-    dest = tmp_path / "b" / src.name
-    pool = _pool(tmp_path)
+    return src, blob, tmp_path / "b" / src.name, _pool(tmp_path)
+
+
+def test_the_streams_carry_a_recover_and_their_rate_is_recorded(tmp_path: Path) -> None:
+    src, blob, dest, pool = _copy_site(tmp_path)
     said: list[str] = []
     log: list[dict[str, object]] = []
     try:
@@ -267,12 +272,7 @@ def test_failed_direct_copies_are_reported_before_the_relay(
         raise AutohetError("connection refused")
 
     monkeypatch.setattr(copies, "fetch_all", refuse)
-    src, blob = _source(tmp_path)
-    job = tmp_path / "ck" / "p" / "j"  # both hosts' checkpoint dir (one machine)
-    job.mkdir(parents=True, exist_ok=True)
-    _key(job / ".autohet-key")
-    dest = tmp_path / "b" / src.name
-    pool = _pool(tmp_path)
+    src, blob, dest, pool = _copy_site(tmp_path)
     said: list[str] = []
     try:
         copies.execute_transfers(_tp(_item(src, blob, dest)), pool, said.append)

@@ -28,9 +28,9 @@ from autohet_cli.recovery.hostlock import (
     this_process,
 )
 from autohet_cli.transport.pool import ConnectOptions, HostPool
+from tests.cli import ROOT
 from tests.planting import cpu_host
 
-ROOT = Path(__file__).resolve().parents[2]
 NS = "lab/20260101T000000Z-abcd"
 
 

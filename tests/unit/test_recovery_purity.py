@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = (
@@ -36,13 +37,6 @@ _PROBE = (
 
 @pytest.mark.parametrize("module", PURE)
 def test_recovery_module_is_pure(module: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _PROBE, module, json.dumps(FORBIDDEN)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    proc = run([sys.executable, "-c", _PROBE, module, json.dumps(FORBIDDEN)], cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from autohet_cli.models import ZOO, ModelSpec
 from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import build, unsupported_reason
 from autohet_cli.runtime.models.common import common_problems
+from tests.cli import run
 from tests.hf_reference import model_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,16 +60,9 @@ def test_errors_name_what_cannot_be_built() -> None:
 
 def test_planning_a_model_the_runtime_cannot_train_says_so(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    res = subprocess.run(
-        [sys.executable, "-m", "autohet_cli", "plan", "--model", "OPT-350M", "--seq-len", "128"]
-        + ["--global-batch-size", "8", "--time-limit", "2", "--json"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    argv = [sys.executable, "-m", "autohet_cli", "plan", "--model", "OPT-350M", "--seq-len", "128"]
+    argv += ["--global-batch-size", "8", "--time-limit", "2", "--json"]
+    res = run(argv, cwd=tmp_path, env=env, timeout=240)
     assert res.returncode == 0, res.stderr
     assert "not 'opt'" in res.stderr and "--model-fn" in res.stderr
     plan_text = (tmp_path / json.loads(res.stdout)["plan_path"]).read_text()

@@ -160,18 +160,17 @@ python3 -m autohet_cli.runtime.agent --nnodes 3 --node-rank {rank} --nproc-per-n
       ;;"""
 
 
+def _request(plan: Path, tmp_path: Path) -> LaunchRequest:
+    """50 steps of ``plan`` as run r1 of job J1, master port 29411, runs under tmp_path."""
+    fixed = {"run_id": "r1", "job": "J1", "master_port": 29411}
+    return LaunchRequest(plan_file=plan, steps=50, runs_root=tmp_path / "runs", **fixed)
+
+
 def test_dry_run_prints_the_exact_batch_script_of_a_three_host_mixed_plan(
     tmp_path: Path,
 ) -> None:
     plan = _plan(tmp_path, _cluster(tmp_path))
-    req = LaunchRequest(
-        plan_file=plan,
-        steps=50,
-        run_id="r1",
-        job="J1",
-        master_port=29411,
-        runs_root=tmp_path / "runs",
-    )
+    req = _request(plan, tmp_path)
     run = str((tmp_path / "runs" / "lab.v1" / "r1").resolve())
     cases = "\n".join(
         CASE.format(host=h, rank=i, run=run, addr=f"10.0.0.{i + 1}", domain=f"{t}/on-demand")
@@ -201,14 +200,7 @@ def test_the_cli_dry_run_is_the_same_script_and_a_valid_bash_program(tmp_path: P
     script = tmp_path / "job.sbatch"
     script.write_text(res.stdout)
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
-    req = LaunchRequest(
-        plan_file=plan,
-        steps=50,
-        run_id="r1",
-        job="J1",
-        master_port=29411,
-        runs_root=tmp_path / "runs",
-    )
+    req = _request(plan, tmp_path)
     assert res.stdout == dry_run(req) + "\n"
 
 

@@ -58,20 +58,14 @@ def test_every_shipped_file_dumps_as_python_wrote_it(path: Path) -> None:
 
 
 def test_a_plan_dumps_as_python_wrote_it() -> None:
-    from autohet_cli.inputs import load_inputs, tables_for
+    from autohet_cli.inputs import load_inputs
     from autohet_cli.plan import plan_to_dict
-    from autohet_cli.planner.api import make_plan, training_for
+    from autohet_cli.planner.api import training_for
+    from tests.planning import plan_inputs
 
     inputs = load_inputs(str(ROOT / "profiles" / "clusters" / "paper-mix.yaml"), "gpt-tiny", [])
-    out = make_plan(
-        name="dump",
-        cluster=inputs.cluster,
-        model=inputs.model,
-        tables=tables_for(inputs, training_for(16, 64, "fp32", "adam")),
-        global_batch_size=16,
-        time_limit_s=10.0,
-        contingency=True,
-    )
+    training = training_for(16, 64, "fp32", "adam")
+    out = plan_inputs(inputs, training, name="dump", time_limit_s=10.0, contingency=True)
     data = plan_to_dict(out.plan)
     assert dump_yaml(data) == _python_dump(data)
 
