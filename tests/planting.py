@@ -28,8 +28,17 @@ def cpu_host(name: str, address: str = "localhost", **fields: Any) -> Host:
     return Host(name=name, address=address, gpu_type="cpu", **fields)
 
 
-def stage(start: int, end: int, host: str, *gpus: int, gpu_type: str = "cpu") -> Stage:
-    """Layers ``[start, end)`` on ``gpus`` of ``host`` (GPU 0 if none), TP over them."""
+def stage(
+    start: int,
+    end: int,
+    host: str,
+    *gpus: int,
+    gpu_type: str = "cpu",
+    shard: str = "none",
+    reshard_after_forward: bool = True,
+) -> Stage:
+    """Layers ``[start, end)`` on ``gpus`` of ``host`` (GPU 0 if none), TP over them;
+    ``shard`` and ``reshard_after_forward`` as ``Stage`` has them."""
     devices = tuple(Device(host=host, gpu=g) for g in gpus or (0,))
     return Stage(
         layer_start=start,
@@ -37,6 +46,8 @@ def stage(start: int, end: int, host: str, *gpus: int, gpu_type: str = "cpu") ->
         gpu_type=gpu_type,
         tensor_parallel=len(devices),
         devices=devices,
+        shard=shard,
+        reshard_after_forward=reshard_after_forward,
     )
 
 

@@ -39,9 +39,16 @@ recomputes (``Stage.recompute``, tables.py) keeps only its layers' inputs per
 micro-batch in flight, plus one layer's activations while that layer runs its
 backward, and its backward includes the re-run forward.
 
+Stages that shard their weights (``Stage.shard == "weights"``, ZeRO-3 / FSDP) are
+costed by ``sharding``: per micro-batch gathers and reduce-scatters among the stage's
+holders, exposed where the compute does not cover them, instead of the end-of-step
+all-reduce; 1/P of the state on each GPU plus the gathered working set. A plan
+without such stages takes none of those paths: its figures are what they were.
+
 The parts, by responsibility: ``pipelinepart`` (one pipeline alone: costs, sends,
 simulation, memory), ``gradsync`` (segments, their sync, ZeRO-1's shares),
-``transfers`` (the link formulas), ``memo`` (what is kept between evaluations).
+``sharding`` (weight-sharded stages), ``transfers`` (the link formulas), ``memo``
+(what is kept between evaluations).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.gradsync import grad_sync_ms, sync_segments, zero_sharded
 from autohet_cli.costmodel.memo import memo_for
 from autohet_cli.costmodel.pipelinepart import PipelinePart, stage_memory_bytes
+from autohet_cli.costmodel.sharding import unsynced, weight_shards
 from autohet_cli.costmodel.tables import CostTables, StageCost
 from autohet_cli.costmodel.transfers import ring_allreduce_ms, send_copies, transfer_ms
 from autohet_cli.plan import Pipeline
@@ -128,10 +136,23 @@ def evaluate(
     ``detail`` False leaves ``PlanEval.pipelines`` empty: the totals alone, for the
     planner's local search, which scores thousands of neighbours and keeps few."""
     memo = memo_for(cluster, tables)
-    parts = [memo.pipeline(p, micro_batch_size) for p in pipelines]
-    segments = sync_segments(pipelines)
+    shards = weight_shards(pipelines, memo)
+    if shards is None:
+        parts = [memo.pipeline(p, micro_batch_size) for p in pipelines]
+        segments = sync_segments(pipelines)
+    else:
+        parts = [
+            memo.pipeline(p, micro_batch_size, None if all(x is None for x in sh) else sh)
+            for p, sh in zip(pipelines, shards, strict=True)
+        ]
+        segments = unsynced(sync_segments(pipelines), pipelines)
     sync = grad_sync_ms(pipelines, micro_batch_size, memo, segments)
     sharded = zero_sharded(pipelines, cluster, tables, micro_batch_size, segments)
+    if shards is not None:  # ZeRO-1 leaves stages that shard their weights alone
+        sharded = [
+            [0.0 if sh[s] is not None else x for s, x in enumerate(row)]
+            for row, sh in zip(sharded, shards, strict=True)
+        ]
     opt_bytes = tables.training.optimizer_bytes_per_param
     pipeline_ms = max(part.sim.makespan_ms for part in parts)
     sync_ms = max(t for row in sync for t in row)

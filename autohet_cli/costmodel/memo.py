@@ -15,6 +15,7 @@ from typing import TypeVar
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.gradsync import ring_gbps, segment_sync_ms
 from autohet_cli.costmodel.pipelinepart import PipelinePart, pipeline_part
+from autohet_cli.costmodel.sharding import WeightShard
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.plan import Pipeline, Stage
 
@@ -42,9 +43,12 @@ class EvalMemo:
             found = store[key] = make()
         return found
 
-    def pipeline(self, p: Pipeline, mbs: int) -> PipelinePart:
+    def pipeline(
+        self, p: Pipeline, mbs: int, shards: tuple[WeightShard | None, ...] | None = None
+    ) -> PipelinePart:
+        key = (p, mbs) if shards is None else (p, mbs, shards)
         return self._get(
-            self.parts, (p, mbs), lambda: pipeline_part(p, self.cluster, self.tables, mbs)
+            self.parts, key, lambda: pipeline_part(p, self.cluster, self.tables, mbs, shards)
         )
 
     def overhead(self, gpu: str, tp: int, world: int) -> float:

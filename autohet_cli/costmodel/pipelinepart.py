@@ -3,7 +3,9 @@
 Its stages' costs, the sends between them, the 1F1B simulation and the closed form
 beside it, and each stage's memory before ZeRO-1 takes its share: everything of
 ``evaluate`` that the other pipelines do not change, so the memo of
-``costmodel.memo`` keeps it per pipeline.
+``costmodel.memo`` keeps it per pipeline. A stage that shards its weights depends on
+its holders in the other pipelines only through their number and link
+(``sharding.WeightShard``), which the caller passes and the memo keys on.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from functools import lru_cache
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.pipeline import SimResult, closed_form_1f1b, simulate_1f1b
-from autohet_cli.costmodel.tables import CostTables, StageCost
+from autohet_cli.costmodel.sharding import WeightShard, sharded_memory_bytes, sharded_stage_cost
+from autohet_cli.costmodel.tables import CostTables, LayerTable, StageCost
 from autohet_cli.costmodel.transfers import send_copies, transfer_ms
 from autohet_cli.plan import Pipeline, Stage
 
@@ -48,8 +51,33 @@ class PipelinePart:
     capacity_bytes: tuple[int, ...]
 
 
-def pipeline_part(p: Pipeline, cluster: Cluster, tables: CostTables, mbs: int) -> PipelinePart:
+def pipeline_part(
+    p: Pipeline,
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    shards: tuple[WeightShard | None, ...] | None = None,
+) -> PipelinePart:
+    """``shards``: per stage, the holders of a stage that shards its weights (None:
+    no stage of this pipeline does)."""
+    if shards is not None:
+        return _sharded_part(p, cluster, tables, mbs, shards)
     costs = tuple(_stage_cost(s, cluster, tables, mbs) for s in p.stages)
+    n = len(p.stages)
+    mem = tuple(
+        stage_memory_bytes(c, tables, st.gpu_type, i, n, p.num_microbatches)
+        for i, (c, st) in enumerate(zip(costs, p.stages, strict=True))
+    )
+    return _part(p, cluster, tables, costs, mem)
+
+
+def _part(
+    p: Pipeline,
+    cluster: Cluster,
+    tables: CostTables,
+    costs: tuple[StageCost, ...],
+    mem: tuple[int, ...],
+) -> PipelinePart:
     sends = tuple(
         _send_ms(p.stages[s], p.stages[s + 1], costs[s].output_bytes, cluster, tables)
         for s in range(len(p.stages) - 1)
@@ -57,19 +85,37 @@ def pipeline_part(p: Pipeline, cluster: Cluster, tables: CostTables, mbs: int) -
     sim, closed = _pipeline_time(
         tuple(c.fwd_ms for c in costs), tuple(c.bwd_ms for c in costs), p.num_microbatches, sends
     )
-    n = len(p.stages)
     return PipelinePart(
         costs=costs,
         sends=sends,
         sim=sim,
         closed_ms=closed,
         idle_fraction=sum(sim.idle_fraction) / len(sim.idle_fraction),
-        mem_bytes=tuple(
-            stage_memory_bytes(c, tables, st.gpu_type, i, n, p.num_microbatches)
-            for i, (c, st) in enumerate(zip(costs, p.stages, strict=True))
-        ),
+        mem_bytes=mem,
         capacity_bytes=tuple(cluster.host(st.host).gpu_mem_bytes for st in p.stages),
     )
+
+
+def _sharded_part(
+    p: Pipeline,
+    cluster: Cluster,
+    tables: CostTables,
+    mbs: int,
+    shards: tuple[WeightShard | None, ...],
+) -> PipelinePart:
+    """A pipeline with weight-sharded stages: theirs costed by ``costmodel.sharding``."""
+    n, m = len(p.stages), p.num_microbatches
+    costs, mem = [], []
+    for i, (st, shard) in enumerate(zip(p.stages, shards, strict=True)):
+        c = _stage_cost(st, cluster, tables, mbs)
+        if shard is None:
+            costs.append(c)
+            mem.append(stage_memory_bytes(c, tables, st.gpu_type, i, n, m))
+            continue
+        table = _table(st, cluster, tables, mbs)
+        costs.append(sharded_stage_cost(c, table, st, shard, tables))
+        mem.append(sharded_memory_bytes(c, table, st, shard, tables, i, n, m))
+    return _part(p, cluster, tables, tuple(costs), tuple(mem))
 
 
 @lru_cache(maxsize=8192)
@@ -83,10 +129,12 @@ def _pipeline_time(
     return sim, closed
 
 
+def _table(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> LayerTable:
+    return tables.table(s.gpu_type, s.tensor_parallel, mbs, cluster.host(s.host).intra_node_gbps)
+
+
 def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> StageCost:
-    host = cluster.host(s.host)
-    table = tables.table(s.gpu_type, s.tensor_parallel, mbs, host.intra_node_gbps)
-    return table.stage(s.layer_start, s.layer_end, recompute=s.recompute)
+    return _table(s, cluster, tables, mbs).stage(s.layer_start, s.layer_end, recompute=s.recompute)
 
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:

@@ -1,7 +1,8 @@
 """The plan's types and the invariants the runtime relies on (pure).
 
 ``Plan.validate`` checks what the types cannot (layers covered once, batch sums,
-one host per TP group, each GPU used once) and names the field, so a hand-edited
+one host per TP group, each GPU used once, a stage's sharding against the other
+holders of its layers) and names the field, so a hand-edited
 plan fails at load, not later on a GPU; ``check_against_cluster`` checks the same
 plan against the hosts of a cluster. Split from ``plan`` by responsibility: the
 plain-data form is ``plan.yamlform``, the versioned files ``plan.files``.
@@ -21,6 +22,8 @@ from autohet_cli.names import check_host_name
 from autohet_cli.settings import TrainingSettings
 
 SCHEMA = "autohet.plan/v1"
+# A stage's ``shard``: "optimizer" is what ``training.zero1`` already says for the plan.
+SHARD_MODES = ("none", "optimizer", "weights")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +54,15 @@ class Stage:
     # micro-batch in flight and re-running the layer's forward before its backward.
     # Written to YAML only when true, so plans without it keep their bytes and digests.
     recompute: bool = False
+    # Issue 48: the stage's state over the data-parallel holders of its layers (the
+    # stages of the other pipelines with the same cut and TP degree). "none":
+    # replicated (``training.zero1`` still shards the optimizer state where it can);
+    # "weights": fully sharded (ZeRO-3: weights, gradients and optimizer state), the
+    # 16-bit weights gathered per micro-batch before the forward, and again before the
+    # backward unless ``reshard_after_forward`` is false (kept from one to the other).
+    # Written to YAML only when set, so plans without them keep their bytes.
+    shard: str = "none"  # SHARD_MODES
+    reshard_after_forward: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -163,6 +175,7 @@ class Plan:
         seen: dict[Device, str] = {}
         for i, p in enumerate(self.pipelines):
             _validate_pipeline(self, p, f"{where}: pipelines[{i}]", seen)
+        _validate_sharded_holders(self, where)
         largest = max(s.tensor_parallel for p in self.pipelines for s in p.stages)
         if largest != self.tensor_parallel:
             raise PlanError(
@@ -206,10 +219,99 @@ def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]
             if d in seen:
                 raise PlanError(f"{sat}.devices: {d.host} gpu {d.gpu} is already used by {seen[d]}")
             seen[d] = sat
+        _validate_shard_fields(plan, s, sat)
     if expect != plan.num_layers:
         raise PlanError(
             f"{at}.stages: layers end at {expect} but the model has {plan.num_layers} layers"
         )
+
+
+def shard_mode_error(value: object) -> str | None:
+    """Why ``value`` is no stage ``shard`` (None: it is one); the reader and
+    ``Plan.validate`` say the same words."""
+    if value in SHARD_MODES:
+        return None
+    return f"{value!r} is not one of {', '.join(SHARD_MODES)}"
+
+
+def _validate_shard_fields(plan: Plan, s: Stage, sat: str) -> None:
+    """What one stage's ``shard`` and ``reshard_after_forward`` may say on their own."""
+    if (why := shard_mode_error(s.shard)) is not None:
+        raise PlanError(f"{sat}.shard: {why}")
+    if s.shard == "optimizer" and not plan.training.zero1:
+        raise PlanError(
+            f"{sat}.shard: optimizer restates training.zero1, which is off; set "
+            "training.zero1: true or remove shard from the stage"
+        )
+    if not s.reshard_after_forward and s.shard != "weights":
+        raise PlanError(
+            f"{sat}.reshard_after_forward: false keeps gathered weights, which only a "
+            f"weight-sharded stage has (shard: weights), and this one is shard: {s.shard}; "
+            "remove reshard_after_forward or set shard: weights"
+        )
+
+
+def _validate_sharded_holders(plan: Plan, where: str) -> None:
+    """A weight-sharded stage shards over the data-parallel holders of its layers (the
+    stages of the other pipelines that hold any of them): each must have exactly its
+    cut and TP degree, so that a shard is the same slice of the same tensors on every
+    holder, and the same ``shard`` and ``reshard_after_forward``, so that they all
+    join the same gathers (a holder that re-gathered before the backward while another
+    kept its weights would wait for it forever). GPU types may differ, and so may the
+    holders' micro-batch counts: the schema allows unequal counts, and the runtime
+    must pad the gathers of the pipelines with fewer micro-batches to the most. Every
+    pipeline covers every layer, so a stage's holders are one per pipeline: it needs
+    two pipelines at least (with one there is nothing to shard over). One check per
+    distinct cut: plans of hundreds of pipelines stay linear."""
+    first: dict[tuple[int, int], tuple[str, Stage]] = {}
+    for i, p in enumerate(plan.pipelines):
+        for j, s in enumerate(p.stages):
+            if s.shard == "weights":
+                first.setdefault((s.layer_start, s.layer_end), (f"pipelines[{i}].stages[{j}]", s))
+    if not first:
+        return
+    by_cut = [
+        {(s.layer_start, s.layer_end): (j, s) for j, s in enumerate(p.stages)}
+        for p in plan.pipelines
+    ]
+    for (start, end), (name, ref) in first.items():
+        at, span = f"{where}: {name}.shard: weights", f"layers [{start}, {end})"
+        if len(plan.pipelines) < 2:
+            raise PlanError(
+                f"{at}: no other pipeline holds {span}, so there is nothing to shard "
+                "them over; set shard: none (or plan more pipelines)"
+            )
+        for k, p in enumerate(plan.pipelines):
+            if (start, end) not in by_cut[k]:
+                cuts = ", ".join(
+                    f"[{o.layer_start}, {o.layer_end})"
+                    for o in p.stages
+                    if o.layer_start < end and o.layer_end > start
+                )
+                raise PlanError(
+                    f"{at}: pipelines[{k}] cuts {span} as {cuts}; every holder of a "
+                    "weight-sharded stage's layers needs the same cut: cut the pipelines "
+                    "alike there or set shard: none"
+                )
+            m, o = by_cut[k][(start, end)]
+            other = f"pipelines[{k}].stages[{m}]"
+            if o.tensor_parallel != ref.tensor_parallel:
+                raise PlanError(
+                    f"{at}: {other} holds {span} at tensor_parallel {o.tensor_parallel}, this "
+                    f"stage at {ref.tensor_parallel}; weight-sharded holders need one TP "
+                    "degree: make them equal or set shard: none"
+                )
+            if (o.shard, o.reshard_after_forward) != (ref.shard, ref.reshard_after_forward):
+                said = (
+                    f"shard: {o.shard}"
+                    if o.shard != ref.shard
+                    else (f"reshard_after_forward: {str(o.reshard_after_forward).lower()}")
+                )
+                raise PlanError(
+                    f"{at}: {other} holds {span} with {said}; every holder of a "
+                    "weight-sharded stage's layers shards them alike (shard and "
+                    "reshard_after_forward): set them the same on all of them"
+                )
 
 
 def check_against_cluster(plan: Plan, hosts: Mapping[str, tuple[str, int]], where: str) -> None:

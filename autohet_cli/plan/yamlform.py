@@ -1,7 +1,8 @@
 """The plan as plain data (the ``autohet.plan/v1`` YAML form), both ways (pure).
 
 Writing rounds floats to 6 places and leaves out what a plan does not carry (no
-``recompute`` on a stage that does not, no ``zero1`` when off), so plans written
+``recompute`` on a stage that does not, no ``shard`` on a replicated stage, no
+``reshard_after_forward`` where it is true, no ``zero1`` when off), so plans written
 before a field existed keep their bytes and digests. Reading checks every key and
 type, then ``Plan.validate``; errors name the field.
 """
@@ -21,6 +22,7 @@ from autohet_cli.plan.schema import (
     SolverInfo,
     Stage,
     StagePrediction,
+    shard_mode_error,
 )
 from autohet_cli.settings import TrainingSettings
 from autohet_cli.yamlio import as_list, as_mapping, check_keys, coerce
@@ -75,6 +77,10 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
     }
     if s.recompute:
         d["recompute"] = True
+    if s.shard != "none":
+        d["shard"] = s.shard
+    if not s.reshard_after_forward:  # only on a weight-sharded stage (Plan.validate)
+        d["reshard_after_forward"] = False
     if s.predicted is not None:
         d["predicted"] = {k: _round(getattr(s.predicted, k)) for k in StagePrediction.__slots__}
     return d
@@ -179,8 +185,11 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
             sm,
             sat,
             ["layers", "gpu_type", "devices"],
-            ["tensor_parallel", "predicted", "recompute"],
+            ["tensor_parallel", "predicted", "recompute", "shard", "reshard_after_forward"],
         )
+        shard = get(sm, "shard", str, sat, "none")
+        if (why := shard_mode_error(shard)) is not None:
+            raise ConfigError(f"{sat}.shard: {why}")
         layers = as_list(sm["layers"], f"{sat}.layers")
         if len(layers) != 2:
             raise ConfigError(f"{sat}.layers: expected [start, end), got {layers}")
@@ -202,6 +211,12 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
                 recompute=coerce(sm["recompute"], bool, f"{sat}.recompute")
                 if "recompute" in sm
                 else False,
+                shard=shard,
+                reshard_after_forward=coerce(
+                    sm["reshard_after_forward"], bool, f"{sat}.reshard_after_forward"
+                )
+                if "reshard_after_forward" in sm
+                else True,
             )
         )
     return Pipeline(num_microbatches=get(pm, "num_microbatches", int, at), stages=tuple(stages))

@@ -11,7 +11,7 @@ from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
-from autohet_cli.plan import Plan, SolverInfo
+from autohet_cli.plan import Plan, SolverInfo, Stage
 from autohet_cli.planner.provenance import Provenance, provenance, source_lines, sources_json
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "provenance",  # planner.provenance's, imported from here by the commands
     "recompute_count",
     "recompute_line",
+    "shard_line",
     "solver_lines",
     "source_lines",  # planner.provenance's
     "summary_json",
@@ -45,6 +46,7 @@ def explain_text(
     from tabulate import tabulate  # here: every plan imports this module, few explain
 
     marked = recompute_count(plan)[0] > 0  # an R column only where it says something
+    sharded = weight_sharded(plan)  # a shard column likewise
     # A source column only where some stage is unmeasured and a profile was given
     # (without one, a single line says that everything is analytic).
     by_stage = sources.stages if sources and sources.profiled and sources.unmeasured() else None
@@ -86,6 +88,8 @@ def explain_text(
             ]
             if marked:
                 row.append("R" if s.recompute else "")
+            if sharded:
+                row.append(_shard_cell(s))
             if by_stage is not None:
                 row.append(by_stage[first][j].label)
             rows.append(row)
@@ -103,6 +107,8 @@ def explain_text(
         ]
         if marked:
             headers.append("recompute")
+        if sharded:
+            headers.append("shard")
         if by_stage is not None:
             headers.append("source")
         lines.append(tabulate(rows, headers=headers, tablefmt="simple"))
@@ -113,7 +119,9 @@ def explain_text(
         f"gradient sync {ev.grad_sync_ms:.1f} ms + optimizer {ev.optimizer_ms:.1f} ms; "
         f"{tok:,.0f} tokens/s; peak memory {ev.memory_peak_fraction:.0%}"
     )
-    lines += [x for x in (recompute_line(plan), zero1_line(plan)) if x is not None]
+    lines += [
+        x for x in (recompute_line(plan), shard_line(plan), zero1_line(plan)) if x is not None
+    ]
     if sources is not None:
         lines += source_lines(sources)
     price = price_per_hour(plan, cluster)
@@ -302,6 +310,38 @@ def recompute_line(plan: Plan) -> str | None:
     )
 
 
+def weight_sharded(plan: Plan) -> int:
+    """How many stages shard their weights over their holders (``shard: weights``)."""
+    return sum(s.shard == "weights" for p in plan.pipelines for s in p.stages)
+
+
+def _shard_cell(s: Stage) -> str:
+    if s.shard != "weights":
+        return "" if s.shard == "none" else s.shard
+    return "weights" if s.reshard_after_forward else "weights, kept gathered"
+
+
+def shard_line(plan: Plan) -> str | None:
+    """What weight sharding does here (issue 48); None when no stage shards its weights."""
+    n = weight_sharded(plan)
+    if not n:
+        return None
+    stages = [s for p in plan.pipelines for s in p.stages]
+    kept, total = sum(_shard_cell(s) == "weights, kept gathered" for s in stages), len(stages)
+    which = "every stage holds" if n == total else f"{n} of {total} stages (shard) hold"
+    line = (
+        f"Shard weights: {which} 1/{len(plan.pipelines)} of their weights, gradients "
+        "and optimizer state, one slice per pipeline holding the same layers, and gather "
+        "the weights before each micro-batch's forward and again before its backward"
+    )
+    if kept:
+        line += (
+            f"; {kept} of them (kept gathered) keep the gathered weights from the forward "
+            "to the backward: one gather per micro-batch, for more memory"
+        )
+    return line + " (the runtime does not run weight-sharded stages yet: issue 48)"
+
+
 def zero1_line(plan: Plan) -> str | None:
     """What ZeRO-1 does in this plan; None without it."""
     if not plan.training.zero1:
@@ -323,7 +363,10 @@ def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
         return (
             p.num_microbatches,
             round(ev.pipelines[i].time_ms, 6),
-            tuple((s.layer_start, s.layer_end, s.gpu_type, s.recompute) for s in p.stages),
+            tuple(
+                (s.layer_start, s.layer_end, s.gpu_type, s.recompute, _shard_cell(s))
+                for s in p.stages
+            ),
         )
 
     runs: list[tuple[int, int]] = []

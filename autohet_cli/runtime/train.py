@@ -60,6 +60,7 @@ from autohet_cli.runtime.preempt import PreemptionHook, notices
 from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
+from autohet_cli.runtime.train_checks import check_plan_runs
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.workerbase.records import error_detail, first_line, say, write_boot, write_error
@@ -100,6 +101,7 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
+    check_plan_runs(plan, str(args.plan))  # before the process group: one line, exit 1
     config = train_config(args)
     run_dir = _run_dir(args)
     metrics = args.metrics

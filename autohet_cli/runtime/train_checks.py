@@ -4,7 +4,9 @@ Split from ``runtime.train_args``, which declares and parses the flags: the
 checks are the rules of a run (a finite learning rate, warmup before the decay
 end, a known checkpoint interval), refused with ``parser.error`` as argparse
 refuses a bad type, so the launcher's ``check_flags`` and the worker say the
-same words. Like the parser, this module imports no torch.
+same words. Like the parser, this module imports no torch. ``check_plan_runs`` is
+the plan's counterpart: what the runtime cannot run yet, refused by the worker and,
+before any host starts, by ``autohet launch``, in the same words.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import math
 
 from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import parse_keep
+from autohet_cli.errors import PlanError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
+from autohet_cli.plan import Plan
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -83,3 +87,29 @@ def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             f"--warmup-steps {warmup} ends after --decay-steps {decay}: the schedule would "
             "decay before it reached --lr"
         )
+
+
+def check_plan_runs(plan: Plan, where: str) -> None:
+    """Refuse (``PlanError``, one line) a plan with a weight-sharded stage
+    (``shard: weights``, issue 48): the plan artifact and the cost model know them,
+    but no stage of this runtime shards its weights over its holders yet, and running
+    it replicated would neither fit the memory the plan counted on nor be the plan.
+    ``shard: optimizer`` runs: it restates ``training.zero1``. ``where`` names the
+    plan (its file)."""
+    sharded = [
+        (i, j, s)
+        for i, p in enumerate(plan.pipelines)
+        for j, s in enumerate(p.stages)
+        if s.shard == "weights"
+    ]
+    if not sharded:
+        return
+    i, j, s = sharded[0]
+    more = f" (and {len(sharded) - 1} more)" if len(sharded) > 1 else ""
+    raise PlanError(
+        f"plan {where}: pipelines[{i}].stages[{j}] (layers [{s.layer_start}, "
+        f"{s.layer_end})){more} is sharded (shard: weights); this runtime does not run "
+        "weight-sharded stages yet (issue 48): plan again without sharded weights, or "
+        "make a new version of the plan with shard: weights removed; autohet estimate "
+        "still scores this one"
+    )
