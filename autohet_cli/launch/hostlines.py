@@ -150,13 +150,10 @@ class HostOutput:
         if event.get("event") == "saved" and self.preemption is not None:
             saved = isinstance(step, int)
             # Hosts whose notice came during the save (runtime.preempt asks again).
-            known = dict(self.preemption.hosts)
-            more = tuple((h, w) for h, w in hosts if h not in known)
             self.preemption = dataclasses.replace(
-                self.preemption,
+                self.preemption.with_hosts(hosts),
                 saved=saved,
                 step=step if isinstance(step, int) else 0,
-                hosts=self.preemption.hosts + more,
             )
             return (
                 f"emergency checkpoint: step {step} saved on every rank"
@@ -194,6 +191,4 @@ def _with_late_notices(notice: triage.Preemption, agent_hosts: Sequence[str]) ->
     each node's step separately): a host whose TERM came after the emergency save is
     still leaving, and recovery must not resume on it.
     """
-    known = {h for h, _ in notice.hosts}
-    late = tuple((h, "SIGTERM") for h in agent_hosts if h not in known)
-    return dataclasses.replace(notice, hosts=notice.hosts + late) if late else notice
+    return notice.with_hosts((h, "SIGTERM") for h in agent_hosts)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autohet_cli.ckpt.steptext import after
 from autohet_cli.launch import logcause
@@ -269,6 +269,13 @@ class Preemption:
     hosts: tuple[tuple[str, str], ...]  # (host, its notice), in the order announced
     step: int  # the step saved (the next step to run)
     saved: bool  # the emergency checkpoint completed
+
+    def with_hosts(self, more: Iterable[tuple[str, str]]) -> Preemption:
+        """This notice with the hosts of ``more`` it does not name yet, after its own
+        (a notice that came during the save, an agent's late SIGTERM); itself if none."""
+        known = {h for h, _ in self.hosts}
+        new = tuple({h: w for h, w in more if h not in known}.items())
+        return replace(self, hosts=self.hosts + new) if new else self
 
 
 def preempted(verdict: Verdict, notice: Preemption, plan_hosts: Sequence[str]) -> Verdict:
