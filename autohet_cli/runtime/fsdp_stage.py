@@ -43,16 +43,11 @@ from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.stage import StageModule, layer_loss
-
-try:  # torch >= 2.5
-    from torch.distributed.fsdp import register_fsdp_forward_method
-except ImportError:  # pragma: no cover - older torch: the loss then runs in forward only
-    register_fsdp_forward_method = None
 
 
 def weight_sharded(plan: Plan) -> bool:
@@ -104,6 +99,7 @@ def shard_stage(
     # asking for it now creates nothing, so no rank waits in new_group alone.
     assert holders in runtime._groups, holders
     pg = runtime.group(holders)
+    assert pg is not None
     mesh = DeviceMesh.from_group(pg, runtime.device.type)
     every = dict(stage.named_parameters(remove_duplicate=False))
     ignored = {every[n] for names in tied for n in names if n in every}
@@ -118,8 +114,7 @@ def shard_stage(
         assert isinstance(layer, FSDPModule)
         modules.append(layer)
         if layer is layers[-1] and layer_loss(layer) is not None:
-            if register_fsdp_forward_method is not None:
-                register_fsdp_forward_method(layer, "loss")
+            register_fsdp_forward_method(layer, "loss")  # the pipeline's fused loss
     fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
     assert isinstance(stage, FSDPModule)
     modules.append(stage)

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> list[StepResult]:
             plan,
             resume=args.resume is not None,
             eval_every=args.eval_every or 0,
-            compiled=None,  # Trainer checks what --compile resolves to
+            compile=args.compile,
             checkpoints=args.checkpoint_every not in (None, 0),
         )
     config = train_config(args)

@@ -118,7 +118,12 @@ def check_plan_runs(plan: Plan, where: str) -> None:
 
 
 def check_sharded_run(
-    plan: Plan, *, resume: bool, eval_every: int, compiled: object, checkpoints: bool = False
+    plan: Plan,
+    *,
+    resume: bool,
+    eval_every: int,
+    compile: str = "auto",
+    checkpoints: bool = False,
 ) -> None:
     """Refuse (``ConfigError``, one line) what a run of a weight-sharded plan cannot do
     yet (issue 48): resume from or save checkpoints (a sharded stage's state is FSDP's
@@ -134,8 +139,8 @@ def check_sharded_run(
         if resume
         else "validation losses (--eval-every)"
         if eval_every > 0
-        else "torch.compile (--compile)"
-        if compiled is not None
+        else "torch.compile (--compile on)"
+        if compile == "on"
         else None
     )
     if what is None:

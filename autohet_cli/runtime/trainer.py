@@ -107,7 +107,7 @@ class Trainer:
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
         if weight_sharded(plan):
             check_sharded_run(
-                plan, resume=defer_init, eval_every=config.eval_every, compiled=self.compile_clock
+                plan, resume=defer_init, eval_every=config.eval_every, compile=config.compile
             )
         # shard: weights (FSDP2): after the sync groups (its mesh is one) and the weights.
         self.fsdp = shard_stage(self.stage, self.runtime, self.tied)
@@ -374,6 +374,10 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over ``eval_batches`` fixed validation batches (forward only, the
         stage in eval mode: a model's dropout off, and no random numbers drawn)."""
+        if self.fsdp is not None:  # refused at start (check_sharded_run): a direct call
+            raise ConfigError(
+                "a weight-sharded stage (shard: weights) has no validation loss yet (issue 48)"
+            )
         return evaluate(
             self.stage,
             self.schedule,
