@@ -12,7 +12,8 @@ the holders' copies must also be bitwise equal, as replicas' are.
 Shapes: equal batch shares; unequal ones (6 and 2, 7 and 1: the shorter pipeline
 runs zero-weight micro-batches so its holders issue the same gathers); a pipeline
 whose second stage is sharded and first is not (the tied embedding and head, left
-out of FSDP, still sync through ``gradsync``); one-stage pipelines (the whole model
+out of FSDP, still sync through ``gradsync``); a sharded stage that recomputes
+its activations beside a ZeRO-1 one; one-stage pipelines (the whole model
 sharded, tied weights inside one stage) with ``reshard_after_forward: false``; and
 AdamW on the DTensor shards.
 """
@@ -75,7 +76,10 @@ SHAPES: dict[str, tuple[list[tuple[int, list[tuple[int, ...]]]], set[int] | None
     "unequal": ([(6, TWO_STAGES), (2, TWO_STAGES)], None, True),
     "unequal-7-1-second-stage-only": ([(1, TWO_STAGES), (7, TWO_STAGES)], {1}, True),
     "one-stage-kept-gathered": ([(5, [(0, 6)]), (3, [(0, 6)])], None, False),
+    # The first stage sharded and recomputing, the second ZeRO-1 (see EXTRA).
+    "recompute-beside-zero1": ([(3, [(0, 2), (2, 6)]), (5, [(0, 2), (2, 6)])], {0}, True),
 }
+EXTRA = {"recompute-beside-zero1": {"recompute_first": True, "zero1": True}}
 
 
 @pytest.mark.timeout(200)
@@ -84,7 +88,8 @@ def test_weight_sharded_plan_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
     layout, stages, reshard = SHAPES[shape]
-    plan = sharded(make_plan(f"fsdp-{shape}", layout), stages, reshard=reshard)
+    plan = make_plan(f"fsdp-{shape}", layout, **EXTRA.get(shape, {}))
+    plan = sharded(plan, stages, reshard=reshard)
     assert_matches(run_plan(plan, tmp_path), reference_sgd)
     assert_sharded(plan, tmp_path / plan.name)
 
