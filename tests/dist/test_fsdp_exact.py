@@ -20,6 +20,8 @@ AdamW on the DTensor shards.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,14 +29,19 @@ import pytest
 import torch
 from test_runtime_exact import (
     LR,
+    ROOT,
     RunResult,
+    _env,
     _reference,
+    _worker_args,
     assert_matches,
+    collect,
     make_plan,
     run_plan,
 )
+from zygote import run_workers
 
-from autohet_cli.plan import Plan
+from autohet_cli.plan import Plan, write_plan
 
 pytestmark = pytest.mark.dist
 
@@ -115,3 +122,47 @@ def assert_sharded(plan: Plan, out: Path) -> None:
             assert held < 0.75 * full, (f.name, held, full)
         else:
             assert held == full, (f.name, held, full)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("flags", "what"),
+    [
+        (["--checkpoint-every", "1"], "checkpoints (--checkpoint-every)"),
+        (["--resume"], "--resume"),
+        (["--eval-every", "1"], "validation losses (--eval-every)"),
+    ],
+)
+def test_the_worker_refuses_what_a_sharded_run_cannot_do_yet(
+    flags: list[str], what: str, tmp_path: Path
+) -> None:
+    """In one line, before the process group (so a plain process, not one per rank)."""
+    plan = sharded(make_plan("fsdp-refused", [(4, TWO_STAGES), (4, TWO_STAGES)]))
+    _, path = write_plan(plan, tmp_path)
+    cmd = [sys.executable, *_worker_args(path, tmp_path, "sgd"), *flags]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=100, check=False
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert f"runs without {what} for now (issue 48)" in lines[0]
+
+
+@pytest.mark.timeout(200)
+def test_a_run_folder_run_trains_and_says_it_saves_nothing(
+    reference_sgd: RunResult, tmp_path: Path
+) -> None:
+    """Under the launcher's ``--run-dir`` checkpoints default to on; a sharded plan
+    trains without them and says so once (rank 0), rather than refusing every launch."""
+    plan = sharded(make_plan("fsdp-run-dir", [(6, TWO_STAGES), (2, TWO_STAGES)]))
+    out = tmp_path / plan.name
+    out.mkdir()
+    _, path = write_plan(plan, out)
+    args = _worker_args(path, out, "sgd", run_dir=True)
+    ranks = run_workers(args, 4, env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=150)
+    assert [code for code, _, _ in ranks] == [0] * 4, ranks[0][2][-3000:]
+    note = "saves no checkpoints yet (issue 48), not even on a preemption notice"
+    assert [note in stderr for _, _, stderr in ranks] == [True, False, False, False]
+    assert_matches(collect(out, plan), reference_sgd)
+    assert not list(out.rglob("*.distcp"))
