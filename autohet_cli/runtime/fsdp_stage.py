@@ -31,9 +31,13 @@ The sharded parameters are DTensors (``Shard(0)`` over the holders): ``gradsync`
 and ZeRO-1 leave them alone (FSDP reduced them), the optimizer steps their local
 shards, and the global gradient norm counts each holder's shard once.
 
+Checkpoints need nothing more: torch.distributed.checkpoint saves each holder's
+DTensor shard as a chunk of the full tensor (the format's per-name tensors, loadable
+under any plan) and reshards on load; the trainer draws a sharded stage's weights
+whole before sharding, so a ``--resume`` that finds nothing starts as one process.
+
 Not here yet (refused by ``train_checks.check_plan_runs`` and ``check_sharded_run``):
-TP inside a sharded stage (a 2-D dp x tp mesh), checkpoints and resume, validation
-losses, ``torch.compile``.
+TP inside a sharded stage (a 2-D dp x tp mesh), validation losses, ``--compile on``.
 """
 
 from __future__ import annotations

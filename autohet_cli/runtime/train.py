@@ -113,15 +113,8 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
     check_plan_runs(plan, str(args.plan))  # before the process group: one line, exit 1
-    sharded = weight_sharded(plan)
-    if sharded:
-        check_sharded_run(
-            plan,
-            resume=args.resume is not None,
-            eval_every=args.eval_every or 0,
-            compile=args.compile,
-            checkpoints=args.checkpoint_every not in (None, 0),
-        )
+    if weight_sharded(plan):
+        check_sharded_run(plan, eval_every=args.eval_every or 0, compile=args.compile)
     config = train_config(args)
     run_dir = _run_dir(args)
     metrics = args.metrics
@@ -161,12 +154,7 @@ def run(args: argparse.Namespace) -> list[StepResult]:
     saver: CheckpointHook | None = None
     checkpointer: Checkpointer | None = None
     try:
-        checkpointer = None if sharded else _checkpointer(args, trainer, run_dir)
-        if sharded and trainer.runtime.global_rank == 0:
-            say(
-                "note: a weight-sharded plan (shard: weights) saves no checkpoints yet "
-                "(issue 48), not even on a preemption notice"
-            )
+        checkpointer = _checkpointer(args, trainer, run_dir)
         if checkpointer is not None and trainer.runtime.global_rank == 0:
             checkpointer.listeners.append(lambda record: say(record.describe()))
             checkpointer.listeners.append(

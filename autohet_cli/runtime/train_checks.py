@@ -117,27 +117,17 @@ def check_plan_runs(plan: Plan, where: str) -> None:
     )
 
 
-def check_sharded_run(
-    plan: Plan,
-    *,
-    resume: bool,
-    eval_every: int,
-    compile: str = "auto",
-    checkpoints: bool = False,
-) -> None:
+def check_sharded_run(plan: Plan, *, eval_every: int, compile: str = "auto") -> None:
     """Refuse (``ConfigError``, one line) what a run of a weight-sharded plan cannot do
-    yet (issue 48): resume from or save checkpoints (a sharded stage's state is FSDP's
-    DTensors, which the checkpoint format's per-parameter tensors do not take yet),
-    validation losses (each forward gathers over the holders, and the pipelines' unequal
-    validation shares would leave a holder waiting), and ``torch.compile``
-    (``compiled``: not None; not composed with FSDP here). Only called for plans that
-    have a ``shard: weights`` stage."""
+    yet (issue 48): validation losses (each forward gathers over the holders, and the
+    pipelines' unequal validation shares would leave a holder waiting) and
+    ``--compile on`` (not composed with FSDP here; ``auto`` leaves such a plan
+    uncompiled, ``stage_setup``). Checkpoints and ``--resume`` work: FSDP's shards are
+    DTensors, which torch.distributed.checkpoint saves as chunks of the full tensors
+    and reshards on load, as it does TP shards. Only called for plans that have a
+    ``shard: weights`` stage."""
     what = (
-        "checkpoints (--checkpoint-every)"
-        if checkpoints
-        else "--resume"
-        if resume
-        else "validation losses (--eval-every)"
+        "validation losses (--eval-every)"
         if eval_every > 0
         else "torch.compile (--compile on)"
         if compile == "on"

@@ -106,9 +106,13 @@ class Trainer:
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
         if weight_sharded(plan):
-            check_sharded_run(
-                plan, resume=defer_init, eval_every=config.eval_every, compile=config.compile
-            )
+            check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
+        spec = plan.pipelines[self.runtime.info.pipeline].stages[self.runtime.info.stage]
+        if spec.shard == "weights" and self._uninitialised:
+            # Drawn whole before sharding, as one process draws them: init_layer on
+            # FSDP's DTensor shards would draw other numbers. A load (--resume) then
+            # overwrites them; the stage is whole on the device at this point anyway.
+            self.init_weights()
         # shard: weights (FSDP2): after the sync groups (its mesh is one) and the weights.
         self.fsdp = shard_stage(self.stage, self.runtime, self.tied)
         kind = plan.training.optimizer
@@ -404,10 +408,6 @@ class Trainer:
 
     def state_dict(self, *, flat_optimizer: bool = False, template: bool = False) -> dict[str, Any]:
         """This rank's training state (``runtime.train_state.state_dict``)."""
-        if self.fsdp is not None:
-            raise ConfigError(
-                "a weight-sharded stage (shard: weights) has no checkpoint state yet (issue 48)"
-            )
         return train_state.state_dict(self, flat_optimizer=flat_optimizer, template=template)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -15,11 +15,13 @@ whose second stage is sharded and first is not (the tied embedding and head, lef
 out of FSDP, still sync through ``gradsync``); a sharded stage that recomputes
 its activations beside a ZeRO-1 one; one-stage pipelines (the whole model
 sharded, tied weights inside one stage) with ``reshard_after_forward: false``; and
-AdamW on the DTensor shards.
+AdamW on the DTensor shards. Then checkpoints: saved by a sharded plan, resumed under
+one device and under another sharded plan; and what the worker refuses.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from realdata import data_flags
 from test_runtime_exact import (
     LR,
+    NUM_LAYERS,
     ROOT,
     RunResult,
     _env,
@@ -128,9 +132,8 @@ def assert_sharded(plan: Plan, out: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "what"),
     [
-        (["--checkpoint-every", "1"], "checkpoints (--checkpoint-every)"),
-        (["--resume"], "--resume"),
         (["--eval-every", "1"], "validation losses (--eval-every)"),
+        (["--compile", "on"], "torch.compile (--compile on)"),
     ],
 )
 def test_the_worker_refuses_what_a_sharded_run_cannot_do_yet(
@@ -149,12 +152,70 @@ def test_the_worker_refuses_what_a_sharded_run_cannot_do_yet(
     assert f"runs without {what} for now (issue 48)" in lines[0]
 
 
+CKPT = "fsdp-ckpt"  # the plans below share the name, so they share the checkpoints
+STEPS_CKPT = 6
+
+
+def _ckpt_args(plan: Plan, tmp: Path, steps: int, metrics: str, *extra: str) -> list[str]:
+    _, path = write_plan(plan, tmp / "plans")
+    return [
+        *("-m", "autohet_cli.runtime.train", "--plan", str(path), "--steps", str(steps)),
+        *("--seed", "7", "--lr", str(LR["adam"]), "--device", "cpu", *data_flags()),
+        *("--decay-steps", str(STEPS_CKPT), "--metrics", str(tmp / metrics)),
+        *("--checkpoint-dir", str(tmp / "disk"), "--remote-storage", "none", *extra),
+    ]
+
+
+def _run_ckpt(args: list[str], count: int) -> str:
+    ranks = run_workers(args, count, env=_env(), cwd=ROOT, timeout_s=150)
+    for code, _, stderr in ranks:
+        assert code == 0, stderr[-3000:]
+    return "".join(stderr for _, _, stderr in ranks)
+
+
+def _losses(path: Path) -> dict[int, float]:
+    lines = map(json.loads, path.read_text().splitlines())
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
 @pytest.mark.timeout(200)
-def test_a_run_folder_run_trains_and_says_it_saves_nothing(
-    reference_sgd: RunResult, tmp_path: Path
+def test_sharded_checkpoints_resume_under_one_device_and_another_sharded_plan(
+    tmp_path: Path,
 ) -> None:
-    """Under the launcher's ``--run-dir`` checkpoints default to on; a sharded plan
-    trains without them and says so once (rank 0), rather than refusing every launch."""
+    """A sharded plan (AdamW, shares 6 and 2) saves steps 2 and 4 in today's format;
+    one device, and a sharded plan of another cut and other shares, resume step 4 on
+    the uninterrupted single-process curve (optimizer state included). The saving run
+    starts with ``--resume`` and nothing to resume: its weights are drawn as one
+    process draws them."""
+    (tmp_path / "plans").mkdir()
+    one = make_plan(CKPT, [(8, [(0, NUM_LAYERS)])], optimizer="adam")
+    _run_ckpt(_ckpt_args(replace(one, name="ref"), tmp_path, STEPS_CKPT, "ref.jsonl"), 1)
+    reference = _losses(tmp_path / "ref.jsonl")
+    saving = sharded(make_plan(CKPT, [(6, TWO_STAGES), (2, TWO_STAGES)], optimizer="adam"))
+    args = _ckpt_args(saving, tmp_path, 4, "save.jsonl", "--checkpoint-every", "2", "--resume")
+    _run_ckpt(args, 4)
+    other = sharded(
+        make_plan(CKPT, [(3, [(0, 2), (2, 6)]), (5, [(0, 2), (2, 6)])], optimizer="adam")
+    )
+    step_4 = tmp_path / "disk" / CKPT / "default" / "step-00000004"
+    runs = {"save": _losses(tmp_path / "save.jsonl")}
+    for tag, plan in (("one", one), ("other", other)):
+        quiet = ("--checkpoint-every", "0", "--no-emergency-save")  # step 4 stays the newest
+        args = _ckpt_args(plan, tmp_path, STEPS_CKPT, f"{tag}.jsonl", "--resume", *quiet)
+        stderr = _run_ckpt(args, len(plan.devices()))
+        assert f"resumed from {step_4} at step 4" in stderr, stderr[-3000:]
+        runs[tag] = _losses(tmp_path / f"{tag}.jsonl")
+    assert sorted(runs["save"]) == [0, 1, 2, 3]
+    assert sorted(runs["one"]) == sorted(runs["other"]) == [4, 5]
+    for tag, losses in runs.items():
+        for step, loss in losses.items():
+            assert loss == pytest.approx(reference[step], rel=1e-5), (tag, step)
+
+
+@pytest.mark.timeout(200)
+def test_a_run_folder_run_trains_exactly(reference_sgd: RunResult, tmp_path: Path) -> None:
+    """Under the launcher's ``--run-dir`` a sharded plan trains on the single-process
+    curve."""
     plan = sharded(make_plan("fsdp-run-dir", [(6, TWO_STAGES), (2, TWO_STAGES)]))
     out = tmp_path / plan.name
     out.mkdir()
@@ -162,7 +223,4 @@ def test_a_run_folder_run_trains_and_says_it_saves_nothing(
     args = _worker_args(path, out, "sgd", run_dir=True)
     ranks = run_workers(args, 4, env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=150)
     assert [code for code, _, _ in ranks] == [0] * 4, ranks[0][2][-3000:]
-    note = "saves no checkpoints yet (issue 48), not even on a preemption notice"
-    assert [note in stderr for _, _, stderr in ranks] == [True, False, False, False]
     assert_matches(collect(out, plan), reference_sgd)
-    assert not list(out.rglob("*.distcp"))

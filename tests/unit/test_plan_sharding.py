@@ -1,8 +1,8 @@
 """Sharded stages in the plan artifact (issue 48, item 5): ``shard`` and
 ``reshard_after_forward`` written only where set, read strictly, validated against
 the other holders of a stage's layers, shown by --explain; the launcher and the
-worker refuse weight-sharded stages with TP > 1, and a sharded run's checkpoints,
-validation losses and torch.compile (not built yet; tests/dist/test_fsdp_exact.py
+worker refuse weight-sharded stages with TP > 1, and a sharded run's validation
+losses and --compile on (not built yet; tests/dist/test_fsdp_exact.py
 runs the rest)."""
 
 from __future__ import annotations
@@ -262,8 +262,6 @@ def test_the_runtime_refuses_tp_weight_sharded_stages_and_runs_the_rest() -> Non
 @pytest.mark.parametrize(
     ("flags", "what"),
     [
-        ({"resume": True}, "--resume"),
-        ({"checkpoints": True}, "checkpoints (--checkpoint-every)"),
         ({"eval_every": 5}, "validation losses (--eval-every)"),
         ({"compile": "on"}, "torch.compile (--compile on)"),
     ],
@@ -271,14 +269,14 @@ def test_the_runtime_refuses_tp_weight_sharded_stages_and_runs_the_rest() -> Non
 def test_a_weight_sharded_run_refuses_what_it_cannot_do_yet(
     flags: dict[str, Any], what: str
 ) -> None:
-    args: dict[str, Any] = {"resume": False, "eval_every": 0} | flags
+    args: dict[str, Any] = {"eval_every": 0} | flags
     with pytest.raises(ConfigError) as caught:
         check_sharded_run(_sharded_plan(WEIGHTS), **args)
     assert str(caught.value) == (
         f"plan sh: a weight-sharded stage (shard: weights) runs without {what} for now "
         "(issue 48); drop that flag, or use a plan without sharded weights"
     )
-    check_sharded_run(_sharded_plan(WEIGHTS), resume=False, eval_every=0, compile="auto")
+    check_sharded_run(_sharded_plan(WEIGHTS), eval_every=0, compile="auto")
 
 
 def test_launch_refuses_a_tp_weight_sharded_plan_before_anything_starts(tmp_path: Path) -> None:
