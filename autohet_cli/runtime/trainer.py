@@ -231,13 +231,20 @@ class Trainer:
         """Around a step: autocast's weight copies shared by its micro-batches
         (``PipelineSchedule.run``); see ``autocast_contexts``."""
         return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+            self.runtime.device.type, self._precision(), recompute=self._uncached()
         )[1]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+            self.runtime.device.type, self._precision(), recompute=self._uncached()
         )[0]
+
+    def _uncached(self) -> bool:
+        """Autocast without its weight cache: a recomputing stage (``autocast_contexts``)
+        and a weight-sharded one, whose cache would keep a 16-bit copy of every gathered
+        layer for the whole step, undoing the sharding (FSDP frees each layer's gathered
+        weights after its forward)."""
+        return self.stage.recompute or getattr(self, "fsdp", None) is not None
 
     # ----------------------------------------------------------------- the loop
 
