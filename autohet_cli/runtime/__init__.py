@@ -8,6 +8,7 @@
 - ``stage``     this rank's layers, named like the whole model; tensor parallelism
 - ``pipeline``  1F1B over the pipeline's own micro-batches
 - ``gradsync``  per-segment gradient all-reduce across pipelines
+- ``fsdp_stage`` a ``shard: weights`` stage under FSDP2 over its holders (issue 48)
 - ``optim``     AdamW/SGD, the learning-rate schedule, global-norm clipping
 - ``trainer``   the step loop with hooks; ``train`` the entry point. Below the trainer,
   its helpers see it through ``trainer_api`` (hooks, checkpoint state), never import it

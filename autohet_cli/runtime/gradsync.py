@@ -61,12 +61,16 @@ class GradSync:
         *,
         zero: bool = False,
         optimizer: str = "adam",
+        skip: frozenset[int] = frozenset(),
     ) -> None:
+        """``skip``: ids of parameters reduced elsewhere (FSDP's, ``runtime.fsdp_stage``)."""
         tie_key = {name: f"tied:{names[0]}" for names in tied for name in names}
         segments = runtime.topology.segments()
         by_key: dict[str, list[nn.Parameter]] = {}
         names: dict[str, list[str]] = {}
         for name, param in trainable_parameters(stage):
+            if id(param) in skip:
+                continue
             key = tie_key.get(name) or _segment_key(segments, layer_of(name))
             by_key.setdefault(key, []).append(param)
             names.setdefault(key, []).append(name)

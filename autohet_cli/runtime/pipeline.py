@@ -181,13 +181,21 @@ class PipelineSchedule:
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         cast_once: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        pad_to: int = 0,
+        before_backward: Callable[[bool], None] | None = None,
     ) -> None:
+        """``pad_to``: run at least this many micro-batches, the extra ones copies of
+        the first with zero weight (a weight-sharded stage's holders must issue the same
+        gathers, ``runtime.fsdp_stage``); ``before_backward(last)``: called before each
+        backward, ``last`` for the step's last one (FSDP reduces after it only)."""
         self.stage, self.info, self.p2p = stage, info, p2p
         self.loss_fn, self.global_batch_size, self.device = loss_fn, global_batch_size, device
         self.autocast, self.loss_context = autocast, loss_context
         self.cast_once = cast_once
         self.loss_scale = 1.0  # fp16 loss scaling multiplies the backward of the loss
         self.trace: list[tuple[str, int]] = []  # compute order of the last run
+        self.pad_to, self.before_backward = pad_to, before_backward
+        self._real = self._total = 0
 
     def run(self, microbatches: list[Microbatch]) -> Tensor:
         """One iteration; returns this stage's summed loss share (zero off the last stage).
@@ -204,8 +212,11 @@ class PipelineSchedule:
             return self._run(microbatches)
 
     def _run(self, microbatches: list[Microbatch]) -> Tensor:
-        m = len(microbatches)
-        assert m == self.info.num_microbatches, (m, self.info.num_microbatches)
+        real = len(microbatches)
+        assert real == self.info.num_microbatches, (real, self.info.num_microbatches)
+        m = max(real, self.pad_to)
+        microbatches = list(microbatches) + [microbatches[0]] * (m - real)
+        self._real, self._total = real, m
         self.trace = []
         self._counts = {FORWARD: 0, BACKWARD: 0}
         self._loss_sum = torch.zeros((), device=self.device)
@@ -293,7 +304,10 @@ class PipelineSchedule:
                 out = self.stage(stage_input)
             return x, out, out.detach()
         loss = self._stage_loss(stage_input, targets) / self.global_batch_size
-        self._loss_sum += _plain(loss.detach())
+        if self._counts[FORWARD] > self._real:  # a padding micro-batch: zero weight
+            loss = loss * 0.0
+        else:
+            self._loss_sum += _plain(loss.detach())
         return x, loss, None
 
     def _stage_loss(self, stage_input: Tensor, targets: Tensor) -> Tensor:
@@ -315,6 +329,8 @@ class PipelineSchedule:
 
     def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
         index = self._record(BACKWARD)
+        if self.before_backward is not None:
+            self.before_backward(index == self._total - 1)
         marks: StepMarks | None = getattr(self.p2p, "marks", None)
         start = marks.clock.mark() if marks else None
         result = self._backward_op(x, out, grad)

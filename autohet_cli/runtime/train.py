@@ -51,6 +51,7 @@ from autohet_cli.runfiles.metricsfile import FOLDER_ENV, METRICS_FILE, STREAM_EN
 from autohet_cli.runtime import train_args
 from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 from autohet_cli.runtime.context import WorkerEnv, pick_device
+from autohet_cli.runtime.fsdp_stage import weight_sharded
 from autohet_cli.runtime.health import (
     HealthMonitor,
     default_timeout_s,
@@ -58,9 +59,10 @@ from autohet_cli.runtime.health import (
 )
 from autohet_cli.runtime.preempt import PreemptionHook, notices
 from autohet_cli.runtime.report import RunReportHook
+from autohet_cli.runtime.stage import local_tensor
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
-from autohet_cli.runtime.train_checks import check_plan_runs
+from autohet_cli.runtime.train_checks import check_plan_runs, check_sharded_run
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.workerbase.records import error_detail, first_line, say, write_boot, write_error
@@ -90,8 +92,17 @@ class DumpStateHook(Hook):
 
 
 def _info(trainer: TrainerView) -> dict[str, int]:
+    """Where the rank sits, and how many parameter elements it holds itself (its shards:
+    fewer than its stage's under TP or ``shard: weights``)."""
     i = trainer.runtime.info
-    return {"pipeline": i.pipeline, "stage": i.stage, "tp_rank": i.tp_rank, "rank": i.rank}
+    held = sum(local_tensor(p).numel() for p in trainer.stage.parameters())
+    return {
+        "pipeline": i.pipeline,
+        "stage": i.stage,
+        "tp_rank": i.tp_rank,
+        "rank": i.rank,
+        "held_numel": held,
+    }
 
 
 def _run_dir(args: argparse.Namespace) -> Path | None:
@@ -102,6 +113,8 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
     check_plan_runs(plan, str(args.plan))  # before the process group: one line, exit 1
+    if weight_sharded(plan):
+        check_sharded_run(plan, eval_every=args.eval_every or 0, compile=args.compile)
     config = train_config(args)
     run_dir = _run_dir(args)
     metrics = args.metrics

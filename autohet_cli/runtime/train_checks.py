@@ -16,7 +16,7 @@ import math
 
 from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import parse_keep
-from autohet_cli.errors import PlanError
+from autohet_cli.errors import ConfigError, PlanError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.plan import Plan
@@ -91,16 +91,17 @@ def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def check_plan_runs(plan: Plan, where: str) -> None:
     """Refuse (``PlanError``, one line) a plan with a weight-sharded stage
-    (``shard: weights``, issue 48): the plan artifact and the cost model know them,
-    but no stage of this runtime shards its weights over its holders yet, and running
-    it replicated would neither fit the memory the plan counted on nor be the plan.
-    ``shard: optimizer`` runs: it restates ``training.zero1``. ``where`` names the
-    plan (its file)."""
+    (``shard: weights``, issue 48) that also has ``tensor_parallel > 1``: such a stage
+    would shard over a 2-D (holders x TP) mesh, which ``runtime.fsdp_stage`` does not
+    build yet, and running it otherwise would neither fit the memory the plan counted
+    on nor be the plan. Weight-sharded stages of one TP rank run (FSDP2 over their
+    holders); ``shard: optimizer`` runs: it restates ``training.zero1``. ``where``
+    names the plan (its file)."""
     sharded = [
         (i, j, s)
         for i, p in enumerate(plan.pipelines)
         for j, s in enumerate(p.stages)
-        if s.shard == "weights"
+        if s.shard == "weights" and s.tensor_parallel > 1
     ]
     if not sharded:
         return
@@ -108,8 +109,33 @@ def check_plan_runs(plan: Plan, where: str) -> None:
     more = f" (and {len(sharded) - 1} more)" if len(sharded) > 1 else ""
     raise PlanError(
         f"plan {where}: pipelines[{i}].stages[{j}] (layers [{s.layer_start}, "
-        f"{s.layer_end})){more} is sharded (shard: weights); this runtime does not run "
-        "weight-sharded stages yet (issue 48): plan again without sharded weights, or "
-        "make a new version of the plan with shard: weights removed; autohet estimate "
+        f"{s.layer_end})){more} is sharded (shard: weights) with tensor_parallel "
+        f"{s.tensor_parallel}; this runtime shards weights only over stages of one TP rank "
+        "yet (issue 48: a 2-D mesh of holders x TP is not built): plan again with "
+        "tensor_parallel 1 on sharded stages or without sharded weights; autohet estimate "
         "still scores this one"
+    )
+
+
+def check_sharded_run(plan: Plan, *, eval_every: int, compile: str = "auto") -> None:
+    """Refuse (``ConfigError``, one line) what a run of a weight-sharded plan cannot do
+    yet (issue 48): validation losses (each forward gathers over the holders, and the
+    pipelines' unequal validation shares would leave a holder waiting) and
+    ``--compile on`` (not composed with FSDP here; ``auto`` leaves such a plan
+    uncompiled, ``stage_setup``). Checkpoints and ``--resume`` work: FSDP's shards are
+    DTensors, which torch.distributed.checkpoint saves as chunks of the full tensors
+    and reshards on load, as it does TP shards. Only called for plans that have a
+    ``shard: weights`` stage."""
+    what = (
+        "validation losses (--eval-every)"
+        if eval_every > 0
+        else "torch.compile (--compile on)"
+        if compile == "on"
+        else None
+    )
+    if what is None:
+        return
+    raise ConfigError(
+        f"plan {plan.name}: a weight-sharded stage (shard: weights) runs without {what} "
+        "for now (issue 48); drop that flag, or use a plan without sharded weights"
     )

@@ -49,6 +49,12 @@ from autohet_cli.runtime.data_api import (
     can_evaluate,
 )
 from autohet_cli.runtime.evaluation import eval_due, evaluate
+from autohet_cli.runtime.fsdp_stage import (
+    padded_microbatches,
+    shard_stage,
+    sharded_parameters,
+    weight_sharded,
+)
 from autohet_cli.runtime.gradsync import GradSync
 from autohet_cli.runtime.hooks import Hook, MetricsHook
 from autohet_cli.runtime.lr_schedule import LRSchedule
@@ -71,6 +77,7 @@ from autohet_cli.runtime.pipeline import PipelineSchedule, autocast_contexts
 from autohet_cli.runtime.stage import init_params, normalize_grads, trainable_parameters
 from autohet_cli.runtime.stage_setup import build_model, compute_dtype, stage_p2p
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
+from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.train_config import TrainConfig
 
 __all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
@@ -98,6 +105,16 @@ class Trainer:
         self._uninitialised = built.uninitialised  # parameters allocated, no values yet
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
+        if weight_sharded(plan):
+            check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
+        spec = plan.pipelines[self.runtime.info.pipeline].stages[self.runtime.info.stage]
+        if spec.shard == "weights" and self._uninitialised:
+            # Drawn whole before sharding, as one process draws them: init_layer on
+            # FSDP's DTensor shards would draw other numbers. A load (--resume) then
+            # overwrites them; the stage is whole on the device at this point anyway.
+            self.init_weights()
+        # shard: weights (FSDP2): after the sync groups (its mesh is one) and the weights.
+        self.fsdp = shard_stage(self.stage, self.runtime, self.tied)
         kind = plan.training.optimizer
         self.grad_sync = GradSync(
             self.stage,
@@ -105,6 +122,7 @@ class Trainer:
             self.tied,
             zero=plan.training.zero1,
             optimizer=kind if kind == "adam" or config.momentum else "plain-sgd",
+            skip=self.fsdp.params if self.fsdp else frozenset(),
         )
         self.zero = self.grad_sync.zero
         hyper: dict[str, Any] = {
@@ -137,8 +155,10 @@ class Trainer:
             for p in counted_parameters(
                 self.stage, pipeline=info.pipeline, tp_rank=info.tp_rank, tied=self.tied
             )
-            if id(p) not in sharded
+            if id(p) not in sharded and not (self.fsdp and id(p) in self.fsdp.params)
         ] + (self.zero.counted(info.tp_rank) if self.zero else [])
+        # Each holder of a weight-sharded stage counts its own shard (all pipelines).
+        self.counted += sharded_parameters(self.stage, self.fsdp)
         self.scaler = LossScaler() if self._precision() == torch.float16 else None
         t = plan.training
         self.data: Batches = build_batches(
@@ -172,6 +192,8 @@ class Trainer:
             loss_context=loss_parallel
             if self.runtime.tp_mesh is not None
             else contextlib.nullcontext,
+            pad_to=padded_microbatches(plan, info.pipeline),
+            before_backward=self.fsdp.set_sync if self.fsdp else None,
         )
         run_state.check_describable(self.data)
         self.lr_schedule = config.schedule(0)
@@ -209,13 +231,20 @@ class Trainer:
         """Around a step: autocast's weight copies shared by its micro-batches
         (``PipelineSchedule.run``); see ``autocast_contexts``."""
         return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+            self.runtime.device.type, self._precision(), recompute=self._uncached()
         )[1]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self.stage.recompute
+            self.runtime.device.type, self._precision(), recompute=self._uncached()
         )[0]
+
+    def _uncached(self) -> bool:
+        """Autocast without its weight cache: a recomputing stage (``autocast_contexts``)
+        and a weight-sharded one, whose cache would keep a 16-bit copy of every gathered
+        layer for the whole step, undoing the sharding (FSDP frees each layer's gathered
+        weights after its forward)."""
+        return self.stage.recompute or getattr(self, "fsdp", None) is not None
 
     # ----------------------------------------------------------------- the loop
 
@@ -356,6 +385,10 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over ``eval_batches`` fixed validation batches (forward only, the
         stage in eval mode: a model's dropout off, and no random numbers drawn)."""
+        if self.fsdp is not None:  # refused at start (check_sharded_run): a direct call
+            raise ConfigError(
+                "a weight-sharded stage (shard: weights) has no validation loss yet (issue 48)"
+            )
         return evaluate(
             self.stage,
             self.schedule,

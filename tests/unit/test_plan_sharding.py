@@ -1,7 +1,9 @@
 """Sharded stages in the plan artifact (issue 48, item 5): ``shard`` and
 ``reshard_after_forward`` written only where set, read strictly, validated against
-the other holders of a stage's layers, shown by --explain, and refused by the
-launcher and the worker, which cannot run weight-sharded stages yet."""
+the other holders of a stage's layers, shown by --explain; the launcher and the
+worker refuse weight-sharded stages with TP > 1, and a sharded run's validation
+losses and --compile on (not built yet; tests/dist/test_fsdp_exact.py
+runs the rest)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ import yaml
 
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import AutohetError, PlanError
+from autohet_cli.errors import AutohetError, ConfigError, PlanError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text
-from autohet_cli.runtime.train_checks import check_plan_runs
+from autohet_cli.runtime.train_checks import check_plan_runs, check_sharded_run
 from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
 from tests.cli import autohet
@@ -229,25 +231,61 @@ def test_explain_shows_sharded_stages(first: dict[str, Any], cell: str) -> None:
     assert "shard" not in text.lower()
 
 
-def test_the_runtime_refuses_weight_sharded_stages_and_runs_the_rest() -> None:
+def _tp2_plan_dict(first: dict[str, Any]) -> dict[str, Any]:
+    """``_plan_dict``'s plan with TP 2 in every stage (GPUs 0-7 of h0)."""
+    d = _plan_dict(first)
+    d["tensor_parallel"] = 2
+    gpus = iter(range(8))
+    for pipe in d["pipelines"]:
+        for stage in pipe["stages"]:
+            stage["devices"] = [{"host": "h0", "gpu": next(gpus)} for _ in range(2)]
+    return d
+
+
+def test_the_runtime_refuses_tp_weight_sharded_stages_and_runs_the_rest() -> None:
+    """TP 1 weight-sharded stages run (FSDP2, runtime.fsdp_stage); TP 2 ones would
+    need a 2-D mesh, refused in one line."""
     with pytest.raises(PlanError) as caught:
-        check_plan_runs(_sharded_plan(WEIGHTS), "plans/sh.v1.yaml")
+        check_plan_runs(plan_from_dict(_tp2_plan_dict(WEIGHTS), WHERE), "plans/sh.v1.yaml")
     assert str(caught.value) == (
         "plan plans/sh.v1.yaml: pipelines[0].stages[0] (layers [0, 2)) (and 1 more) "
-        "is sharded (shard: weights); this runtime does not run weight-sharded stages yet "
-        "(issue 48): plan again without sharded weights, or make a new version of the plan "
-        "with shard: weights removed; autohet estimate still scores this one"
+        "is sharded (shard: weights) with tensor_parallel 2; this runtime shards weights "
+        "only over stages of one TP rank yet (issue 48: a 2-D mesh of holders x TP is not "
+        "built): plan again with tensor_parallel 1 on sharded stages or without sharded "
+        "weights; autohet estimate still scores this one"
     )
+    check_plan_runs(_sharded_plan(WEIGHTS), "p")
+    check_plan_runs(_sharded_plan(KEPT), "p")
     check_plan_runs(plan_from_dict(_plan_dict({"shard": "optimizer"}, zero1=True), WHERE), "p")
 
 
-def test_launch_refuses_a_weight_sharded_plan_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "what"),
+    [
+        ({"eval_every": 5}, "validation losses (--eval-every)"),
+        ({"compile": "on"}, "torch.compile (--compile on)"),
+    ],
+)
+def test_a_weight_sharded_run_refuses_what_it_cannot_do_yet(
+    flags: dict[str, Any], what: str
+) -> None:
+    args: dict[str, Any] = {"eval_every": 0} | flags
+    with pytest.raises(ConfigError) as caught:
+        check_sharded_run(_sharded_plan(WEIGHTS), **args)
+    assert str(caught.value) == (
+        f"plan sh: a weight-sharded stage (shard: weights) runs without {what} for now "
+        "(issue 48); drop that flag, or use a plan without sharded weights"
+    )
+    check_sharded_run(_sharded_plan(WEIGHTS), eval_every=0, compile="auto")
+
+
+def test_launch_refuses_a_tp_weight_sharded_plan_before_anything_starts(tmp_path: Path) -> None:
     plan = tmp_path / "sh.v1.yaml"
-    plan.write_text(dump_yaml(_plan_dict(WEIGHTS)))
+    plan.write_text(dump_yaml(_tp2_plan_dict(WEIGHTS)))
     res = autohet("launch", str(plan), "--steps", "1", cwd=tmp_path, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Traceback" not in res.stderr
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: plan {plan}: pipelines[0].stages[0]")
-    assert "does not run weight-sharded stages yet (issue 48)" in lines[0]
+    assert "shards weights only over stages of one TP rank yet (issue 48" in lines[0]
     assert not (tmp_path / "runs").exists()

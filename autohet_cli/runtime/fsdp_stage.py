@@ -1,0 +1,137 @@
+"""Weight-sharded stages (plan ``shard: weights``, issue 48): torch's FSDP2 over the holders.
+
+A stage whose plan says ``shard: weights`` keeps 1/P of its parameters, gradients
+and optimizer state, P being its *holders*: the stages of every pipeline over the
+same layers (the plan's validation makes them share the cut and the TP degree).
+Their TP rank ``k`` ranks form the stage's data-parallel group, which is exactly
+the gradient-sync group of its segment (``Topology.sync_groups``), so the group
+already exists on every rank (``Runtime.build_sync_groups``) and is reused here as
+FSDP's 1-D mesh.
+
+- ``fully_shard`` per layer (the unit of all-gather and reduce-scatter) and on the
+  stage (what no layer takes), ``reshard_after_forward`` as the plan says. The last
+  layer's fused ``loss`` is registered as a forward method, so its weights are
+  gathered when the pipeline calls it instead of ``forward``.
+- Gradient reduction is a SUM: the pipeline already divides each loss by the global
+  batch, so the holders' gradients add up to the gradient of the mean loss whatever
+  their batch shares (as ``gradsync`` does for replicated stages). FSDP's default
+  differs by release (2.13 averages, 2.8 sums); a divide factor of 1 with forced
+  SUM reduction gives a SUM on all of them (the factor alone asks gloo for
+  PREMUL_SUM, which it does not have).
+- Gradients accumulate unsharded over the micro-batches and are reduce-scattered
+  after the last backward only (``set_sync``).
+- Every forward and backward is a collective over the holders, so they must run the
+  same number of micro-batches: a pipeline with fewer runs extra zero-weight ones
+  (``padded_microbatches``; the pipeline schedule multiplies their loss by 0).
+- Parameters tied across layers (a GPT's embedding and head) are left out
+  (``ignored_params``): they may be held by two stages, and ``gradsync`` already
+  sums their copies over every holder; they stay replicated.
+
+The sharded parameters are DTensors (``Shard(0)`` over the holders): ``gradsync``
+and ZeRO-1 leave them alone (FSDP reduced them), the optimizer steps their local
+shards, and the global gradient norm counts each holder's shard once.
+
+Checkpoints need nothing more: torch.distributed.checkpoint saves each holder's
+DTensor shard as a chunk of the full tensor (the format's per-name tensors, loadable
+under any plan) and reshards on load; the trainer draws a sharded stage's weights
+whole before sharding, so a ``--resume`` that finds nothing starts as one process.
+
+Not here yet (refused by ``train_checks.check_plan_runs`` and ``check_sharded_run``):
+TP inside a sharded stage (a 2-D dp x tp mesh), validation losses, ``--compile on``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+from autohet_cli.plan import Plan
+from autohet_cli.runtime.context import Runtime
+from autohet_cli.runtime.stage import StageModule, layer_loss
+
+
+def weight_sharded(plan: Plan) -> bool:
+    """Whether any stage of ``plan`` shards its weights."""
+    return any(s.shard == "weights" for p in plan.pipelines for s in p.stages)
+
+
+def padded_microbatches(plan: Plan, pipeline: int) -> int:
+    """How many micro-batches pipeline ``pipeline`` runs per step: its own count, or,
+    when a stage is weight-sharded, the largest count of any pipeline. Every pipeline
+    holds every layer, so each holds a stage of each sharded one and must issue the
+    same gathers; the extra ones carry zero weight."""
+    own = plan.pipelines[pipeline].num_microbatches
+    if not weight_sharded(plan):
+        return own
+    return max(p.num_microbatches for p in plan.pipelines)
+
+
+@dataclass(slots=True, kw_only=True)
+class ShardedStage:
+    """This rank's stage under FSDP2: the root module and the ids of the parameters
+    FSDP shards (and reduces)."""
+
+    root: FSDPModule
+    params: frozenset[int]
+    holders: tuple[int, ...]
+
+    def set_sync(self, last: bool) -> None:
+        """Before each backward: reduce-scatter only after the step's last one."""
+        self.root.set_requires_gradient_sync(last)
+
+
+def shard_stage(
+    stage: StageModule, runtime: Runtime, tied: Sequence[Sequence[str]]
+) -> ShardedStage | None:
+    """Apply FSDP2 to this rank's stage if its plan stage says ``shard: weights``;
+    None otherwise. After ``Runtime.build_sync_groups`` (the holders' group) and
+    with the weights already in place (all holders built the same values)."""
+    info, plan = runtime.info, runtime.plan
+    spec = plan.pipelines[info.pipeline].stages[info.stage]
+    if spec.shard != "weights":
+        return None
+    if info.tp_size != 1:  # refused before (check_plan_runs); a guard for Trainer users
+        raise ValueError("a weight-sharded stage with tensor_parallel > 1 needs a 2-D mesh")
+    holders = runtime.topology.holders(range(info.layer_start, info.layer_end), info.tp_rank)
+    if len(holders) < 2:
+        raise ValueError(f"stage of rank {info.rank} is weight-sharded over {len(holders)} holder")
+    # Every rank created this group in build_sync_groups (the segment's sync group):
+    # asking for it now creates nothing, so no rank waits in new_group alone.
+    assert holders in runtime._groups, holders
+    pg = runtime.group(holders)
+    assert pg is not None
+    mesh = DeviceMesh.from_group(pg, runtime.device.type)
+    every = dict(stage.named_parameters(remove_duplicate=False))
+    ignored = {every[n] for names in tied for n in names if n in every}
+    ignored_ids = {id(p) for p in ignored}
+    reshard = spec.reshard_after_forward
+    layers = list(stage.layers.values())
+    modules: list[FSDPModule] = []
+    for layer in layers:
+        if all(id(p) in ignored_ids for p in layer.parameters()):
+            continue  # nothing of its own to shard (only tied weights)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+        assert isinstance(layer, FSDPModule)
+        modules.append(layer)
+        if layer is layers[-1] and layer_loss(layer) is not None:
+            register_fsdp_forward_method(layer, "loss")  # the pipeline's fused loss
+    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+    assert isinstance(stage, FSDPModule)
+    modules.append(stage)
+    for module in modules:
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    sharded = frozenset(id(p) for p in stage.parameters() if id(p) not in ignored_ids)
+    return ShardedStage(root=stage, params=sharded, holders=holders)
+
+
+def sharded_parameters(stage: nn.Module, sharded: ShardedStage | None) -> list[nn.Parameter]:
+    """The trainable parameters FSDP shards on this rank (each holder counts its own
+    shard in the global gradient norm)."""
+    if sharded is None:
+        return []
+    return [p for p in stage.parameters() if p.requires_grad and id(p) in sharded.params]
