@@ -42,7 +42,7 @@ TP inside a sharded stage (a 2-D dp x tp mesh), validation losses, ``--compile o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -52,6 +52,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forwar
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.stage import StageModule, layer_loss
+from autohet_cli.runtime.train_checks import check_sharded_run
+from autohet_cli.runtime.train_config import TrainConfig
 
 
 def weight_sharded(plan: Plan) -> bool:
@@ -82,6 +84,28 @@ class ShardedStage:
     def set_sync(self, last: bool) -> None:
         """Before each backward: reduce-scatter only after the step's last one."""
         self.root.set_requires_gradient_sync(last)
+
+
+def attach_sharding(
+    stage: StageModule,
+    runtime: Runtime,
+    tied: Sequence[Sequence[str]],
+    config: TrainConfig,
+    init_weights: Callable[[], None],
+    uninitialised: bool,
+) -> ShardedStage | None:
+    """The trainer's one call: refuse what a sharded run cannot do yet
+    (``check_sharded_run``), draw this rank's weights whole if they have no values
+    yet, then shard (``shard_stage``). Drawn before sharding, as one process draws
+    them: ``init_layer`` on FSDP's DTensor shards would draw other numbers; a load
+    (``--resume``) overwrites them afterwards."""
+    plan, info = runtime.plan, runtime.info
+    if not weight_sharded(plan):
+        return None
+    check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
+    if plan.pipelines[info.pipeline].stages[info.stage].shard == "weights" and uninitialised:
+        init_weights()
+    return shard_stage(stage, runtime, tied)
 
 
 def shard_stage(

@@ -49,12 +49,7 @@ from autohet_cli.runtime.data_api import (
     can_evaluate,
 )
 from autohet_cli.runtime.evaluation import eval_due, evaluate
-from autohet_cli.runtime.fsdp_stage import (
-    padded_microbatches,
-    shard_stage,
-    sharded_parameters,
-    weight_sharded,
-)
+from autohet_cli.runtime.fsdp_stage import attach_sharding, padded_microbatches, sharded_parameters
 from autohet_cli.runtime.gradsync import GradSync
 from autohet_cli.runtime.hooks import Hook, MetricsHook
 from autohet_cli.runtime.lr_schedule import LRSchedule
@@ -77,7 +72,6 @@ from autohet_cli.runtime.pipeline import PipelineSchedule, autocast_contexts
 from autohet_cli.runtime.stage import init_params, normalize_grads, trainable_parameters
 from autohet_cli.runtime.stage_setup import build_model, compute_dtype, stage_p2p
 from autohet_cli.runtime.timing import Clock, StepMarks, Timings
-from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.train_config import TrainConfig
 
 __all__ = ["Hook", "MetricsHook", "StepResult", "TrainConfig", "Trainer"]
@@ -105,16 +99,10 @@ class Trainer:
         self._uninitialised = built.uninitialised  # parameters allocated, no values yet
         self.tied = [tuple(names) for names in self.parts.tied]
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
-        if weight_sharded(plan):
-            check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
-        spec = plan.pipelines[self.runtime.info.pipeline].stages[self.runtime.info.stage]
-        if spec.shard == "weights" and self._uninitialised:
-            # Drawn whole before sharding, as one process draws them: init_layer on
-            # FSDP's DTensor shards would draw other numbers. A load (--resume) then
-            # overwrites them; the stage is whole on the device at this point anyway.
-            self.init_weights()
-        # shard: weights (FSDP2): after the sync groups (its mesh is one) and the weights.
-        self.fsdp = shard_stage(self.stage, self.runtime, self.tied)
+        # shard: weights (FSDP2): after the sync groups (its mesh is one group).
+        self.fsdp = attach_sharding(
+            self.stage, self.runtime, self.tied, config, self.init_weights, self._uninitialised
+        )
         kind = plan.training.optimizer
         self.grad_sync = GradSync(
             self.stage,
@@ -157,8 +145,7 @@ class Trainer:
             )
             if id(p) not in sharded and not (self.fsdp and id(p) in self.fsdp.params)
         ] + (self.zero.counted(info.tp_rank) if self.zero else [])
-        # Each holder of a weight-sharded stage counts its own shard (all pipelines).
-        self.counted += sharded_parameters(self.stage, self.fsdp)
+        self.counted += sharded_parameters(self.stage, self.fsdp)  # each holder's own shard
         self.scaler = LossScaler() if self._precision() == torch.float16 else None
         t = plan.training
         self.data: Batches = build_batches(
@@ -230,21 +217,17 @@ class Trainer:
     def _cast_once(self) -> contextlib.AbstractContextManager[Any]:
         """Around a step: autocast's weight copies shared by its micro-batches
         (``PipelineSchedule.run``); see ``autocast_contexts``."""
-        return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self._uncached()
-        )[1]
+        return self._autocasts()[1]
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return autocast_contexts(
-            self.runtime.device.type, self._precision(), recompute=self._uncached()
-        )[0]
+        return self._autocasts()[0]
 
-    def _uncached(self) -> bool:
-        """Autocast without its weight cache: a recomputing stage (``autocast_contexts``)
-        and a weight-sharded one, whose cache would keep a 16-bit copy of every gathered
-        layer for the whole step, undoing the sharding (FSDP frees each layer's gathered
-        weights after its forward)."""
-        return self.stage.recompute or getattr(self, "fsdp", None) is not None
+    def _autocasts(self) -> tuple[contextlib.AbstractContextManager[Any], ...]:
+        """Without autocast's weight cache on a recomputing stage (``autocast_contexts``)
+        and on a weight-sharded one, where the cache would keep a 16-bit copy of every
+        gathered layer for the whole step, undoing the sharding."""
+        uncached = self.stage.recompute or getattr(self, "fsdp", None) is not None
+        return autocast_contexts(self.runtime.device.type, self._precision(), recompute=uncached)
 
     # ----------------------------------------------------------------- the loop
 
