@@ -115,6 +115,21 @@ def plan(
             show_default=False,
         ),
     ] = None,
+    shard_weights: Annotated[
+        bool | None,
+        typer.Option(
+            "--shard-weights/--no-shard-weights",
+            help="Sharded weights (FSDP / ZeRO-3): the pipelines that hold the same stage "
+            "each keep 1/P of its weights, gradients and optimizer state and gather the "
+            "weights layer by layer before each micro-batch's forward and backward, "
+            "hidden behind compute where the links allow; so fewer, shorter pipelines "
+            "fit where memory binds. By default the planner searches it only where "
+            "memory binds, shards stages (of one TP rank) where that makes the plan at "
+            "least 1% faster, and says so in the plan's notes. --shard-weights: search "
+            "it always and use it where it fits; --no-shard-weights: never",
+            show_default=False,
+        ),
+    ] = None,
     measured_only: Annotated[
         bool,
         typer.Option(
@@ -190,6 +205,7 @@ def plan(
             progress=report,
             recompute=recompute,
             zero1=zero1,
+            shard_weights=shard_weights,
             measured_only=measured_only,
             ends_by=ends_by,
         )

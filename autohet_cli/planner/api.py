@@ -33,6 +33,7 @@ from autohet_cli.planner.search import (
     SearchResult,
     search,
 )
+from autohet_cli.planner.weights import CHOSEN, is_sharded
 from autohet_cli.settings import TrainingSettings
 
 __all__ = [
@@ -77,6 +78,7 @@ def make_plan(
     with_baselines: bool = True,
     recompute: bool | None = None,
     zero1: bool | None = None,
+    shard_weights: bool | None = None,
     measured_only: bool = False,
     incumbent: tuple[tuple[Pipeline, ...], int] | None = None,
     tp_candidates: Sequence[int] | None = None,
@@ -91,6 +93,8 @@ def make_plan(
     recompute its activations, False none; ``zero1``: None lets the planner decide
     whether to shard the optimizer state (``planner.decide``) unless
     ``tables.training.zero1`` already asks for it, True or False sets it;
+    ``shard_weights``: None lets the planner shard stages' weights where memory binds
+    (``planner.weights``), True searches that space whatever the memory, False never;
     ``measured_only`` lets all of them use
     only the (GPU type, TP, micro-batch size) combinations the profile measured;
     ``incumbent`` seeds the search with a plan known to run (``SearchRequest``);
@@ -137,11 +141,12 @@ def make_plan(
             early = Pending(*(partial(_baselines, g) for g in guesses)) if with_baselines else None
         try:
             try:
-                result, req, zero1_note, searched_in = decide(
+                result, req, decided, searched_in = decide(
                     req,
                     progress,
                     recompute=recompute,
                     zero1=zero1_first,
+                    shard_weights=shard_weights,
                     on_plain=partial(_spare, early, len(guesses)),
                 )
             except TimeLimitReached:
@@ -171,7 +176,7 @@ def make_plan(
         with phase("contingency"):
             if_lost = contingency_plans(req, skipped) if contingency else {}
     best = result.best
-    notes = [zero1_note] if zero1_note else []
+    notes = list(decided)
     if measured_only:
         notes.append(
             "planned with --measured-only: only (GPU type, TP, micro-batch size) "
@@ -182,9 +187,12 @@ def make_plan(
         notes.append(
             f"not computed within the time limit: {', '.join(skipped)} (raise --time-limit)"
         )
+    forced = shard_weights is True and is_sharded(best)  # --shard-weights: kept
     for bname, cand in base.items():
-        if cand is not None and cand.score < best.score * (1 - 1e-9):
+        if cand is not None and not forced and cand.score < best.score * (1 - 1e-9):
             notes.append(f"the {bname} baseline scored better than the search; adopted it")
+            # the baselines replicate their weights: the search's sharding is gone
+            notes = [n for n in notes if CHOSEN not in n]
             best = cand
             result.status = "baseline"
     result.best = best

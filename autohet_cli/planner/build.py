@@ -47,6 +47,7 @@ def place(
     stage_major: bool = False,
     recompute: bool = False,
     recompute_types: frozenset[str] = frozenset(),
+    shard_weights: bool = False,
 ) -> list[Pipeline] | None:
     """Concrete pipelines for a solution; None if a stage would hold no layer.
 
@@ -83,6 +84,10 @@ def place(
                         tensor_parallel=classes[c].tp,
                         devices=devices,
                         recompute=recompute or classes[c].gpu_type in recompute_types,
+                        # the k copies of this stage hold 1/k each (request.shard_weights)
+                        shard="weights"
+                        if shard_weights and k >= 2 and classes[c].tp == 1
+                        else "none",
                     )
                 )
             pipelines.append(
@@ -159,6 +164,8 @@ def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]
                     assert moved is not None
                     cand[i] = replace(pipelines[i], stages=moved)
                 out.append(cand)
+    if any(s.shard == "weights" for p in pipelines for s in p.stages):
+        return out  # the holders of a sharded stage share its cut: copies move together
     # Boundaries: shift each boundary of each pipeline by one layer either way; of
     # copies alike in layers, types and micro-batches, the first only (the others'
     # moves differ from its own by links alone: on 256 GPUs, 80 copies made

@@ -27,6 +27,13 @@ searched on top of whichever space won, only where memory still binds:
    search, and is used when step 2 keeps the plain space (searched again in the
    sharded one otherwise): the same result, one search earlier.
 
+4. **Sharded weights** (``planner.weights``, issue 48), where memory still binds
+   (or nothing fit): the weight-sharded space (TP 1, one template copied k >= 2
+   times), in at most ``WEIGHTS_SPACE_TIMES`` as long as the plain search took, so
+   that planning stays within its speed targets; adopted where it makes the plan
+   ``WEIGHTS_MIN_GAIN`` faster, each stage column tuned (sharded, kept gathered or
+   replicated). The baselines stay in the space step 3 left.
+
 Not searched: the sharded space where memory does not bind. A layout that only
 sharding makes fastest is then found only among the plain search's runners-up;
 searching it everywhere would double planning time for gains of the order of the
@@ -45,7 +52,7 @@ from autohet_cli.costmodel.budget import seconds_left
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate, zero_sharded
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.plan import Pipeline
-from autohet_cli.planner import parallel
+from autohet_cli.planner import parallel, weights
 from autohet_cli.planner.phases import phase
 from autohet_cli.planner.recompute import memory_binds, relax
 from autohet_cli.planner.search import (
@@ -65,6 +72,7 @@ ZERO1_MIN_GAIN = 0.01  # relative gain below which the replicated optimizer is k
 # them (shallower pipelines); with the plain search's time it missed a plan 12%
 # faster on scale-1024 (benchmarks/planner_speed.py) that this finds.
 ZERO1_SPACE_TIMES = 1.5
+WEIGHTS_SPACE_TIMES = 0.5  # the weight-sharded space (planner.weights): TP 1, one template
 MIN_SPACE_S = 0.5  # a space given less time than this is not searched (a plan exists)
 
 
@@ -74,8 +82,9 @@ def decide(
     *,
     recompute: bool | None,
     zero1: bool | None,
+    shard_weights: bool | None = None,
     on_plain: Callable[[bool], None] | None = None,
-) -> tuple[SearchResult, SearchRequest, str | None, SearchRequest | None]:
+) -> tuple[SearchResult, SearchRequest, tuple[str, ...], SearchRequest | None]:
     """The search under the user's flags, each None one decided here; the result,
     the request it was found under (for baselines and contingency plans: its tables
     carry the ZeRO-1 decision), a note saying what ZeRO-1 did, if it was decided,
@@ -143,7 +152,25 @@ def decide(
                             ahead.cancel()
                         result, space = recompute_spaces(result, space, progress, budget())
             except (InfeasibleError, TimeLimitReached) as exc:
-                raise (failure or exc) from None
+                if isinstance(exc, TimeLimitReached) or not weights.wanted(None, shard_weights):
+                    raise (failure or exc) from None
+                failure, result = failure or exc, None  # sharded weights may still fit
+        weights_note = None
+        # at most WEIGHTS_SPACE_TIMES the plain search's time (all that is left where
+        # nothing fit or the user asked for it)
+        weights_s = budget()
+        if result is not None and not shard_weights:
+            weights_s = min(weights_s, max(MIN_SPACE_S, WEIGHTS_SPACE_TIMES * spent))
+        if weights.wanted(result, shard_weights) and weights_s >= MIN_SPACE_S / 2:
+            with phase("weights"):
+                result, weights_note = weights.choose_weights(
+                    space,
+                    result,
+                    progress,
+                    weights_s,
+                    forced=shard_weights is True,
+                    recompute=recompute,
+                )
     finally:
         if ahead is not None:
             ahead.cancel()
@@ -161,7 +188,7 @@ def decide(
     if result is not found:
         result.time_s = time.monotonic() - start
         searched_in = None  # recomputation searched the space it chose
-    return result, space, note, searched_in
+    return result, space, tuple(x for x in (note, weights_note) if x), searched_in
 
 
 def reevaluated(

@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from itertools import chain, product
 
-from autohet_cli.planner.estimate import Context, estimate_ms, state_bytes, sync_rates, update_scale
+from autohet_cli.planner.estimate import (
+    Context,
+    estimate_ms,
+    gathered_bytes,
+    state_bytes,
+    sync_rates,
+    update_scale,
+)
 from autohet_cli.planner.groups import (
     DeviceClass,
     Grouping,
@@ -69,6 +76,8 @@ def enumerate_groupings(req: SearchRequest, start: float, note: Progress) -> tup
         ):
             if sum(k for _, k in parts) > M:
                 continue
+            if req.shard_weights and (len(parts) != 1 or parts[0][1] < 2):
+                continue  # holders of one cut: one template, copied (request.shard_weights)
             low, rate = sync_rates(req, ctx, parts)
             lb = lower_bound_ms(
                 parts,
@@ -100,7 +109,7 @@ def search_contexts(req: SearchRequest) -> tuple[list[tuple[Context, bool]], boo
     max_gpus = max(h.num_gpus for h in req.cluster.hosts)
     batch_sizes = [m for m in req.mbs_candidates if req.global_batch_size % m == 0]
     for tp in req.tp_candidates:
-        if tp > max_gpus:
+        if tp > max_gpus or (req.shard_weights and tp != 1):
             continue
         for mbs in batch_sizes:
             ctx = make_context(req, tp, mbs)
@@ -108,7 +117,7 @@ def search_contexts(req: SearchRequest) -> tuple[list[tuple[Context, bool]], boo
                 out.append((ctx, False))
     combos = []
     trimmed = False
-    for i, mbs in enumerate(batch_sizes):
+    for i, mbs in enumerate([] if req.shard_weights else batch_sizes):  # TP 1 only
         ranked, left_out = ranked_combos(req, mbs)
         trimmed = trimmed or left_out
         combos += [(rank, i, mbs, degrees) for rank, degrees in ranked]
@@ -132,7 +141,10 @@ def make_context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int)
         )
         for c in classes
     ]
-    caps = [float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type)) for c in classes]
+    caps = [
+        float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type) - gathered_bytes(req, c, st))
+        for c, st in zip(classes, stats, strict=True)
+    ]
     params = min(
         req.tables.table(c.gpu_type, c.tp, mbs, c.intra_node_gbps).params(0, req.model.num_layers)
         for c in classes

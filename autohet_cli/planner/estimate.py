@@ -15,9 +15,11 @@ from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import ring_allreduce_ms, send_copies, transfer_ms
+from autohet_cli.costmodel.sharding import compute_bytes
 from autohet_cli.planner.groups import BlockStats, DeviceClass, Grouping, Template, block_range
 from autohet_cli.planner.milp import SplitResult
 from autohet_cli.planner.request import FREE_PRICE_PER_HOUR, SearchRequest
+from autohet_cli.settings import GRAD_REDUCE_BYTES
 
 
 @dataclass(slots=True)
@@ -49,6 +51,8 @@ def update_scale(req: SearchRequest, replicas: int, *, tied: bool = False) -> fl
     """The share of a stage's update each holder steps: 1/P of what ZeRO-1 shards
     over ``replicas`` pipelines (``tied``: a tied embedding or head, never sharded;
     a segment held at two degrees is not either, so the scale is a lower bound)."""
+    if req.shard_weights and replicas >= 2 and not (tied and req.model.tied_embeddings):
+        return 1.0 / replicas
     if not req.tables.training.zero1 or replicas < 2 or (tied and req.model.tied_embeddings):
         return 1.0
     return 1.0 / replicas
@@ -61,9 +65,25 @@ def state_bytes(req: SearchRequest, replicas: int) -> int:
     different degrees are not sharded; the exact evaluation counts those, so a
     split this admits may still be refused there)."""
     t = req.tables.training
+    if req.shard_weights and replicas >= 2:  # every state byte split (shard: weights)
+        return -(-t.state_bytes_per_param // replicas)
     if not t.zero1 or replicas < 2:
         return t.state_bytes_per_param
     return int(t.state_bytes_per_param - t.optimizer_bytes_per_param * (1 - 1 / replicas))
+
+
+def gathered_bytes(req: SearchRequest, c: DeviceClass, st: BlockStats) -> float:
+    """Bytes a GPU of class ``c`` holds beyond its sharded state in the weight-sharded
+    space (0 elsewhere): two layers' gathered weights (the one at work and the next,
+    prefetched) and one layer's unsharded gradient, at the largest layer of the model
+    (costmodel.sharding's working set, taken where it is largest so that a split the
+    search admits fits there too)."""
+    if not req.shard_weights:
+        return 0.0
+    c_bytes = compute_bytes(req.tables, c.gpu_type)
+    layer = max(st.head_params, st.block_params, st.tail_params)
+    grad = GRAD_REDUCE_BYTES + (c_bytes if c_bytes != GRAD_REDUCE_BYTES else 0)
+    return float(layer * (2 * c_bytes + grad))
 
 
 def _slowest_link(cluster: Cluster) -> float:

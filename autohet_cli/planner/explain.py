@@ -339,7 +339,7 @@ def shard_line(plan: Plan) -> str | None:
             f"; {kept} of them (kept gathered) keep the gathered weights from the forward "
             "to the backward: one gather per micro-batch, for more memory"
         )
-    return line + " (the runtime does not run weight-sharded stages yet: issue 48)"
+    return line
 
 
 def zero1_line(plan: Plan) -> str | None:

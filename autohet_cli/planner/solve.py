@@ -304,6 +304,7 @@ def _solve_grouping(
             stage_major=stage_major,
             recompute=req.recompute,
             recompute_types=req.recompute_types,
+            shard_weights=req.shard_weights,
         )
         if pipelines is None:
             return None, None
