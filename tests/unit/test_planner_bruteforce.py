@@ -26,6 +26,7 @@ from autohet_cli.plan import Device, Pipeline, Plan, Stage, check_against_cluste
 from autohet_cli.planner.api import make_plan
 from autohet_cli.planner.decide import ZERO1_MIN_GAIN
 from autohet_cli.planner.search import SearchRequest, search
+from autohet_cli.planner.weights import WEIGHTS_MIN_GAIN
 from autohet_cli.settings import TrainingSettings
 from tests.bruteforce import (
     Optimum,
@@ -382,6 +383,7 @@ def test_make_plan_within_one_percent_of_brute_force(case: Case) -> None:
         global_batch_size=case.global_batch_size,
         time_limit_s=TIME_LIMIT_S,
         zero1=None if case.zero1_oracle else False,
+        shard_weights=False,  # the oracle enumerates replicated weights (below: with)
     )
     out.plan.validate()
     check_against_cluster(
@@ -410,6 +412,22 @@ def test_make_plan_within_one_percent_of_brute_force(case: Case) -> None:
         zero1=zero1,
         tolerance=TOLERANCE / (1 - ZERO1_MIN_GAIN) if zero1 or case.zero1_oracle else TOLERANCE,
     )
+    if rc:  # memory binds: the planner may shard weights too, and never loses by it
+        auto = make_plan(
+            name=case.id,
+            cluster=cluster,
+            model=case.model(),
+            tables=case.tables(),
+            global_batch_size=case.global_batch_size,
+            time_limit_s=TIME_LIMIT_S,
+            zero1=None if case.zero1_oracle else False,
+        )
+        auto.plan.validate()
+        assert auto.eval.fits
+        if any(s.shard == "weights" for p in auto.plan.pipelines for s in p.stages):
+            assert auto.eval.iteration_ms < ms * (1 - WEIGHTS_MIN_GAIN) * (1 + 1e-9)
+        else:
+            assert auto.eval.iteration_ms == pytest.approx(ms, rel=1e-9)
 
 
 ZERO1_CASES = [pytest.param(c, id=c.id) for c in CASES if c.zero1_oracle]
