@@ -69,8 +69,9 @@ def neo_inputs() -> tuple[Inputs, CostTables]:
     return inputs, tables_for(inputs, training_for(BATCH, SEQ_LEN, "bf16", "adam"))
 
 
-def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
-    """make_plan on the case; ``one_degree``: one TP degree for every stage."""
+def plan_neo(*, one_degree: bool = False, shard_weights: bool | None = None) -> PlanOutcome:
+    """make_plan on the case; ``one_degree``: one TP degree for every stage;
+    ``shard_weights``: make_plan's (None: the planner decides)."""
     inputs, tables = neo_inputs()
     with mock.patch.object(
         enumeration,
@@ -84,6 +85,7 @@ def plan_neo(*, one_degree: bool = False) -> PlanOutcome:
             tables=tables,
             global_batch_size=BATCH,
             time_limit_s=60.0,
+            shard_weights=shard_weights,
         )
 
 
