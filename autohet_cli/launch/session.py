@@ -4,8 +4,7 @@ The command (cli/launch.py) only parses options into a ``LaunchRequest`` and
 prints; everything a launch does is here, so recover's relaunch and the tests
 use exactly the same path:
 
-1. load the plan and its cluster, refuse a plan the runtime cannot run yet
-   (``runtime.train_checks.check_plan_runs``) and a changed cluster file (unless forced);
+1. load the plan and its cluster, refuse a changed cluster file (unless forced);
 2. (dry run: build the specs with no I/O and print them, runnable as printed);
 3. sync ``--sync-dir``, then the preflight on every host (interpreter, torch,
    autohet, home directory, a free rendezvous port on the master host) and what
@@ -44,7 +43,6 @@ from autohet_cli.launch.backend import backend_for
 from autohet_cli.launch.executor import JobOutcome, Printer
 from autohet_cli.plan import Plan, check_against_cluster, load_plan
 from autohet_cli.runtime.train_args import check_flags
-from autohet_cli.runtime.train_checks import check_plan_runs
 from autohet_cli.slurmconf import backend_from
 from autohet_cli.transport.pool import ConnectOptions, HostPool
 from autohet_cli.yamlio import sha256_file
@@ -92,7 +90,6 @@ def prepare(
     plan_file: Path, cluster: str | None, *, force: bool = False, backend: str | None = None
 ) -> Prepared:
     plan = load_plan(plan_file)
-    check_plan_runs(plan, str(plan_file))  # what the workers would refuse, refused first
     cluster_path = resolve_cluster(plan, cluster)
     _check_fingerprint(plan, plan_file, cluster_path, force)
     cl = load_cluster(cluster_path)

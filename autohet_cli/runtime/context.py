@@ -66,6 +66,9 @@ class Runtime:
     to_global: tuple[int, ...]  # logical rank -> torch.distributed rank
     tp_group: ProcessGroup | None = None
     tp_mesh: DeviceMesh | None = None
+    # A weight-sharded stage's holders group (FSDP's data-parallel mesh); for a TP
+    # stage, the "dp" dimension of the (holders x TP) mesh whose "tp" is tp_mesh
+    shard_mesh: DeviceMesh | None = None
     sync_groups: list[tuple[SyncGroup, ProcessGroup | None]] = field(default_factory=list)
     _groups: dict[tuple[int, ...], ProcessGroup] = field(default_factory=dict)
 
@@ -154,7 +157,45 @@ def init_runtime(plan: Plan, *, device: str = "auto") -> Runtime:
         if logical in ranks and pg is not None:
             runtime.tp_group = pg
             runtime.tp_mesh = DeviceMesh.from_group(pg, dev.type)
+    _sharded_tp_meshes(runtime)
     return runtime
+
+
+def _sharded_tp_meshes(runtime: Runtime) -> None:
+    """For a weight-sharded stage with TP > 1 (``shard: weights``, issue 48): one 2-D
+    mesh, holders x TP, whose "tp" dimension replaces ``tp_mesh`` and whose "dp"
+    dimension is FSDP's (``runtime.fsdp_stage``). FSDP2 shards a TP DTensor further
+    only over a mesh of the same parent as its TP mesh, so the two cannot be built
+    apart. Built from groups (``DeviceMesh.from_group``: nothing collective beyond
+    the groups themselves), the holders' groups created here by every rank in plan
+    order (``group``: collective), which ``build_sync_groups`` then finds made."""
+    topo, info = runtime.topology, runtime.info
+    columns = sorted(
+        {
+            (s.layer_start, s.layer_end, s.tensor_parallel)
+            for p in runtime.plan.pipelines
+            for s in p.stages
+            if s.shard == "weights" and s.tensor_parallel > 1
+        }
+    )
+    for start, end, tp in columns:
+        holders = [topo.holders(range(start, end), k) for k in range(tp)]  # per TP rank
+        groups = [runtime.group(h) for h in holders]
+        mine = (info.layer_start, info.layer_end, info.tp_size) == (start, end, tp)
+        if not mine or runtime.tp_group is None:
+            continue
+        dp_group = groups[info.tp_rank]
+        assert dp_group is not None, holders  # validation: at least two holders
+        grid = torch.tensor(
+            [[runtime.to_global[h[i]] for h in holders] for i in range(len(holders[0]))]
+        )
+        mesh = DeviceMesh.from_group(
+            [dp_group, runtime.tp_group],
+            runtime.device.type,
+            mesh=grid,
+            mesh_dim_names=("dp", "tp"),
+        )
+        runtime.tp_mesh, runtime.shard_mesh = mesh["tp"], mesh["dp"]
 
 
 def _exchange_ranks(topo: Topology, logical: int, env: WorkerEnv) -> tuple[int, ...]:

@@ -6,7 +6,10 @@ same layers (the plan's validation makes them share the cut and the TP degree).
 Their TP rank ``k`` ranks form the stage's data-parallel group, which is exactly
 the gradient-sync group of its segment (``Topology.sync_groups``), so the group
 already exists on every rank (``Runtime.build_sync_groups``) and is reused here as
-FSDP's 1-D mesh.
+FSDP's 1-D mesh. With TP > 1, FSDP shards each TP shard further over the holders of
+the same TP rank: FSDP2 needs its mesh and the parameters' TP mesh to be the two
+dimensions of one (holders x TP) mesh, which ``context._sharded_tp_meshes`` builds
+before the model is parallelised (its "tp" dimension is the stage's TP mesh).
 
 - ``fully_shard`` per layer (the unit of all-gather and reduce-scatter) and on the
   stage (what no layer takes), ``reshard_after_forward`` as the plan says. The last
@@ -36,8 +39,8 @@ DTensor shard as a chunk of the full tensor (the format's per-name tensors, load
 under any plan) and reshards on load; the trainer draws a sharded stage's weights
 whole before sharding, so a ``--resume`` that finds nothing starts as one process.
 
-Not here yet (refused by ``train_checks.check_plan_runs`` and ``check_sharded_run``):
-TP inside a sharded stage (a 2-D dp x tp mesh), validation losses, ``--compile on``.
+Not here yet (refused by ``train_checks.check_sharded_run``): validation losses and
+``--compile on``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.context import Runtime
@@ -118,17 +122,19 @@ def shard_stage(
     spec = plan.pipelines[info.pipeline].stages[info.stage]
     if spec.shard != "weights":
         return None
-    if info.tp_size != 1:  # refused before (check_plan_runs); a guard for Trainer users
-        raise ValueError("a weight-sharded stage with tensor_parallel > 1 needs a 2-D mesh")
     holders = runtime.topology.holders(range(info.layer_start, info.layer_end), info.tp_rank)
     if len(holders) < 2:
         raise ValueError(f"stage of rank {info.rank} is weight-sharded over {len(holders)} holder")
-    # Every rank created this group in build_sync_groups (the segment's sync group):
-    # asking for it now creates nothing, so no rank waits in new_group alone.
-    assert holders in runtime._groups, holders
-    pg = runtime.group(holders)
-    assert pg is not None
-    mesh = DeviceMesh.from_group(pg, runtime.device.type)
+    if info.tp_size > 1:  # the (holders x TP) mesh's "dp" (context._sharded_tp_meshes)
+        assert runtime.shard_mesh is not None, holders
+        mesh = runtime.shard_mesh
+    else:
+        # Every rank created this group in build_sync_groups (the segment's sync
+        # group): asking for it now creates nothing, so no rank waits in new_group.
+        assert holders in runtime._groups, holders
+        pg = runtime.group(holders)
+        assert pg is not None
+        mesh = DeviceMesh.from_group(pg, runtime.device.type)
     every = dict(stage.named_parameters(remove_duplicate=False))
     ignored = {every[n] for names in tied for n in names if n in every}
     ignored_ids = {id(p) for p in ignored}
@@ -153,9 +159,21 @@ def shard_stage(
     return ShardedStage(root=stage, params=sharded, holders=holders)
 
 
-def sharded_parameters(stage: nn.Module, sharded: ShardedStage | None) -> list[nn.Parameter]:
-    """The trainable parameters FSDP shards on this rank (each holder counts its own
-    shard in the global gradient norm)."""
+def sharded_parameters(
+    stage: nn.Module, sharded: ShardedStage | None, tp_rank: int = 0
+) -> list[nn.Parameter]:
+    """The trainable parameters FSDP shards that this rank counts in the global
+    gradient norm: each holder its own shard; under TP, a parameter TP splits on
+    every TP rank, one it replicates (a norm's weight) on TP rank 0 only, as
+    ``optim.counted_parameters`` does."""
     if sharded is None:
         return []
-    return [p for p in stage.parameters() if p.requires_grad and id(p) in sharded.params]
+    out = []
+    for p in stage.parameters():
+        if not p.requires_grad or id(p) not in sharded.params:
+            continue
+        placements = p.placements if isinstance(p, DTensor) else ()
+        tp_split = len(placements) > 1 and isinstance(placements[1], Shard)
+        if tp_rank == 0 or tp_split:
+            out.append(p)
+    return out

@@ -26,7 +26,6 @@ from autohet_cli.runtime.model_api import ModelFn, ModelParts
 from autohet_cli.runtime.models.loss import compile_loss
 from autohet_cli.runtime.pipeline import P2P, comm_dtype
 from autohet_cli.runtime.stage import StageModule, build_stage, init_params
-from autohet_cli.runtime.train_checks import check_plan_runs
 from autohet_cli.runtime.train_config import TrainConfig
 from autohet_cli.workerbase.records import say
 
@@ -47,7 +46,6 @@ def build_model(
 ) -> BuiltModel:
     """The stage on the device; its weights drawn unless a load will give them
     (``defer_init``: a checkpoint; ``config.init_from``: a Hugging Face model)."""
-    check_plan_runs(plan, plan.name)  # a Trainer built from a Plan, not from a file
     built = build_stage(fn, runtime, config.seed)
     compile_clock: CompileClock | None = None
     try:

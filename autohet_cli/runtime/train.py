@@ -62,7 +62,7 @@ from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.stage import local_tensor
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
-from autohet_cli.runtime.train_checks import check_plan_runs, check_sharded_run
+from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.workerbase.records import error_detail, first_line, say, write_boot, write_error
@@ -112,7 +112,6 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
-    check_plan_runs(plan, str(args.plan))  # before the process group: one line, exit 1
     if weight_sharded(plan):
         check_sharded_run(plan, eval_every=args.eval_every or 0, compile=args.compile)
     config = train_config(args)

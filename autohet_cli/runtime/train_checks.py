@@ -4,9 +4,8 @@ Split from ``runtime.train_args``, which declares and parses the flags: the
 checks are the rules of a run (a finite learning rate, warmup before the decay
 end, a known checkpoint interval), refused with ``parser.error`` as argparse
 refuses a bad type, so the launcher's ``check_flags`` and the worker say the
-same words. Like the parser, this module imports no torch. ``check_plan_runs`` is
-the plan's counterpart: what the runtime cannot run yet, refused by the worker and,
-before any host starts, by ``autohet launch``, in the same words.
+same words. Like the parser, this module imports no torch. ``check_sharded_run`` is
+the weight-sharded plan's counterpart: flags such a run cannot take yet.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import math
 
 from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import parse_keep
-from autohet_cli.errors import ConfigError, PlanError
+from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
 from autohet_cli.plan import Plan
@@ -87,34 +86,6 @@ def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             f"--warmup-steps {warmup} ends after --decay-steps {decay}: the schedule would "
             "decay before it reached --lr"
         )
-
-
-def check_plan_runs(plan: Plan, where: str) -> None:
-    """Refuse (``PlanError``, one line) a plan with a weight-sharded stage
-    (``shard: weights``, issue 48) that also has ``tensor_parallel > 1``: such a stage
-    would shard over a 2-D (holders x TP) mesh, which ``runtime.fsdp_stage`` does not
-    build yet, and running it otherwise would neither fit the memory the plan counted
-    on nor be the plan. Weight-sharded stages of one TP rank run (FSDP2 over their
-    holders); ``shard: optimizer`` runs: it restates ``training.zero1``. ``where``
-    names the plan (its file)."""
-    sharded = [
-        (i, j, s)
-        for i, p in enumerate(plan.pipelines)
-        for j, s in enumerate(p.stages)
-        if s.shard == "weights" and s.tensor_parallel > 1
-    ]
-    if not sharded:
-        return
-    i, j, s = sharded[0]
-    more = f" (and {len(sharded) - 1} more)" if len(sharded) > 1 else ""
-    raise PlanError(
-        f"plan {where}: pipelines[{i}].stages[{j}] (layers [{s.layer_start}, "
-        f"{s.layer_end})){more} is sharded (shard: weights) with tensor_parallel "
-        f"{s.tensor_parallel}; this runtime shards weights only over stages of one TP rank "
-        "yet (issue 48: a 2-D mesh of holders x TP is not built): plan again with "
-        "tensor_parallel 1 on sharded stages or without sharded weights; autohet estimate "
-        "still scores this one"
-    )
 
 
 def check_sharded_run(plan: Plan, *, eval_every: int, compile: str = "auto") -> None:

@@ -145,7 +145,9 @@ class Trainer:
             )
             if id(p) not in sharded and not (self.fsdp and id(p) in self.fsdp.params)
         ] + (self.zero.counted(info.tp_rank) if self.zero else [])
-        self.counted += sharded_parameters(self.stage, self.fsdp)  # each holder's own shard
+        self.counted += sharded_parameters(
+            self.stage, self.fsdp, info.tp_rank
+        )  # each holder's own shard
         self.scaler = LossScaler() if self._precision() == torch.float16 else None
         t = plan.training
         self.data: Batches = build_batches(

@@ -89,6 +89,11 @@ SHAPES: dict[str, tuple[list[tuple[int, list[tuple[int, ...]]]], set[int] | None
     "one-stage-kept-gathered": ([(5, [(0, 6)]), (3, [(0, 6)])], None, False),
     # The first stage sharded and recomputing, the second ZeRO-1 (see EXTRA).
     "recompute-beside-zero1": ([(3, [(0, 2), (2, 6)]), (5, [(0, 2), (2, 6)])], {0}, True),
+    # TP 2 inside each holder: FSDP over the (holders x TP) mesh's "dp" dimension,
+    # the whole model (tied embedding and head inside) on unequal shares.
+    "tp2-one-stage": ([(5, [(0, 6, 2)]), (3, [(0, 6, 2)])], None, True),
+    # a sharded TP 2 stage before a replicated TP 1 one
+    "tp2-first-stage-only": ([(4, [(0, 3, 2), (3, 6)]), (4, [(0, 3, 2), (3, 6)])], {0}, True),
 }
 EXTRA = {"recompute-beside-zero1": {"recompute_first": True, "zero1": True}}
 
@@ -179,11 +184,16 @@ def _losses(path: Path) -> dict[int, float]:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow(
+    "four runs one after another (the reference, a 4-rank saving run, two resumes); "
+    "about 23 s on a quiet machine"
+)
 def test_sharded_checkpoints_resume_under_one_device_and_another_sharded_plan(
     tmp_path: Path,
 ) -> None:
-    """A sharded plan (AdamW, shares 6 and 2) saves steps 2 and 4 in today's format;
-    one device, and a sharded plan of another cut and other shares, resume step 4 on
+    """A sharded plan (AdamW, shares 6 and 2, TP 2 inside each holder: FSDP's shards
+    of TP's shards) saves steps 2 and 4 in today's format; one device, and a sharded
+    plan of another cut, TP degree and shares, resume step 4 on
     the uninterrupted single-process curve (optimizer state included). The saving run
     starts with ``--resume`` and nothing to resume: its weights are drawn as one
     process draws them."""
@@ -191,7 +201,7 @@ def test_sharded_checkpoints_resume_under_one_device_and_another_sharded_plan(
     one = make_plan(CKPT, [(8, [(0, NUM_LAYERS)])], optimizer="adam")
     _run_ckpt(_ckpt_args(replace(one, name="ref"), tmp_path, STEPS_CKPT, "ref.jsonl"), 1)
     reference = _losses(tmp_path / "ref.jsonl")
-    saving = sharded(make_plan(CKPT, [(6, TWO_STAGES), (2, TWO_STAGES)], optimizer="adam"))
+    saving = sharded(make_plan(CKPT, [(6, [(0, 6, 2)]), (2, [(0, 6, 2)])], optimizer="adam"))
     args = _ckpt_args(saving, tmp_path, 4, "save.jsonl", "--checkpoint-every", "2", "--resume")
     _run_ckpt(args, 4)
     other = sharded(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,10 +22,9 @@ from autohet_cli.models import get_model
 from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text
-from autohet_cli.runtime.train_checks import check_plan_runs, check_sharded_run
+from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
-from tests.cli import autohet
 from tests.unit.test_costmodel import make_cluster, toy_tables
 
 WHERE = "s.yaml"
@@ -231,34 +229,6 @@ def test_explain_shows_sharded_stages(first: dict[str, Any], cell: str) -> None:
     assert "shard" not in text.lower()
 
 
-def _tp2_plan_dict(first: dict[str, Any]) -> dict[str, Any]:
-    """``_plan_dict``'s plan with TP 2 in every stage (GPUs 0-7 of h0)."""
-    d = _plan_dict(first)
-    d["tensor_parallel"] = 2
-    gpus = iter(range(8))
-    for pipe in d["pipelines"]:
-        for stage in pipe["stages"]:
-            stage["devices"] = [{"host": "h0", "gpu": next(gpus)} for _ in range(2)]
-    return d
-
-
-def test_the_runtime_refuses_tp_weight_sharded_stages_and_runs_the_rest() -> None:
-    """TP 1 weight-sharded stages run (FSDP2, runtime.fsdp_stage); TP 2 ones would
-    need a 2-D mesh, refused in one line."""
-    with pytest.raises(PlanError) as caught:
-        check_plan_runs(plan_from_dict(_tp2_plan_dict(WEIGHTS), WHERE), "plans/sh.v1.yaml")
-    assert str(caught.value) == (
-        "plan plans/sh.v1.yaml: pipelines[0].stages[0] (layers [0, 2)) (and 1 more) "
-        "is sharded (shard: weights) with tensor_parallel 2; this runtime shards weights "
-        "only over stages of one TP rank yet (issue 48: a 2-D mesh of holders x TP is not "
-        "built): plan again with tensor_parallel 1 on sharded stages or without sharded "
-        "weights; autohet estimate still scores this one"
-    )
-    check_plan_runs(_sharded_plan(WEIGHTS), "p")
-    check_plan_runs(_sharded_plan(KEPT), "p")
-    check_plan_runs(plan_from_dict(_plan_dict({"shard": "optimizer"}, zero1=True), WHERE), "p")
-
-
 @pytest.mark.parametrize(
     ("flags", "what"),
     [
@@ -277,15 +247,3 @@ def test_a_weight_sharded_run_refuses_what_it_cannot_do_yet(
         "(issue 48); drop that flag, or use a plan without sharded weights"
     )
     check_sharded_run(_sharded_plan(WEIGHTS), eval_every=0, compile="auto")
-
-
-def test_launch_refuses_a_tp_weight_sharded_plan_before_anything_starts(tmp_path: Path) -> None:
-    plan = tmp_path / "sh.v1.yaml"
-    plan.write_text(dump_yaml(_tp2_plan_dict(WEIGHTS)))
-    res = autohet("launch", str(plan), "--steps", "1", cwd=tmp_path, timeout=60)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "Traceback" not in res.stderr
-    lines = [x for x in res.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"error: plan {plan}: pipelines[0].stages[0]")
-    assert "shards weights only over stages of one TP rank yet (issue 48" in lines[0]
-    assert not (tmp_path / "runs").exists()
