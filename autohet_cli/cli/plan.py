@@ -124,7 +124,7 @@ def plan(
             "weights layer by layer before each micro-batch's forward and backward, "
             "hidden behind compute where the links allow; so fewer, shorter pipelines "
             "fit where memory binds. By default the planner searches it only where "
-            "memory binds, shards stages (of one TP rank) where that makes the plan at "
+            "memory binds, shards stages where that makes the plan at "
             "least 1% faster, and says so in the plan's notes. --shard-weights: search "
             "it always and use it where it fits; --no-shard-weights: never",
             show_default=False,

@@ -85,9 +85,7 @@ def place(
                         devices=devices,
                         recompute=recompute or classes[c].gpu_type in recompute_types,
                         # the k copies of this stage hold 1/k each (request.shard_weights)
-                        shard="weights"
-                        if shard_weights and k >= 2 and classes[c].tp == 1
-                        else "none",
+                        shard="weights" if shard_weights and k >= 2 else "none",
                     )
                 )
             pipelines.append(

@@ -28,7 +28,7 @@ searched on top of whichever space won, only where memory still binds:
    sharded one otherwise): the same result, one search earlier.
 
 4. **Sharded weights** (``planner.weights``, issue 48), where memory still binds
-   (or nothing fit): the weight-sharded space (TP 1, one template copied k >= 2
+   (or nothing fit): the weight-sharded space (one template copied k >= 2
    times), in at most ``WEIGHTS_SPACE_TIMES`` as long as the plain search took, so
    that planning stays within its speed targets; adopted where it makes the plan
    ``WEIGHTS_MIN_GAIN`` faster, each stage column tuned (sharded, kept gathered or

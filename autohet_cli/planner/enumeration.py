@@ -109,7 +109,7 @@ def search_contexts(req: SearchRequest) -> tuple[list[tuple[Context, bool]], boo
     max_gpus = max(h.num_gpus for h in req.cluster.hosts)
     batch_sizes = [m for m in req.mbs_candidates if req.global_batch_size % m == 0]
     for tp in req.tp_candidates:
-        if tp > max_gpus or (req.shard_weights and tp != 1):
+        if tp > max_gpus:
             continue
         for mbs in batch_sizes:
             ctx = make_context(req, tp, mbs)
@@ -117,7 +117,7 @@ def search_contexts(req: SearchRequest) -> tuple[list[tuple[Context, bool]], boo
                 out.append((ctx, False))
     combos = []
     trimmed = False
-    for i, mbs in enumerate([] if req.shard_weights else batch_sizes):  # TP 1 only
+    for i, mbs in enumerate(batch_sizes):
         ranked, left_out = ranked_combos(req, mbs)
         trimmed = trimmed or left_out
         combos += [(rank, i, mbs, degrees) for rank, degrees in ranked]

@@ -50,10 +50,9 @@ class SearchRequest:
     # (issue 32), and raises NoBetterPlan when it solved nothing.
     must_beat_ms: float | None = None
     # The weight-sharded space (issue 48, ``planner.weights``): groupings of one
-    # template copied k >= 2 times at TP 1, whose k copies of each stage hold 1/k of
-    # its weights, gradients and optimizer state each (``shard: weights``) and share
-    # its cut (refinement moves the copies' boundaries together). TP 1 only: the
-    # runtime does not build the 2-D (holders x TP) mesh a sharded TP stage needs.
+    # template copied k >= 2 times, whose k copies of each stage hold 1/k of its
+    # weights, gradients and optimizer state each (``shard: weights``) and share its
+    # cut and TP degree (refinement moves the copies' boundaries together).
     shard_weights: bool = False
 
     def recomputes(self, gpu_type: str) -> bool:

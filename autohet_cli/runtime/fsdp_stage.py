@@ -21,8 +21,12 @@ before the model is parallelised (its "tp" dimension is the stage's TP mesh).
   differs by release (2.13 averages, 2.8 sums); a divide factor of 1 with forced
   SUM reduction gives a SUM on all of them (the factor alone asks gloo for
   PREMUL_SUM, which it does not have).
-- Gradients accumulate unsharded over the micro-batches and are reduce-scattered
-  after the last backward only (``set_sync``).
+- Gradients are reduce-scattered after every micro-batch's backward (FSDP's
+  default) and accumulate in the shards: ZeRO-3's memory, what the memory model
+  counts (one layer's unsharded gradient at a time, ``costmodel.sharding``), at a
+  reduce-scatter per micro-batch and layer, which the cost model charges. Reducing
+  after the last backward only would keep the stage's whole unsharded gradient
+  through the step: 4 bytes per parameter beside the 1/P state.
 - Every forward and backward is a collective over the holders, so they must run the
   same number of micro-batches: a pipeline with fewer runs extra zero-weight ones
   (``padded_microbatches``; the pipeline schedule multiplies their loss by 0).
@@ -84,10 +88,6 @@ class ShardedStage:
     root: FSDPModule
     params: frozenset[int]
     holders: tuple[int, ...]
-
-    def set_sync(self, last: bool) -> None:
-        """Before each backward: reduce-scatter only after the step's last one."""
-        self.root.set_requires_gradient_sync(last)
 
 
 def attach_sharding(

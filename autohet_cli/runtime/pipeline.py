@@ -182,19 +182,17 @@ class PipelineSchedule:
         loss_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         cast_once: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         pad_to: int = 0,
-        before_backward: Callable[[bool], None] | None = None,
     ) -> None:
         """``pad_to``: run at least this many micro-batches, the extra ones copies of
         the first with zero weight (a weight-sharded stage's holders must issue the same
-        gathers, ``runtime.fsdp_stage``); ``before_backward(last)``: called before each
-        backward, ``last`` for the step's last one (FSDP reduces after it only)."""
+        gathers and reduce-scatters, ``runtime.fsdp_stage``)."""
         self.stage, self.info, self.p2p = stage, info, p2p
         self.loss_fn, self.global_batch_size, self.device = loss_fn, global_batch_size, device
         self.autocast, self.loss_context = autocast, loss_context
         self.cast_once = cast_once
         self.loss_scale = 1.0  # fp16 loss scaling multiplies the backward of the loss
         self.trace: list[tuple[str, int]] = []  # compute order of the last run
-        self.pad_to, self.before_backward = pad_to, before_backward
+        self.pad_to = pad_to
         self._real = self._total = 0
 
     def run(self, microbatches: list[Microbatch]) -> Tensor:
@@ -329,8 +327,6 @@ class PipelineSchedule:
 
     def _backward(self, x: Tensor | None, out: Tensor, grad: Tensor | None) -> Tensor | None:
         index = self._record(BACKWARD)
-        if self.before_backward is not None:
-            self.before_backward(index == self._total - 1)
         marks: StepMarks | None = getattr(self.p2p, "marks", None)
         start = marks.clock.mark() if marks else None
         result = self._backward_op(x, out, grad)

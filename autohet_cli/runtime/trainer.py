@@ -182,7 +182,6 @@ class Trainer:
             if self.runtime.tp_mesh is not None
             else contextlib.nullcontext,
             pad_to=padded_microbatches(plan, info.pipeline),
-            before_backward=self.fsdp.set_sync if self.fsdp else None,
         )
         run_state.check_describable(self.data)
         self.lr_schedule = config.schedule(0)

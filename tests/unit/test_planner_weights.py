@@ -63,11 +63,13 @@ def test_where_memory_binds_and_links_are_fast_the_planner_shards_weights(
     assert not sharded(plain)
     assert sharded(chosen), chosen.plan.notes
     plan = chosen.plan
-    # every stage of a template copied k >= 2 times at TP 1, holders sharing the cut
+    # every stage of a template copied k >= 2 times, holders sharing the cut and TP
     assert len(plan.pipelines) >= 2
     cuts = {tuple((s.layer_start, s.layer_end) for s in p.stages) for p in plan.pipelines}
     assert len(cuts) == 1
-    assert all(s.tensor_parallel == 1 for p in plan.pipelines for s in p.stages)
+    assert len(
+        {(s.layer_start, s.tensor_parallel) for p in plan.pipelines for s in p.stages}
+    ) == len(plan.pipelines[0].stages)  # each column: one cut, one TP degree
     plan.validate()  # the artifact's own holder rules
     # adopted for a gain of at least WEIGHTS_MIN_GAIN, and the note says so
     assert chosen.eval.iteration_ms <= 0.99 * plain.eval.iteration_ms
