@@ -145,6 +145,8 @@ def _load(ckpt: LoadView, step: int, source: int) -> None:
         dcp_load(state, storage_reader=reader, process_group=ckpt.group)
     except CheckpointException as exc:
         raise checkpoint_failure(exc) from None
+    finally:
+        reader.close()  # its descriptors: what it hashed is what DCP read
     for name in reader.fetched:
         assert remote is not None
         say(f"note: fetched {name} from {remote.url} into {local}")
