@@ -251,3 +251,40 @@ def test_a_rope_change_at_resume_is_refused_and_points_to_init_from() -> None:
     text = str(err.value)
     assert "rope_theta 10000.0 then, 500000.0 now" in text
     assert "launch a new job with --init-from (weights only)" in text
+
+
+@pytest.mark.usefixtures("alone")
+@pytest.mark.parametrize("batch", [16, 4])
+def test_a_batch_8_checkpoint_resumed_at_another_batch_trains_the_next_rows(
+    tmp_path: Path, batch: int
+) -> None:
+    """The issue's case: saved at batch 8, resumed at 16 (rows skipped before) or 4
+    (rows repeated before). The resumed step trains exactly the samples the batch-8 run
+    would have trained next, and the next checkpoint records where that leaves it."""
+    data = _tokens(tmp_path)
+    trainer = _trainer(_plan(batch=8), data)
+    trainer.fit(2)  # samples 0..15
+    ckpt = _ckpt(trainer, tmp_path)
+    ckpt.save()
+    ckpt.close()
+    stream = trainer.data
+    # What batch 8 would train next: samples 16.., as rows of data.
+    nxt = np.concatenate([stream.train_sample_indices(s, 8) for s in (2, 3)])[:batch]  # type: ignore[attr-defined]
+
+    resumed = _trainer(_plan(batch=batch), data)
+    ckpt = _ckpt(resumed, tmp_path)
+    assert ckpt.resume() == 2
+    dataset = resumed.data
+    trained = dataset.train_sample_indices(resumed.step + resumed.data_shift, batch)  # type: ignore[attr-defined]
+    assert np.array_equal(trained, nxt)
+    rows = torch.cat([x for x, _ in resumed._microbatches(resumed.step)])
+    windows = dataset._windows(nxt)[0]  # type: ignore[attr-defined]
+    assert torch.equal(rows, windows)
+    resumed.fit(1)
+    step_dir = ckpt.save()
+    ckpt.close()
+    order = load_manifest(step_dir / "manifest.json").data_order
+    assert order is not None and (order.global_batch_size, order.samples_seen) == (
+        batch,
+        16 + batch,
+    )
