@@ -144,5 +144,5 @@ class DescriptorFiles(FileSystem):
         fd = self._fds.get(Path(path).name)
         if mode != "rb" or fd is None:
             raise self._error(f"{path}: read before its check (mode {mode!r}); refusing it")
-        with io.BufferedReader(PreadStream(fd), buffer_size=1 << 20) as stream:
+        with io.BufferedReader(PreadStream(fd)) as stream:  # 8 KiB, as open() has
             yield stream
