@@ -119,3 +119,30 @@ def test_pread_stream_seeks_and_reads_like_a_file(tmp_path: Path) -> None:
         assert os.read(fd, 1) == b"\x00"  # closing a stream leaves the descriptor open
     finally:
         os.close(fd)
+
+
+def test_a_metadata_link_is_refused_not_followed(tmp_path: Path) -> None:
+    """Resume's .metadata is read once from the file itself (never through a link,
+    never past the manifest's size), as its data files are."""
+    from types import SimpleNamespace
+
+    from autohet_cli.ckpt.format import signed_manifest_text, step_dir_name
+    from autohet_cli.ckpt.loading import SourceData, _read_source
+
+    step = tmp_path / step_dir_name(1)
+    manifest = _save(step, 1)
+    key = b"k" * 32
+    (step / "manifest.json").write_text(signed_manifest_text(manifest, key))
+    view = SimpleNamespace(
+        plan_dir=tmp_path, key=key, trainer=SimpleNamespace(plan=SimpleNamespace(name="p"))
+    )
+    got = _read_source(view, 1)  # type: ignore[arg-type]
+    assert isinstance(got, SourceData) and got.metadata == (step / ".metadata").read_bytes()
+    moved = tmp_path / "elsewhere"
+    (step / ".metadata").rename(moved)
+    (step / ".metadata").symlink_to(moved)  # the same bytes, through a link
+    why = _read_source(view, 1)  # type: ignore[arg-type]
+    assert why == f"{step / '.metadata'} is a symbolic link; " + (
+        "checkpoint files are read only as regular files of the step directory itself: "
+        "copy the file there, not a link"
+    )
