@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from autohet_cli.errors import ConfigError
@@ -160,14 +160,31 @@ def parse_hf_config(data: bytes, path: str) -> ModelSpec:
 # Fields that may differ between a plan's model and the config.json of the weights it
 # starts from (``--init-from``): names and context lengths, never a shape.
 FREE_FIELDS = ("name", "default_seq_len", "max_position_embeddings")
+# A deliberate change of model from the same weights (a longer context, another rope):
+# ``--init-from`` allows these and says so (``context_changes``); a resume refuses them
+# (``ckpt.lineage``), since the checkpoint's run trained another model.
+CONTEXT_FIELDS = ("rope_theta", "rope_scaling", "sliding_window")
+
+
+def _differ(plan_model: ModelSpec, config: ModelSpec, names: Iterable[str]) -> list[str]:
+    return [
+        f"{name}: plan {getattr(plan_model, name)!r}, config {getattr(config, name)!r}"
+        for name in names
+        if getattr(plan_model, name) != getattr(config, name)
+    ]
 
 
 def differences(plan_model: ModelSpec, config: ModelSpec) -> list[str]:
     """``field: plan X, config Y`` for each architecture field in which a config.json
     differs from the plan's model (the runtime's ``--init-from`` check and the
-    launcher's, before any worker starts, say the same)."""
-    return [
-        f"{f.name}: plan {getattr(plan_model, f.name)!r}, config {getattr(config, f.name)!r}"
-        for f in dataclasses.fields(ModelSpec)
-        if f.name not in FREE_FIELDS and getattr(plan_model, f.name) != getattr(config, f.name)
-    ]
+    launcher's, before any worker starts, say the same); the context fields are
+    ``context_changes``, allowed."""
+    free = (*FREE_FIELDS, *CONTEXT_FIELDS)
+    return _differ(
+        plan_model, config, (f.name for f in dataclasses.fields(ModelSpec) if f.name not in free)
+    )
+
+
+def context_changes(plan_model: ModelSpec, config: ModelSpec) -> list[str]:
+    """The deliberate changes ``--init-from`` makes to the weights' model (said out loud)."""
+    return _differ(plan_model, config, CONTEXT_FIELDS)

@@ -30,7 +30,11 @@ def _private_group(gid: int) -> bool:
 
 def unsafe_reason(path: Path, *, below_root: bool) -> str | None:
     """Why ``path`` may be changed by someone else; None when it is safe."""
-    st = path.stat()
+    return unsafe_stat_reason(path, path.stat(), below_root=below_root)
+
+
+def unsafe_stat_reason(path: Path, st: os.stat_result, *, below_root: bool) -> str | None:
+    """``unsafe_reason`` of a ``stat`` already made (an open file's ``fstat``)."""
     uid = os.getuid()
     if st.st_uid not in (uid, 0):
         return f"{path} belongs to uid {st.st_uid}, not to you (uid {uid})"

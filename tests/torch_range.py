@@ -18,6 +18,9 @@ TORCH_RANGE: dict[str, str] = {
     "tests/unit/test_ckpt_async.py": "DCP async save, snapshots of DTensors, crash mid-save",
     "tests/unit/test_ckpt_failures.py": "DCP save and load failures, resume fallbacks",
     "tests/unit/test_ckpt_parallel_load.py": "DCP load through our parallel reader",
+    "tests/unit/test_resume_toctou.py": (
+        "resume: DCP's FileSystemReader reads through its fs (our hashed descriptors)"
+    ),
     "tests/unit/test_ckpt_redteam.py": "DCP metadata never unpickled before its hash",
     "tests/unit/test_export_toctou.py": (
         "export: DCP metadata unpickled (its classes only) from hashed bytes, a verified copy"

@@ -35,6 +35,7 @@ from autohet_cli.ckpt.format import (
     verified_manifest,
 )
 from autohet_cli.ckpt.memory import ranks_on_this_host
+from autohet_cli.ckpt.ownfiles import DescriptorFiles, open_unchangeable, sha256_fd
 from autohet_cli.ckpt.persist import share_cores
 from autohet_cli.errors import AutohetError, ConfigError
 from autohet_cli.privatedir import make_private_dir
@@ -288,7 +289,10 @@ class VerifyingReader(GivenMetadataReader):
     reads them in ``read_threads`` threads (``read_runs``), each through DCP's own
     ``read_data`` on a part of the plan, so resharding, DTensors and the targets'
     devices work as in DCP. Only what this rank reads is checked, and all of it before
-    any of it is read: DCP unpickles the non-tensor entries.
+    any of it is read: DCP unpickles the non-tensor entries. Each file is opened once
+    and hashed through that descriptor, and DCP reads that same descriptor
+    (``ckpt.ownfiles``): what was hashed is what is loaded, a rename over the path
+    between the two reaches nothing. ``close`` closes the descriptors.
 
     ``read_threads`` None: ``num_threads`` when this process uses CUDA (a thread's
     copy to the device overlaps another's read), else 1: into CPU targets, parallel
@@ -313,6 +317,15 @@ class VerifyingReader(GivenMetadataReader):
         self.read_threads = read_threads
         self._checked: set[str] = set()
         self.fetched: list[str] = []
+        self._fds: dict[str, int] = {}  # name -> the descriptor that was hashed
+        self.fs = DescriptorFiles(self._fds, CheckpointError)
+
+    def close(self) -> None:
+        """Close the checked files' descriptors (the load is over)."""
+        fds = list(self._fds.values())
+        self._fds.clear()
+        for fd in fds:
+            os.close(fd)
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         needed = {self.storage_data[item.storage_index].relative_path for item in plan.items}
@@ -357,14 +370,25 @@ class VerifyingReader(GivenMetadataReader):
             ) from None
         path = directory / name
         fetched = not path.is_file() and self._fetch is not None and bool(self._fetch(name, path))
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise CheckpointError(
                 f"{path} is missing: rank {self._rank} reads it, and host {entry.host} wrote it; "
                 f"copy it into {directory} first (autohet recover does)"
             )
-        digest = sha256_file(path)  # hashlib lets go of the GIL: threads hash in parallel
+        fd = open_unchangeable(path, CheckpointError)
+        try:
+            digest, size = sha256_fd(fd, entry.num_bytes + 1)  # bounded: the manifest's size
+        except OSError as exc:
+            os.close(fd)
+            raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
         if digest != entry.sha256:
+            os.close(fd)
             raise CheckpointError(
                 f"{path} is corrupt: its sha256 is {digest}, but {MANIFEST} says {entry.sha256}"
+                + (f" ({size} bytes, {entry.num_bytes} listed)" if size != entry.num_bytes else "")
             )
+        old = self._fds.pop(name, None)
+        self._fds[name] = fd  # DCP reads this descriptor, never the path
+        if old is not None:
+            os.close(old)
         return fetched

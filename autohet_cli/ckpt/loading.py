@@ -7,6 +7,7 @@ of it), so this module never imports the checkpointer above it (``ckpt.view``)."
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from autohet_cli.ckpt.format import (
     step_dir_name,
     verified_manifest,
 )
+from autohet_cli.ckpt.ownfiles import open_own_file
 from autohet_cli.ckpt.prune import Retention
 from autohet_cli.ckpt.remote import RemoteCopy
 from autohet_cli.ckpt.state import checkpoint_failure, rename_optimizer
@@ -101,10 +103,15 @@ def _read_source(ckpt: LoadView, step: int) -> SourceData | str:
     if manifest.plan_name != ckpt.trainer.plan.name:
         return f"{d / MANIFEST} was written by plan {manifest.plan}, not by this plan's lineage"
     meta = d / METADATA
-    if not meta.is_file():
+    if not os.path.lexists(meta):
         return f"{meta} is missing (DCP's metadata, written on rank 0's host)"
-    data = meta.read_bytes()
-    digest, want = hashlib.sha256(data).hexdigest(), manifest.file(METADATA).sha256
+    entry = manifest.file(METADATA)
+    try:  # the file itself (no link, FIFO or device), bounded by the manifest's size
+        with os.fdopen(open_own_file(meta, CheckpointError), "rb") as f:
+            data = f.read(entry.num_bytes + 1)
+    except (CheckpointError, OSError) as exc:
+        return str(exc) if isinstance(exc, CheckpointError) else f"{meta}: cannot read: {exc}"
+    digest, want = hashlib.sha256(data).hexdigest(), entry.sha256
     if digest != want:
         return f"{meta} is corrupt: its sha256 is {digest}, but {MANIFEST} says {want}"
     return SourceData(manifest_text=text, metadata=data)
@@ -145,6 +152,8 @@ def _load(ckpt: LoadView, step: int, source: int) -> None:
         dcp_load(state, storage_reader=reader, process_group=ckpt.group)
     except CheckpointException as exc:
         raise checkpoint_failure(exc) from None
+    finally:
+        reader.close()  # its descriptors: what it hashed is what DCP read
     for name in reader.fetched:
         assert remote is not None
         say(f"note: fetched {name} from {remote.url} into {local}")

@@ -29,14 +29,12 @@ Files are opened with ``O_NOFOLLOW`` and checked with ``fstat`` on the open desc
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import os
 import pathlib
 import pickle
 import shutil
-import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -53,14 +51,12 @@ from autohet_cli.ckpt.files import (
     run_in_threads,
 )
 from autohet_cli.ckpt.format import MANIFEST, METADATA, Manifest, ManifestFile
+from autohet_cli.ckpt.ownfiles import OWN_FILES as OWN_FILES
+from autohet_cli.ckpt.ownfiles import open_own_file
 from autohet_cli.errors import AutohetError
 from autohet_cli.privatedir import make_private_dir
 
 _CHUNK = 8 << 20
-OWN_FILES = (
-    "checkpoint files are read only as regular files of the step directory itself: "
-    "copy the file there, not a link"
-)
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # What DCP's .metadata pickles hold, written by torch 2.8 to 2.13 (tensors, DTensor
 # shards, optimizer state and the other non-tensor entries alike).
@@ -113,34 +109,6 @@ class MetadataUnpickler(pickle.Unpickler):
         if module in ("pathlib", "pathlib._local") and name in _PATHS:
             return getattr(pathlib, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-
-
-def open_own_file(path: Path, error: type[AutohetError]) -> int:
-    """A read-only descriptor of ``path`` itself, a regular file: a symlink is refused
-    (``lstat``, then ``O_NOFOLLOW``), a FIFO or device never opened, and the descriptor
-    checked with ``fstat``, so what was swapped in since the ``lstat`` is refused too."""
-    try:
-        _refuse_other(path, os.lstat(path).st_mode, error)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise error(f"{path} is missing; {OWN_FILES}") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: a symlink since the lstat
-            raise error(f"{path} is a symbolic link; {OWN_FILES}") from None
-        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        _refuse_other(path, os.fstat(fd).st_mode, error)
-    except BaseException:
-        os.close(fd)
-        raise
-    os.set_blocking(fd, True)
-    return fd
-
-
-def _refuse_other(path: Path, mode: int, error: type[AutohetError]) -> None:
-    if not stat.S_ISREG(mode):
-        what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-        raise error(f"{path} is {what}; {OWN_FILES}")
 
 
 def _corrupt(path: Path, digest: str, entry: ManifestFile, error: type[AutohetError]) -> None:

@@ -84,9 +84,12 @@ def check(path, kind):
 os.umask(0o077)  # what we create is ours alone (checkpoint dirs are checked for it)
 workdir = os.path.expanduser(sys.argv[1])
 os.makedirs(workdir, exist_ok=True)
+unsafe = make_private_dir(Path(workdir), Path(workdir))  # privatedir's rule, sent with this
 os.chdir(workdir)
 sys.path.insert(0, workdir)
 out = {"home": os.path.expanduser("~"), "python": sys.version.split()[0]}
+if unsafe:
+    out["workdir_unsafe"] = "%s: %s" % (os.path.abspath(workdir), unsafe)
 # Found, not imported: importing torch takes seconds, and the workers do it anyway.
 import importlib.metadata, importlib.util
 if importlib.util.find_spec("torch") is None:
@@ -114,6 +117,29 @@ print("__autohet_preflight__ " + json.dumps({"free_port": s.getsockname()[1]}))
 s.close()
 """
 _MARK = "__autohet_preflight__ "
+
+
+def _privatedir_source() -> str:
+    import inspect
+
+    from autohet_cli import privatedir
+
+    return inspect.getsource(privatedir)
+
+
+def _program() -> str:
+    """The check program after ``privatedir``'s source (standard library only): the
+    workdir, where the workers import code from, is held to the private-directory rule
+    that checkpoint and cache directories follow."""
+    return _privatedir_source() + _PROGRAM
+
+
+def private_dir_argv(host: Host, path: str, root: str) -> list[str]:
+    """A host command that makes ``path`` (0700) under ``root`` by ``privatedir``'s rule
+    and prints why it is unsafe (nothing when it is safe): for code sent to a host's
+    workdir to run there (``autohet profile``'s probes)."""
+    main = "\nimport sys\nprint(make_private_dir(Path(sys.argv[1]), Path(sys.argv[2])) or '')\n"
+    return [python_for(host), "-c", _privatedir_source() + main, path, root]
 
 
 class PreflightError(AutohetError):
@@ -282,7 +308,7 @@ def _ask(
         [
             python_for(host),
             "-c",
-            _PROGRAM,
+            _program(),
             host.workdir,
             "1" if needs_autohet else "0",
             "1" if port else "0",
@@ -303,6 +329,13 @@ def _ask(
             else "install torch in that interpreter or point `python:` at one that has it"
         )
         problems.insert(0, f"{name} ({host.python}): {info['error']}; {hint}")
+    if "workdir_unsafe" in info:
+        problems.insert(
+            0,
+            f"{name}: refusing the workdir {info['workdir_unsafe']}; the workers run from it "
+            "and import the code synced there, so someone else could plant code they run. "
+            "Use a directory only you can write (the default is ~/autohet)",
+        )
     if problems:
         raise PreflightError("; ".join(problems))
     free = info.get("free_port")

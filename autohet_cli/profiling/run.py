@@ -273,6 +273,24 @@ def remote_workdir(runner: Runner, host: Host) -> str:
     return remote_home(runner) + host.workdir[1:]
 
 
+def private_workdir(runner: Runner, host: Host, path: str, workdir: str) -> None:
+    """Make ``path`` under the host's workdir by the private-directory rule: the probe
+    sent there runs as the user, so nobody else may be able to swap it."""
+    from autohet_cli.launch.preflight import private_dir_argv
+
+    res = runner.run(private_dir_argv(host, path, workdir), timeout_s=30)
+    if res.exit_code != 0:  # not .check(): it would print the whole program
+        tail = " | ".join(res.stderr.strip().splitlines()[-3:]) or "no output"
+        raise ProfileError(f"host {host.name}: cannot make {path} (exit {res.exit_code}): {tail}")
+    why = res.stdout.strip()
+    if why:
+        raise ProfileError(
+            f"host {host.name}: refusing the workdir {workdir}: {why}; the probe sent there "
+            "runs as you, so someone else could swap it. Use a directory only you can write "
+            "(the default is ~/autohet)"
+        )
+
+
 def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None]) -> Profile:
     """Copy the probe and its spec to ``host``, run it, bring the result back."""
     tps = [t for t in req.tps if t <= host.num_gpus] or [1]
@@ -297,7 +315,7 @@ def profile_host(host: Host, req: ProfileRunRequest, say: Callable[[str], None])
     ):
         workdir = remote_workdir(runner, host)
         remote = f"{workdir.rstrip('/')}/profile-{uuid.uuid4().hex[:8]}"
-        runner.run(["mkdir", "-p", remote], timeout_s=30).check()
+        private_workdir(runner, host, remote, workdir)
         local_spec = Path(tmp) / "spec.json"
         local_spec.write_text(json.dumps(spec), encoding="utf-8")
         say("copying the probe")
@@ -344,7 +362,7 @@ def measure_link(a: Host, b: Host, req: ProfileRunRequest, port: int) -> float:
         for rank, (host, runner) in enumerate(zip((a, b), runners, strict=True)):
             workdir = remote_workdir(runner, host)
             remote = f"{workdir.rstrip('/')}/netprobe-{uuid.uuid4().hex[:8]}.py"
-            runner.run(["mkdir", "-p", workdir], timeout_s=30).check()
+            private_workdir(runner, host, workdir, workdir)
             runner.put(NETPROBE, remote)
             env = {
                 "RANK": str(rank),

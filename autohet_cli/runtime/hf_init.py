@@ -8,7 +8,9 @@ last. Instead every rank hands its outcome to one ``all_gather_object`` before
 training: if any rank failed, every rank raises the first failure's message, so
 all stop at once with the same root cause. Rank 0 then prints two lines: the
 checkpoint (directory, files, tensors, bytes, dtypes, that every name and shape
-matched) and what each stage read, converted to which dtype.
+matched) and what each stage read, converted to which dtype; and a third when the
+plan's model deliberately changes the weights' context (another rope, a longer
+window: ``hfconfig.CONTEXT_FIELDS``), so that such a change is never silent.
 """
 
 from __future__ import annotations
@@ -117,8 +119,15 @@ def lines(outcomes: list[Outcome]) -> list[str]:
     stored = sorted({d for _, load in loads for d in load.stored_dtypes})
     dtypes = sorted({load.dtype for _, load in loads})
     names = ", ".join(DTYPE_NAMES.get(d, d) for d in stored)
-    return [
+    out = [
         loads[0][1].checkpoint,
         f"--init-from loaded {names} as {', '.join(dtypes)}; each stage read its own layers "
         f"only: {some(parts, 8)}",
     ]
+    changed = loads[0][1].changed
+    if changed:
+        out.append(
+            f"note: --init-from: the plan's model changes the weights' ({'; '.join(changed)}): "
+            "a deliberate change of model, weights only; it trains from step 0"
+        )
+    return out

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from autohet_cli.hfconfig import differences, load_hf_config
+from autohet_cli.hfconfig import context_changes, differences, load_hf_config
 from autohet_cli.models import ModelSpec
 from autohet_cli.runtime.hf_files import (
     INDEX_FILE,
@@ -60,15 +60,18 @@ __all__ = [
 ]
 
 
-def check_config(spec: ModelSpec, directory: Path) -> None:
+def check_config(spec: ModelSpec, directory: Path) -> tuple[str, ...]:
     """The directory's config.json must describe the plan's architecture (the launcher
-    asks the same of every host first: ``launch.inputcheck``)."""
-    diffs = differences(spec, load_hf_config(str(directory / "config.json")))
+    asks the same of every host first: ``launch.inputcheck``), but for a deliberate
+    change of context (``hfconfig.CONTEXT_FIELDS``): returns those changes."""
+    config = load_hf_config(str(directory / "config.json"))
+    diffs = differences(spec, config)
     if diffs:
         raise HFWeightsError(
             f"{directory}/config.json does not describe the plan's model {spec.name!r} "
             f"({'; '.join(diffs)}); plan with --model {directory}/config.json"
         )
+    return tuple(context_changes(spec, config))
 
 
 class SafetensorsDir:
@@ -170,6 +173,7 @@ class StageLoad:
     stored_dtypes: tuple[str, ...]  # the format's names: BF16, F32, ...
     dtype: str  # what they were converted to: the parameters' dtype
     checkpoint: str  # the whole checkpoint's line (hf_match.describe)
+    changed: tuple[str, ...] = ()  # the plan's deliberate changes (hfconfig.context_changes)
 
 
 def load_hf_weights(module: nn.Module, spec: ModelSpec, directory: str | Path) -> int:
@@ -184,7 +188,7 @@ def load_stage(module: nn.Module, spec: ModelSpec, directory: str | Path) -> Sta
     HF source: ``--init-from`` works with the built-in model families."""
     root = Path(directory)
     check_directory(root)
-    check_config(spec, root)
+    changed = check_config(spec, root)
     sources = family_module(spec).hf_sources(spec)
     expected = expected_tensors(spec)
     names: set[str] = set()
@@ -217,6 +221,7 @@ def load_stage(module: nn.Module, spec: ModelSpec, directory: str | Path) -> Sta
             stored_dtypes=tuple(sorted({files.tensors[n].dtype for n in names})),
             dtype=dtype,
             checkpoint=describe(root, files.tensors, expected, base_prefix=files.base_prefix),
+            changed=changed,
         )
 
 

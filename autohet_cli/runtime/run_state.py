@@ -76,13 +76,25 @@ def check_same_model(trainer: TrainerView, saved: ModelRecord | None, where: str
     load them wherever names and shapes agree, and training would go on silently."""
     if saved is None:
         return  # an older checkpoint: its plan name was compared, nothing more is known
-    differ = model_differences(saved, _model(trainer))
+    mine = _model(trainer)
+    differ = model_differences(saved, mine)
     if differ:
+        from autohet_cli.hfconfig import CONTEXT_FIELDS, FREE_FIELDS
+
+        fields = set(saved.fields) | set(mine.fields)
+        changed = {k for k in fields if saved.fields.get(k) != mine.fields.get(k)}
+        deliberate = changed <= {*CONTEXT_FIELDS, *FREE_FIELDS}
         raise ConfigError(
             f"{where} holds the weights of another model than this plan's "
             f"({trainer.plan.name}): " + "; ".join(differ) + ". Resume with the plan the job "
-            "ran with; to start this model from those weights, export them (autohet export) "
-            "and launch a new job with --init-from (weights only)"
+            "ran with"
+            + (
+                "; to start this model from those weights, export them (autohet export) "
+                "and launch a new job with --init-from (weights only)"
+                if deliberate
+                else "; weights of these shapes mean another model under this plan, "
+                "which no --init-from makes either"
+            )
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from autohet_cli.errors import ConfigError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan
 from autohet_cli.recovery.manifest import load_manifest
+from autohet_cli.runtime import run_state
 from autohet_cli.runtime.trainer import TrainConfig, Trainer
 from tests.planting import plan_of, stage
 
@@ -142,7 +144,7 @@ def test_resume_refuses_another_architecture_of_the_same_shapes(tmp_path: Path) 
     text = str(err.value)
     assert str(step_dir) in text and "another model than this plan's" in text
     assert "num_heads 4 then, 8 now" in text and "num_kv_heads 4 then, 8 now" in text
-    assert "--init-from" in text
+    assert "which no --init-from makes either" in text  # heads are not a context change
     assert resumed.step == 0  # nothing loaded
     for k, v in resumed.stage.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -236,3 +238,53 @@ def test_export_compares_the_recorded_model_not_the_plan_bytes(tmp_path: Path) -
     _, wrong = write_plan(_plan(architecture=other), tmp_path / "q")
     with pytest.raises(ExportError, match=r"another model than .* num_heads 4 then, 8 now"):
         spec_for(opened, wrong)
+
+
+def test_a_rope_change_at_resume_is_refused_and_points_to_init_from() -> None:
+    """Another rope is a deliberate change of model: not a resume (the run trained the
+    old one), but what ``--init-from`` makes (and says), so the refusal names it."""
+    then = get_model("llama-tiny")
+    now = dataclasses.replace(then, rope_theta=500000.0)
+    trainer = SimpleNamespace(plan=SimpleNamespace(architecture=now, name="one"))
+    with pytest.raises(ConfigError) as err:
+        run_state.check_same_model(trainer, model_record(then), "ckpt/step-6")  # type: ignore[arg-type]
+    text = str(err.value)
+    assert "rope_theta 10000.0 then, 500000.0 now" in text
+    assert "launch a new job with --init-from (weights only)" in text
+
+
+@pytest.mark.usefixtures("alone")
+@pytest.mark.parametrize("batch", [16, 4])
+def test_a_batch_8_checkpoint_resumed_at_another_batch_trains_the_next_rows(
+    tmp_path: Path, batch: int
+) -> None:
+    """The issue's case: saved at batch 8, resumed at 16 (rows skipped before) or 4
+    (rows repeated before). The resumed step trains exactly the samples the batch-8 run
+    would have trained next, and the next checkpoint records where that leaves it."""
+    data = _tokens(tmp_path)
+    trainer = _trainer(_plan(batch=8), data)
+    trainer.fit(2)  # samples 0..15
+    ckpt = _ckpt(trainer, tmp_path)
+    ckpt.save()
+    ckpt.close()
+    stream = trainer.data
+    # What batch 8 would train next: samples 16.., as rows of data.
+    nxt = np.concatenate([stream.train_sample_indices(s, 8) for s in (2, 3)])[:batch]  # type: ignore[attr-defined]
+
+    resumed = _trainer(_plan(batch=batch), data)
+    ckpt = _ckpt(resumed, tmp_path)
+    assert ckpt.resume() == 2
+    dataset = resumed.data
+    trained = dataset.train_sample_indices(resumed.step + resumed.data_shift, batch)  # type: ignore[attr-defined]
+    assert np.array_equal(trained, nxt)
+    rows = torch.cat([x for x, _ in resumed._microbatches(resumed.step)])
+    windows = dataset._windows(nxt)[0]  # type: ignore[attr-defined]
+    assert torch.equal(rows, windows)
+    resumed.fit(1)
+    step_dir = ckpt.save()
+    ckpt.close()
+    order = load_manifest(step_dir / "manifest.json").data_order
+    assert order is not None and (order.global_batch_size, order.samples_seen) == (
+        batch,
+        16 + batch,
+    )

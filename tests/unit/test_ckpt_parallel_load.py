@@ -141,7 +141,11 @@ def test_parallel_load_of_a_dtensor(tmp_path: Path) -> None:
         world_size=1,
         files=tuple(
             ManifestFile(
-                path=n, sha256=sha256_file(tmp_path / "c" / n), num_bytes=1, host="h0", rank=0
+                path=n,
+                sha256=sha256_file(tmp_path / "c" / n),
+                num_bytes=(tmp_path / "c" / n).stat().st_size,  # the hash reads this much
+                host="h0",
+                rank=0,
             )
             for n in names
         ),

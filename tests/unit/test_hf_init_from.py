@@ -9,6 +9,7 @@ float32 file: fused and transposed tensors) and edited with safetensors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -265,3 +266,24 @@ def test_a_long_refusal_keeps_its_likely_cause_in_the_record() -> None:
     assert len(kept) <= MAX_MESSAGE_CHARS and kept.startswith("/a/long/snapshot/path/")
     assert kept.endswith("another model's weights?") and " ... " in kept
     assert clip("short") == "short"
+
+
+def test_a_deliberate_rope_change_loads_and_says_so_and_heads_do_not(
+    saved: dict[str, Path],
+) -> None:
+    """Issue 45: another rope (a longer context) from the same weights goes through
+    --init-from, said out loud; other heads of the same shapes are another model."""
+    directory = saved["llama"]
+    theirs = load_hf_config(str(directory / "config.json"))
+    spec = dataclasses.replace(theirs, rope_theta=theirs.rope_theta * 50)
+    said: list[str] = []
+    init_from(our_model(spec), spec, directory, info=info(spec), global_rank=0, say=said.append)
+    assert len(said) == 3, said
+    assert said[2] == (
+        f"note: --init-from: the plan's model changes the weights' (rope_theta: plan "
+        f"{spec.rope_theta!r}, config {theirs.rope_theta!r}): a deliberate change of model, "
+        "weights only; it trains from step 0"
+    )
+    heads = dataclasses.replace(theirs, num_heads=theirs.num_heads * 2)
+    with pytest.raises(HFWeightsError, match=r"does not describe the plan's model.*num_heads"):
+        load_stage(our_model(theirs), heads, directory)

@@ -92,3 +92,30 @@ def test_a_hung_check_ahead_is_named_within_the_preflight_s_own_timeout(tmp_path
         with pytest.raises(PreflightError, match="a: .* did not answer within 1 s"):
             preflight(pool, ["a"], needs_autohet=True, port_host=None, timeout_s=1.0)
         assert time.monotonic() - started < 3.0
+
+
+def test_a_workdir_others_can_write_is_refused_by_the_private_directory_rule(
+    tmp_path: Path,
+) -> None:
+    """Issue 45: the workers import code from the host's workdir (--sync-dir, a
+    --data-fn module), so it follows the rule checkpoint and cache directories do."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may rename what we put here
+    host = cpu_host("a", python=sys.executable, workdir=str(shared / "work"))
+    cluster = Cluster(name="c", hosts=(host,), inter_node_gbps=10.0)
+    with HostPool(cluster, ConnectOptions()) as pool, pytest.raises(PreflightError) as err:
+        preflight(pool, ["a"], needs_autohet=False, port_host=None)
+    text = str(err.value)
+    assert text.startswith(
+        f"a: refusing the workdir {shared / 'work'}: {shared} is writable by others"
+    )
+    assert "someone else could plant code" in text
+    (shared / "work").chmod(0o777)
+    shared.chmod(0o1777)  # sticky as /tmp: then the workdir itself is what matters
+    with HostPool(cluster, ConnectOptions()) as pool, pytest.raises(PreflightError) as err:
+        preflight(pool, ["a"], needs_autohet=False, port_host=None)
+    assert f"{shared / 'work'} is writable by others (mode 0777)" in str(err.value)
+    (shared / "work").chmod(0o700)
+    with HostPool(cluster, ConnectOptions()) as pool:
+        assert preflight(pool, ["a"], needs_autohet=False, port_host=None)["a"].home
