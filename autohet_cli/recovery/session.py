@@ -32,6 +32,7 @@ from typing import Any
 
 from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.errors import TransportError
 from autohet_cli.launch import jobs, runfolder
@@ -133,7 +134,10 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                     holders = sorted({h for hs in choice.holders.values() for h in hs})
                     in_remote = root if choice.step_dir in remote else None
                     pins.enter_context(pinned_step(pool, holders, ns, choice.step, in_remote, say))
-                say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
+                say(
+                    f"lost: {', '.join(gone) or 'none'}; resuming job {job} from "
+                    f"{choice.step_dir} ({after(choice.step)})"
+                )
                 if r is None:
                     with clock.phase("replan"):
                         r = _replan(old, cl, cluster_path, [*gone, *absent], req, choice)

@@ -224,3 +224,5 @@ def test_a_host_that_vanishes_mid_copy_fails_the_real_copy_and_is_recovered_from
     assert load_plan(result.report["new_plan_path"]).hosts() == ["a"]
     assert "plan: recovered from the loss of b, c" in said, said
     assert set(_intact(site, "a", 6).values()) == {True}  # a holds every file, verified
+    # The checkpoint's step named as the log's, as every message names it (issue 46.7).
+    assert "lost: c; resuming job 20260101T000000Z-abcd from step-00000006 (after step 5)" in said

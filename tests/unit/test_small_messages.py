@@ -33,7 +33,8 @@ def test_recover_says_its_phases_and_dry_run_as_lines() -> None:
     )
     text = "\n".join(lines)
     assert "{" not in text
-    assert "  lost: fake-4; resume job J at step 6" in lines
+    # A checkpoint's step says which logged step it follows, as every message does.
+    assert "  lost: fake-4; resume job J at checkpoint step 6 (after step 5)" in lines
     assert "    was m=2: a" in lines and "    now m=2: b" in lines
     assert "1 file(s), 2,048 B from peers, 0 B from remote storage (rule R" in text
     assert "  paths on fake-2: --data /d" in lines and "fake-3:" not in text
