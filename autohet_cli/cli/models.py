@@ -48,14 +48,21 @@ def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _print_table(title: str, rows: list[dict[str, object]], columns: dict[str, str]) -> None:
+def _print_table(
+    title: str,
+    rows: list[dict[str, object]],
+    columns: dict[str, str],
+    numeric: frozenset[str] = frozenset(),
+) -> None:
     """Rows as a rich table; ``columns`` maps row keys to headers, in display order.
 
-    Text columns are left-aligned and numbers right-aligned so digits line up.
+    Text columns are left-aligned and numbers (and the ``numeric`` keys, numbers
+    written as text) right-aligned so digits line up.
     """
     table = Table(title=title)
     for key, header in columns.items():
-        table.add_column(header, justify="left" if isinstance(rows[0][key], str) else "right")
+        left = isinstance(rows[0][key], str) and key not in numeric
+        table.add_column(header, justify="left" if left else "right")
     for row in rows:
         table.add_row(*(_cell(row[key]) for key in columns))
     Console().print(table)
@@ -75,16 +82,19 @@ def list_models(
     if json_output:
         typer.echo(json.dumps(rows, indent=2))
         return
+    # In K/M/B as models show writes them: "0.0002205" billion is not read at a glance.
+    for row in rows:
+        row["params_text"] = params_text(int(str(row["params"])))
     columns = {
         "name": "name",
         "family": "family",
         "layers": "layers",
         "blocks": "blocks",
-        "params_b": "params (B)",
+        "params_text": "params",
         "hidden": "hidden",
         "heads": "heads",
     }
-    _print_table("Model zoo", rows, columns)
+    _print_table("Model zoo", rows, columns, numeric=frozenset({"params_text"}))
 
 
 def params_text(n: int) -> str:

@@ -15,6 +15,10 @@ traceback and its box, and only them:
 - a held block that grows past ``MAX_HELD_LINES`` or is still open when the job
   closes is echoed as it is: nothing is ever lost from the console but torchrun's.
 
+Every rank of a host that refuses the same thing (a config.json of another model:
+each reads it) prints the same ``autohet runtime: error: ...`` line; the console
+shows a host's line once.
+
 Only the console is filtered: each host's log file in the run folder and the
 output tail that ``triage`` and ``logcause`` read get every line (the executor
 writes those before calling :meth:`Console.echo`).
@@ -30,6 +34,7 @@ AGENT_EXCEPTION = "ChildFailedError"
 BOX_RULE = "=" * 20  # torchrun's box starts and ends with a rule of 60 '='
 MAX_HELD_LINES = 400  # a traceback longer than this is echoed rather than held
 MAX_BOX_LINES = 400  # a box that never closes stops hiding lines after this many
+RUNTIME_ERROR = "autohet runtime: error: "
 
 _ECHO, _HELD, _BOX_NEXT, _IN_BOX = range(4)
 
@@ -42,8 +47,13 @@ class StreamFilter:
         self._state = _ECHO
         self._held: list[str] = []
         self._box_lines = 0
+        self._errors_shown: set[str] = set()
 
     def feed(self, line: str) -> list[str]:
+        if line.startswith(RUNTIME_ERROR):
+            if line in self._errors_shown:
+                return []  # another rank's copy of a refusal already shown
+            self._errors_shown.add(line)
         if self._state == _BOX_NEXT:
             if line.startswith(BOX_RULE):
                 self._state, self._box_lines = _IN_BOX, 0

@@ -9,6 +9,10 @@ interpreter, one round trip, no torch) reads instead:
 - ``--init-from``: the directory's ``config.json``, read there and parsed here by
   ``hfconfig``, against the plan's model, field by field as the runtime's own
   check does (``hfconfig.differences``: hidden size, layers, heads, vocabulary...);
+  then its safetensors headers, read there by the host's ``runtime.hf_files``, and
+  here their names, shapes and dtypes against the whole model
+  (``runtime.hf_match.check_headers``, the workers' own check; not for a
+  ``--model-fn``, whose names are its own);
 - ``--data``: the token file opened and its ids checked against the model's
   vocabulary by the host's own ``autohet_cli.dataset`` (numpy only), as the
   workers will; then, here, the rules ``runtime.data_api`` applies before
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from autohet_cli.cluster import Host, python_for
@@ -58,6 +63,18 @@ if req.get("init_from"):
             out["config"] = f.read(16 << 20).decode("utf-8", "replace")
     except OSError as exc:
         out["config_error"] = exc.strerror or str(exc)
+    if req.get("tensors") and "config" in out:
+        try:
+            from pathlib import Path
+            from autohet_cli.runtime.hf_files import HFWeightsError, scan
+        except ImportError as exc:
+            out["tensors_skipped"] = str(exc)
+        else:
+            try:
+                found = scan(Path(os.path.expanduser(req["init_from"])))
+                out["tensors"] = {n: [e.file, e.dtype, list(e.shape)] for n, e in found.items()}
+            except HFWeightsError as exc:
+                out["tensors_error"] = str(exc)
 if req.get("data"):
     try:
         from pathlib import Path
@@ -101,6 +118,7 @@ def check_inputs(
         init, data = wanted[host.name].get("--init-from"), wanted[host.name].get("--data")
         request = {
             "init_from": init.path if init else None,
+            "tensors": not custom_model,  # a --model-fn's names are its own
             "data": data.path if data else None,
             "dtype": _last(train_args, "--data-dtype"),
             "vocab": vocab,
@@ -180,13 +198,37 @@ def _init_problems(
         return [pathargs.problem(arg, host, str(exc), arg.path)]
     diffs = differences(spec, theirs)
     if not diffs:
-        return []
+        return _tensor_problems(host, arg, info, spec)
     what = (
         f"its config.json does not describe the plan's model {spec.name!r} "
         f"({'; '.join(diffs)}); pass the directory of the plan's model, or plan with "
         f"--model {where}"
     )
     return [pathargs.problem(arg, host, what, arg.path)]
+
+
+def _tensor_problems(
+    host: Host, arg: PathArg, info: Mapping[str, Any], spec: ModelSpec
+) -> list[str]:
+    """The weights' names, shapes and dtypes (the host's safetensors headers) against
+    the model, as every worker checks them before it reads a tensor."""
+    if "tensors_error" in info:
+        return [pathargs.problem(arg, host, str(info["tensors_error"]), arg.path)]
+    if not isinstance(info.get("tensors"), dict):
+        return []  # no autohet there to read them with: the workers' own check stands
+    from autohet_cli.runtime.hf_files import HFWeightsError, TensorEntry
+    from autohet_cli.runtime.hf_match import check_headers  # torch: only with --init-from
+
+    tensors = {
+        name: TensorEntry(file=str(file), dtype=str(dtype), shape=tuple(int(d) for d in shape))
+        for name, (file, dtype, shape) in info["tensors"].items()
+    }
+    where = Path(str(info.get("config_path", arg.path))).parent
+    try:
+        check_headers(where, tensors, spec)
+    except HFWeightsError as exc:
+        return [pathargs.problem(arg, host, str(exc), arg.path)]
+    return []
 
 
 def _data_problems(

@@ -28,7 +28,7 @@ from autohet_cli.ckpt.format import remote_root
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
 from autohet_cli.cluster import load_cluster
 from autohet_cli.defaults import resolve_cluster_path
-from autohet_cli.errors import PlanError
+from autohet_cli.errors import ConfigError, PlanError
 from autohet_cli.launch import jobs
 from autohet_cli.launch.attempt import (
     Attempt,
@@ -82,8 +82,19 @@ class LaunchResult:
 
 
 def resolve_cluster(plan: Plan, cluster: str | None) -> str:
-    """``--cluster``, else the plan's own cluster file, else the embedded localhost."""
-    return str(resolve_cluster_path(cluster or plan.inputs.get("cluster", {}).get("path")))
+    """``--cluster``, else the plan's own cluster file, else the embedded localhost.
+
+    The plan keeps its cluster path as ``autohet plan`` was given it: a relative one
+    is read from the current directory, so a launch or recover from elsewhere says
+    so and how to point at the file (the launch ended in a FileNotFoundError)."""
+    path = resolve_cluster_path(cluster or plan.inputs.get("cluster", {}).get("path"))
+    if not cluster and not path.is_absolute() and not path.exists():
+        raise ConfigError(
+            f"{path}: file not found (plan {plan.name}.v{plan.version}'s cluster file, "
+            f"named relative to where it was planned; read from {Path.cwd()}): run from "
+            "the directory you planned in, or pass --cluster PATH"
+        )
+    return str(path)
 
 
 def prepare(
@@ -91,8 +102,8 @@ def prepare(
 ) -> Prepared:
     plan = load_plan(plan_file)
     cluster_path = resolve_cluster(plan, cluster)
+    cl = load_cluster(cluster_path)  # its errors name the file (a --cluster typo)
     _check_fingerprint(plan, plan_file, cluster_path, force)
-    cl = load_cluster(cluster_path)
     if backend is not None:
         cl = dataclasses.replace(cl, backend=backend_from(backend, "--backend"))
     check_against_cluster(

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autohet_cli.ckpt.steptext import after
+
 if TYPE_CHECKING:
     from autohet_cli.recovery.replan import Replan
     from autohet_cli.recovery.transfer import TransferPlan
@@ -185,12 +187,12 @@ def dry_run_text(planned: Mapping[str, Any]) -> list[str]:
     lines = [
         "dry run: nothing moved, no plan written, nothing started (--json for every detail)",
         f"  lost: {', '.join(planned.get('lost') or []) or 'none'}; resume job "
-        f"{planned.get('job', '?')} at step {planned.get('step')}",
+        f"{planned.get('job', '?')} at {_checkpoint_step(planned.get('step'))}",
         f"  new plan on: {', '.join(planned.get('new_plan_hosts') or [])}",
     ]
-    for before, after in zip(diff.get("old") or [], diff.get("new") or [], strict=False):
-        lines.append(f"    was {before}")
-        lines.append(f"    now {after}")
+    for was, now in zip(diff.get("old") or [], diff.get("new") or [], strict=False):
+        lines.append(f"    was {was}")
+        lines.append(f"    now {now}")
     for extra in (diff.get("new") or [])[len(diff.get("old") or []) :]:
         lines.append(f"    now {extra}")
     lines.append(
@@ -204,3 +206,8 @@ def dry_run_text(planned: Mapping[str, Any]) -> list[str]:
             lines.append(f"  paths on {host}: {given}")
     lines += [f"  note: {n}" for n in planned.get("notes") or []]
     return lines
+
+
+def _checkpoint_step(step: object) -> str:
+    """``checkpoint step 6 (after step 5)``: a checkpoint's step named as the log's."""
+    return f"checkpoint step {step} ({after(step)})" if isinstance(step, int) else f"step {step}"

@@ -32,6 +32,7 @@ from typing import Any
 
 from autohet_cli.ckpt.format import namespace
 from autohet_cli.ckpt.retention import DEFAULT_KEEP
+from autohet_cli.ckpt.steptext import after
 from autohet_cli.cluster import Cluster, load_cluster
 from autohet_cli.errors import TransportError
 from autohet_cli.launch import jobs, runfolder
@@ -133,7 +134,10 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                     holders = sorted({h for hs in choice.holders.values() for h in hs})
                     in_remote = root if choice.step_dir in remote else None
                     pins.enter_context(pinned_step(pool, holders, ns, choice.step, in_remote, say))
-                say(f"lost: {', '.join(gone) or 'none'}; resuming job {job} from {choice.step_dir}")
+                say(
+                    f"lost: {', '.join(gone) or 'none'}; resuming job {job} from "
+                    f"{choice.step_dir} ({after(choice.step)})"
+                )
                 if r is None:
                     with clock.phase("replan"):
                         r = _replan(old, cl, cluster_path, [*gone, *absent], req, choice)
@@ -219,15 +223,22 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
                 remote_storage=remote_root(cl.remote_storage, os.environ),
             )
             with clock.phase("relaunch"):
-                outcome = run_job(
-                    prepared,
-                    pool,
-                    train_args=relaunch_args(req, choice.step),
-                    master_port=req.master_port,
-                    runs_root=req.runs_root,
-                    printer=say,
-                    job_choice=JobChoice(resume=True, job=job, key=key),
-                )
+                try:
+                    outcome = run_job(
+                        prepared,
+                        pool,
+                        train_args=relaunch_args(req, choice.step),
+                        master_port=req.master_port,
+                        runs_root=req.runs_root,
+                        printer=say,
+                        job_choice=JobChoice(resume=True, job=job, key=key),
+                    )
+                except TransportError as exc:
+                    relaunch = _lost_before_start(pool, new_plan, new_path, exc, say)
+                    report = dataclasses.replace(report, phases=clock.phases)
+                    return RecoverResult(
+                        exit_code=3, report={**report.to_dict(), "job": job, "relaunch": relaunch}
+                    )
             say(f"{outcome.status}: {outcome.detail or outcome.last_status}")
             say(runfolder.end_line(outcome.local_run_dir))
             code = outcome.exit_code
@@ -240,6 +251,28 @@ def recover(req: RecoverRequest, say: Say) -> RecoverResult:
     return RecoverResult(
         exit_code=code, report={**report.to_dict(), "job": job, "relaunch": relaunch}
     )
+
+
+def _lost_before_start(
+    pool: HostPool, plan: Plan, path: Path, exc: TransportError, say: Say
+) -> dict[str, Any]:
+    """A host of the plan just written stopped answering after the copy, before the
+    resumed run started (its preflight): the wave goes on, and the relaunch is
+    reported as one that lost that host, which ``--auto-recover`` recovers from."""
+    newly = rx.unreachable(pool, plan.hosts())
+    if not newly:
+        raise exc
+    rest = [h for h in plan.hosts() if h not in newly]
+    say(
+        f"{', '.join(newly)}: lost after the copy, before the resumed run started ({exc}); "
+        + (
+            f"the checkpoint is in place on {', '.join(rest)}: autohet recover {path} "
+            "(--auto-recover does it at once)"
+            if rest
+            else "every host of the new plan is lost; once some answer again, run recover again"
+        )
+    )
+    return {"status": "host_lost", "lost_hosts": newly, "recoverable": bool(rest)}
 
 
 def next_wave(req: RecoverRequest, result: RecoverResult) -> RecoverRequest | None:

@@ -34,6 +34,7 @@ from autohet_cli.runtime.hf_files import (
     OTHER_DTYPES,
     HFWeightsError,
     TensorEntry,
+    check_dtypes,
 )
 from autohet_cli.runtime.model_api import ModelRequest
 from autohet_cli.runtime.models import family_module
@@ -108,6 +109,28 @@ def expected_tensors(spec: ModelSpec) -> Expected:
         src = family_module(spec).hf_sources(spec)[head]
         optional[TIED_HEAD] = required[src.name]
     return Expected(required=required, optional=optional)
+
+
+def check_headers(directory: Path, tensors: Mapping[str, TensorEntry], spec: ModelSpec) -> None:
+    """What ``hf_weights.load_stage`` checks before it reads a byte, from the headers
+    alone: dtypes, then names and shapes against the whole model (a base-model save
+    read under its prefix). The launcher asks it of every host before any worker
+    starts (``launch.inputcheck``), so a dry run refuses what the workers would."""
+    expected = expected_tensors(spec)
+    prefix = base_prefix(tensors, expected.required)
+    if prefix is not None:
+        tensors = {ours: tensors[theirs] for ours, theirs in stored_names(tensors, prefix).items()}
+    known = {n for n in tensors if ignorable(n, expected)}
+    check_dtypes(directory, tensors, {*expected.required, *known})
+    check_match(directory, tensors, spec, expected)
+
+
+def stored_names(stored: Collection[str], prefix: str) -> dict[str, str]:
+    """Our name -> the stored one, for a base-model save (``base_prefix``): the body's
+    names gain the prefix, a head keeps its own."""
+    head = [n for n in stored if n.startswith("lm_head.")]
+    body = {prefix + n: n for n in stored if not n.startswith("lm_head.")}
+    return body | {n: n for n in head}
 
 
 def ignorable(name: str, expected: Expected) -> bool:

@@ -45,6 +45,7 @@ from autohet_cli.runtime.hf_match import (
     describe,
     expected_tensors,
     ignorable,
+    stored_names,
 )
 from autohet_cli.runtime.model_api import local_block
 from autohet_cli.runtime.models import family_module
@@ -92,8 +93,7 @@ class SafetensorsDir:
         if prefix is None:
             return
         self.base_prefix = prefix
-        self.stored = {prefix + n: n for n in self.tensors if not n.startswith("lm_head.")}
-        self.stored |= {n: n for n in self.tensors if n.startswith("lm_head.")}
+        self.stored = stored_names(self.tensors, prefix)
         self.tensors = {ours: self.tensors[theirs] for ours, theirs in self.stored.items()}
         self.files = {name: e.file for name, e in self.tensors.items()}
 

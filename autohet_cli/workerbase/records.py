@@ -62,8 +62,13 @@ def _rank() -> int:
 
 def say(message: str) -> None:
     """A line for the launcher's log (``autohet runtime: ...``; errors are
-    ``autohet runtime: error: ...``, which triage reads when no record exists)."""
-    print(f"autohet runtime: {message}", file=sys.stderr, flush=True)
+    ``autohet runtime: error: ...``, which triage reads when no record exists).
+
+    One write, newline included: workers run unbuffered (PYTHONUNBUFFERED) and share
+    their host's stderr pipe, and ``print`` writes the text and its newline apart, so
+    two ranks refusing at once came out as one line of both texts and an empty one."""
+    sys.stderr.write(f"autohet runtime: {message}\n")
+    sys.stderr.flush()
 
 
 def write_boot(run_dir: Path | None, rank: int | None = None) -> None:

@@ -288,7 +288,11 @@ def test_incomplete_and_corrupt_checkpoints_and_a_rerun(
     human = _recover(tmp_path, plan, "--dry-run")  # no --lost: probes, finds fake-4 gone
     assert human.returncode == 0, human.stdout + human.stderr
     assert "dry run: nothing moved" in human.stdout and "{" not in human.stdout, human.stdout
-    assert re.search(r"^  lost: fake-4; resume job \S+ at step \d+$", human.stdout, re.M)
+    assert re.search(
+        r"^  lost: fake-4; resume job \S+ at checkpoint step \d+ \(after step \d+\)$",
+        human.stdout,
+        re.M,
+    )
     dry = _recover(tmp_path, plan, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     moved = json.loads(dry.stdout)

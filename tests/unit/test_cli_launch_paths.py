@@ -191,3 +191,29 @@ def test_recover_reads_relative_paths_like_launch(tmp_path: Path) -> None:
         tmp_path,
     )
     assert f"host a (localhost): --data tok.bin: no such file or directory (read as {cwd}/" in err
+
+
+def test_a_plans_relative_cluster_path_read_from_elsewhere_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan keeps ``--cluster`` as typed; launched from another directory (or with
+    a --cluster typo) the launch ended in a FileNotFoundError traceback."""
+    from autohet_cli.errors import ConfigError
+    from autohet_cli.launch.session import prepare
+
+    plan = localhost_plan(tmp_path)
+    raw = yaml.safe_load(plan.read_text())
+    raw["inputs"]["cluster"]["path"] = "cluster.yaml"  # as `autohet plan --cluster cluster.yaml`
+    plan.write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    with pytest.raises(ConfigError) as exc:
+        prepare(plan, None)
+    assert str(exc.value) == (
+        "cluster.yaml: file not found (plan paths.v1's cluster file, named relative to "
+        f"where it was planned; read from {tmp_path}/proj): run from the directory you "
+        "planned in, or pass --cluster PATH"
+    )
+    with pytest.raises(ConfigError, match=r"^nosuch\.yaml: file not found$"):
+        prepare(plan, "nosuch.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert prepare(plan, None).cluster_path == "cluster.yaml"

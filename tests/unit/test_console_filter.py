@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
+import pytest
+
 from autohet_cli.cluster import Cluster, Host
 from autohet_cli.launch.consolefilter import MAX_HELD_LINES, Console, StreamFilter
 from autohet_cli.launch.executor import Job
@@ -99,3 +101,37 @@ def test_console_flushes_what_each_host_holds_at_the_end() -> None:
     console.echo("b", "stdout", "step 1 loss 2.0 tokens/s 3")
     console.flush()
     assert said == ["[b] step 1 loss 2.0 tokens/s 3", "[a] Traceback (most recent call last):"]
+
+
+def test_a_refusal_every_rank_prints_is_shown_once_per_host() -> None:
+    """Issue 46: both ranks of a host refused the same --init-from; the console had
+    their two texts run together on one line, then an empty one."""
+    other = "autohet runtime: error: rank 1: something else"
+    shown = echoed([OWN, OWN, other, OWN, *_agent_part("giveup")])
+    assert shown[:2] == [OWN, other] and shown.count(OWN) == 1
+    console: list[str] = []
+    c = Console(console.append)
+    for host in ("a", "b"):
+        c.echo(host, "stderr", OWN)
+        c.echo(host, "stderr", OWN)
+    assert console == [f"[a] {OWN}", f"[b] {OWN}"]
+
+
+def test_a_workers_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers share their host's unbuffered stderr: ``print`` wrote the text and the
+    newline in two writes, so two ranks' refusals interleaved into one line."""
+    import io
+    import sys
+
+    from autohet_cli.workerbase.records import say
+
+    writes: list[str] = []
+
+    class Pipe(io.StringIO):
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return len(s)
+
+    monkeypatch.setattr(sys, "stderr", Pipe())
+    say("error: no")
+    assert writes == ["autohet runtime: error: no\n"]

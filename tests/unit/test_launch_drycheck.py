@@ -32,6 +32,19 @@ def _hf_dir(where: Path, **changed: int) -> Path:
     return where
 
 
+def _weights(where: Path, **changed: tuple[int, ...]) -> Path:
+    """``model.safetensors`` with every tensor the model reads, zeros of its shape
+    (``changed``: a tensor of another shape); only headers are read before a launch."""
+    import torch
+    from safetensors.torch import save_file
+
+    from autohet_cli.runtime.hf_match import expected_tensors
+
+    shapes = {**expected_tensors(SPEC).required, **changed}
+    save_file({n: torch.zeros(s) for n, s in shapes.items()}, str(where / "model.safetensors"))
+    return where
+
+
 def _tokens(path: Path, ids: np.ndarray) -> Path:
     ids.astype(np.uint16).tofile(path)
     return path
@@ -106,7 +119,7 @@ def test_data_the_workers_would_refuse_is_refused_before_they_start(
 
 
 def test_usable_inputs_pass_and_every_problem_is_named_at_once(here: Path, tmp_path: Path) -> None:
-    same = _hf_dir(tmp_path / "same")
+    same = _weights(_hf_dir(tmp_path / "same"))
     ok = _tokens(tmp_path / "ok.bin", np.arange(1000) % SPEC.vocab_size)
     said = _check(here, f"--data={ok}", init_from=str(same))
     assert said[-1].startswith("dry run: checked 1 host(s): interpreter, torch, autohet, paths")
@@ -117,3 +130,26 @@ def test_usable_inputs_pass_and_every_problem_is_named_at_once(here: Path, tmp_p
     message = str(exc.value)
     assert f"num_blocks: plan {SPEC.num_blocks}, config {SPEC.num_blocks + 2}" in message
     assert "holds id 300" in message
+
+
+def test_a_dry_run_refuses_weights_of_other_names_or_shapes_as_every_worker_would(
+    here: Path, tmp_path: Path
+) -> None:
+    """Issue 46 (build 4): the right config.json beside weights of another shape passed
+    the dry run; the workers refused it after torchrun's start-up."""
+    from autohet_cli.runtime.hf_match import expected_tensors
+
+    name, shape = next(iter(expected_tensors(SPEC).required.items()))
+    narrow = _weights(_hf_dir(tmp_path / "narrow"), **{name: (shape[0], shape[1] - 1)})
+    with pytest.raises(PreflightError) as exc:
+        _check(here, init_from=str(narrow))
+    message = str(exc.value)
+    assert message.startswith(f"host localhost (localhost): --init-from {narrow}: {narrow}: ")
+    assert f"1 tensor of another shape: {name} [{shape[0]}, {shape[1] - 1}]" in message
+    bare = _hf_dir(tmp_path / "bare")  # config.json, no weights
+    with pytest.raises(PreflightError, match="no model.safetensors or model.safetensors.index"):
+        _check(here, init_from=str(bare))
+    # A --model-fn names its own parameters: only config.json is compared.
+    mine = tmp_path / "mine.py"
+    mine.write_text("def build(request): ...\n")
+    _check(here, f"--model-fn={mine}:build", init_from=str(bare))

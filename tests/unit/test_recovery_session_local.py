@@ -4,6 +4,7 @@ corrupt (issue 29, medium 8)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -179,3 +180,92 @@ def test_auto_recover_follows_a_wave_into_the_next_recover(
     calls.clear()
     res = CliRunner().invoke(app, args[:-1])
     assert res.exit_code == 3 and len(calls) == 1
+
+
+def test_a_host_that_vanishes_mid_copy_fails_the_real_copy_and_is_recovered_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above makes the copy raise; here the copy is recover's own and only the
+    host goes: once the copy has begun, b answers nothing (as a reclaimed spot host's
+    sshd), and what the real copy code makes of that must bring recover to replan
+    without b, copy again and land on a alone."""
+    from autohet_cli.errors import HostUnreachable
+    from autohet_cli.plan import load_plan
+    from autohet_cli.recovery import copies
+    from autohet_cli.transport.pool import HostPool
+
+    site = make_site(tmp_path)
+    real_runner, real_copy = HostPool.runner, copies.execute_transfers
+    down: set[str] = set()
+    copying: list[list[str]] = []
+
+    class Gone:
+        def __getattr__(self, name: str) -> object:
+            def refuse(*_a: object, **_k: object) -> object:
+                raise HostUnreachable("connection refused (test)", host="b")
+
+            return refuse
+
+    def runner(self: HostPool, name: str) -> object:
+        return Gone() if name in down else real_runner(self, name)
+
+    def copy(tp: object, *args: object, **kw: object) -> object:
+        copying.append(sorted({i.dest_host for i in tp.items}))  # type: ignore[attr-defined]
+        down.add("b")  # b is reclaimed as the copy starts
+        return real_copy(tp, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HostPool, "runner", runner)
+    monkeypatch.setattr(copies, "execute_transfers", copy)
+    said: list[str] = []
+    result = session.recover(_request(site.plan_file), said.append)
+    assert result.exit_code == 0, said
+    assert "b" in copying[0], (copying, said)  # b was a destination of the first copy
+    lost = [s for s in said if s.startswith("b: lost during the copy (")]
+    assert lost and "connection refused (test)" in lost[0], said
+    assert load_plan(result.report["new_plan_path"]).hosts() == ["a"]
+    assert "plan: recovered from the loss of b, c" in said, said
+    assert set(_intact(site, "a", 6).values()) == {True}  # a holds every file, verified
+    # The checkpoint's step named as the log's, as every message names it (issue 46.7).
+    assert "lost: c; resuming job 20260101T000000Z-abcd from step-00000006 (after step 5)" in said
+
+
+def test_a_host_lost_after_the_copy_before_the_run_starts_is_a_wave_auto_recover_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: b stops answering between the copy and the resumed run's start (its
+    preflight): recover said only the transport's error and stopped. Now the relaunch
+    counts as one that lost b, which next_wave (--auto-recover) recovers from."""
+    from autohet_cli.errors import HostUnreachable
+    from autohet_cli.transport.pool import HostPool
+
+    site = make_site(tmp_path)
+    real_runner = HostPool.runner
+    down: set[str] = set()
+
+    class Gone:
+        def __getattr__(self, name: str) -> object:
+            def refuse(*_a: object, **_k: object) -> object:
+                raise HostUnreachable("connection refused (test)", host="b")
+
+            return refuse
+
+    def runner(self: HostPool, name: str) -> object:
+        return Gone() if name in down else real_runner(self, name)
+
+    def run_job(*_a: object, **_k: object) -> object:
+        down.add("b")
+        raise HostUnreachable("host b: connection refused (test)", host="b")
+
+    monkeypatch.setattr(HostPool, "runner", runner)
+    monkeypatch.setattr(session, "run_job", run_job)
+    monkeypatch.setattr(session, "preflight_ahead", lambda *_a, **_k: None)
+    said: list[str] = []
+    req = dataclasses.replace(_request(site.plan_file), resume=True)
+    result = session.recover(req, said.append)
+    assert result.exit_code == 3, said
+    relaunch = result.report["relaunch"]
+    assert relaunch == {"status": "host_lost", "lost_hosts": ["b"], "recoverable": True}
+    v2 = result.report["new_plan_path"]
+    assert f"the checkpoint is in place on a: autohet recover {v2}" in said[-1], said
+    nxt = session.next_wave(req, result)
+    assert nxt is not None and nxt.lost == ("b",) and str(nxt.plan_file) == v2
