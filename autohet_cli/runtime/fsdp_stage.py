@@ -52,9 +52,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import (
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor, Shard
 
 from autohet_cli.plan import Plan
@@ -62,6 +68,7 @@ from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.stage import StageModule, layer_loss
 from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.train_config import TrainConfig
+from autohet_cli.settings import GRAD_REDUCE_DTYPE
 
 
 def weight_sharded(plan: Plan) -> bool:
@@ -97,6 +104,7 @@ def attach_sharding(
     config: TrainConfig,
     init_weights: Callable[[], None],
     uninitialised: bool,
+    compute: torch.dtype = torch.float32,
 ) -> ShardedStage | None:
     """The trainer's one call: refuse what a sharded run cannot do yet
     (``check_sharded_run``), draw this rank's weights whole if they have no values
@@ -109,11 +117,25 @@ def attach_sharding(
     check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
     if plan.pipelines[info.pipeline].stages[info.stage].shard == "weights" and uninitialised:
         init_weights()
-    return shard_stage(stage, runtime, tied)
+    return shard_stage(stage, runtime, tied, compute)
+
+
+def mixed_precision(compute: torch.dtype) -> MixedPrecisionPolicy:
+    """FSDP's gathers in the compute dtype (bf16/fp16 on a GPU: half the bytes and the
+    working set the cost and memory models count, ``costmodel.sharding``), its
+    reduce-scatters in ``GRAD_REDUCE_DTYPE`` as every other gradient reduction here;
+    fp32 (a CPU) changes nothing. The fp32 master weights stay in the shards."""
+    reduce = getattr(torch, GRAD_REDUCE_DTYPE)
+    return MixedPrecisionPolicy(
+        param_dtype=None if compute == torch.float32 else compute, reduce_dtype=reduce
+    )
 
 
 def shard_stage(
-    stage: StageModule, runtime: Runtime, tied: Sequence[Sequence[str]]
+    stage: StageModule,
+    runtime: Runtime,
+    tied: Sequence[Sequence[str]],
+    compute: torch.dtype = torch.float32,
 ) -> ShardedStage | None:
     """Apply FSDP2 to this rank's stage if its plan stage says ``shard: weights``;
     None otherwise. After ``Runtime.build_sync_groups`` (the holders' group) and
@@ -139,17 +161,26 @@ def shard_stage(
     ignored = {every[n] for names in tied for n in names if n in every}
     ignored_ids = {id(p) for p in ignored}
     reshard = spec.reshard_after_forward
+    policy = mixed_precision(compute)
     layers = list(stage.layers.values())
     modules: list[FSDPModule] = []
     for layer in layers:
         if all(id(p) in ignored_ids for p in layer.parameters()):
             continue  # nothing of its own to shard (only tied weights)
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=reshard,
+            ignored_params=ignored,
+            mp_policy=policy,
+        )
         assert isinstance(layer, FSDPModule)
         modules.append(layer)
         if layer is layers[-1] and layer_loss(layer) is not None:
             register_fsdp_forward_method(layer, "loss")  # the pipeline's fused loss
-    fully_shard(stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored)
+    fully_shard(
+        stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored, mp_policy=policy
+    )
     assert isinstance(stage, FSDPModule)
     modules.append(stage)
     for module in modules:

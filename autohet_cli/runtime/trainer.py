@@ -101,7 +101,13 @@ class Trainer:
         self.runtime.build_sync_groups([(g[0], tuple(layer_of(n) for n in g)) for g in self.tied])
         # shard: weights (FSDP2): after the sync groups (its mesh is one group).
         self.fsdp = attach_sharding(
-            self.stage, self.runtime, self.tied, config, self.init_weights, self._uninitialised
+            self.stage,
+            self.runtime,
+            self.tied,
+            config,
+            self.init_weights,
+            self._uninitialised,
+            self._precision(),
         )
         kind = plan.training.optimizer
         self.grad_sync = GradSync(

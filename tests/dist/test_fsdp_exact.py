@@ -199,7 +199,8 @@ def test_sharded_checkpoints_resume_under_one_device_and_another_sharded_plan(
     process draws them."""
     (tmp_path / "plans").mkdir()
     one = make_plan(CKPT, [(8, [(0, NUM_LAYERS)])], optimizer="adam")
-    _run_ckpt(_ckpt_args(replace(one, name="ref"), tmp_path, STEPS_CKPT, "ref.jsonl"), 1)
+    ref_args = _ckpt_args(replace(one, name="ref"), tmp_path, STEPS_CKPT, "ref.jsonl")
+    _run_ckpt([*ref_args, "--checkpoint-every", "4"], 1)
     reference = _losses(tmp_path / "ref.jsonl")
     saving = sharded(make_plan(CKPT, [(6, [(0, 6, 2)]), (2, [(0, 6, 2)])], optimizer="adam"))
     args = _ckpt_args(saving, tmp_path, 4, "save.jsonl", "--checkpoint-every", "2", "--resume")
@@ -220,6 +221,34 @@ def test_sharded_checkpoints_resume_under_one_device_and_another_sharded_plan(
     for tag, losses in runs.items():
         for step, loss in losses.items():
             assert loss == pytest.approx(reference[step], rel=1e-5), (tag, step)
+    # autohet export of the sharded holders' step 4 is the one process's step 4 in HF form
+    ref_step = tmp_path / "disk" / "ref" / "default" / "step-00000004"
+    exported = {
+        tag: _export(step, tmp_path, tag) for tag, step in (("sharded", step_4), ("ref", ref_step))
+    }
+    assert set(exported["sharded"]) == set(exported["ref"])
+    for name, want in exported["ref"].items():
+        got = exported["sharded"][name]
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        err = float((got - want).norm() / want.norm().clamp_min(1e-12))
+        assert err <= 1e-5, f"{name}: relative error {err:.2e}"
+
+
+def _export(step: Path, tmp: Path, tag: str) -> dict[str, torch.Tensor]:
+    """``autohet export --format hf`` of ``step`` (its plan from ``tmp/plans``)."""
+    from safetensors.torch import load_file
+
+    out = tmp / f"hf-{tag}"
+    cmd = [sys.executable, "-m", "autohet_cli", "export", str(step), "--out", str(out)]
+    proc = subprocess.run(
+        cmd, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=100, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    assert tensors, list(out.iterdir())
+    return tensors
 
 
 @pytest.mark.timeout(200)
@@ -234,3 +263,47 @@ def test_a_run_folder_run_trains_exactly(reference_sgd: RunResult, tmp_path: Pat
     ranks = run_workers(args, 4, env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=150)
     assert [code for code, _, _ in ranks] == [0] * 4, ranks[0][2][-3000:]
     assert_matches(collect(out, plan), reference_sgd)
+
+
+BF16_SITE = """import torch
+import autohet_cli.runtime.trainer as t
+t.Trainer._precision = lambda self: torch.bfloat16
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.slow("three fresh interpreters (torchrun) import torch: about 20 s when quiet")
+def test_bf16_gathers_train_like_one_bf16_process(tmp_path: Path) -> None:
+    """The GPU path's mixed precision on the CPU: the trainer made to compute in bf16
+    (a ``sitecustomize`` patch: the CPU runtime computes in fp32 otherwise), so FSDP
+    gathers bf16 weights (``fsdp_stage.mixed_precision``) and reduce-scatters fp32
+    gradients, under autocast. Two sharded holders on shares 5/3 follow one bf16
+    process to bf16's precision."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BF16_SITE)
+    env = _env()
+    env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
+    losses = {}
+    for name, layout, shard in (
+        ("one", [(8, [(0, NUM_LAYERS)])], False),
+        ("sharded", [(5, [(0, NUM_LAYERS)]), (3, [(0, NUM_LAYERS)])], True),
+    ):
+        plan = make_plan(f"bf16-{name}", layout)
+        plan = sharded(plan) if shard else plan
+        out = tmp_path / name
+        out.mkdir()
+        _, path = write_plan(plan, out)
+        n = len(plan.devices())
+        # fresh interpreters (torchrun), so that sitecustomize runs in each; the
+        # zygote's workers are forked from a server that imported the runtime unpatched
+        run = ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}")
+        cmd = [sys.executable, *(run if n > 1 else ()), *_worker_args(path, out, "sgd")]
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[name] = _losses(out / "metrics.jsonl")
+    assert sorted(losses["one"]) == sorted(losses["sharded"]) == [0, 1, 2]
+    for step, loss in losses["one"].items():
+        assert losses["sharded"][step] == pytest.approx(loss, rel=2e-3), step

@@ -247,3 +247,17 @@ def test_a_weight_sharded_run_refuses_what_it_cannot_do_yet(
         "(issue 48); drop that flag, or use a plan without sharded weights"
     )
     check_sharded_run(_sharded_plan(WEIGHTS), eval_every=0, compile="auto")
+
+
+def test_fsdp_gathers_in_the_compute_dtype_and_reduces_in_fp32() -> None:
+    """What the cost and memory models count for a sharded stage on a GPU: 16-bit
+    gathers (``costmodel.sharding.compute_bytes``), fp32 reduce-scatters."""
+    import torch
+
+    from autohet_cli.runtime.fsdp_stage import mixed_precision
+
+    bf16 = mixed_precision(torch.bfloat16)
+    assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32
+    assert mixed_precision(torch.float16).param_dtype == torch.float16
+    fp32 = mixed_precision(torch.float32)  # a CPU: nothing cast
+    assert fp32.param_dtype is None and fp32.reduce_dtype == torch.float32
