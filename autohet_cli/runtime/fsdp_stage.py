@@ -43,8 +43,8 @@ DTensor shard as a chunk of the full tensor (the format's per-name tensors, load
 under any plan) and reshards on load; the trainer draws a sharded stage's weights
 whole before sharding, so a ``--resume`` that finds nothing starts as one process.
 
-Not here yet (refused by ``train_checks.check_sharded_run``): validation losses and
-``--compile on``.
+Not here yet (refused by ``train_checks.check_sharded_run``): ``--compile on``.
+Validation losses pad as training does (``PipelineSchedule.evaluate``).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def attach_sharding(
     plan, info = runtime.plan, runtime.info
     if not weight_sharded(plan):
         return None
-    check_sharded_run(plan, eval_every=config.eval_every, compile=config.compile)
+    check_sharded_run(plan, compile=config.compile)
     if plan.pipelines[info.pipeline].stages[info.stage].shard == "weights" and uninitialised:
         init_weights()
     return shard_stage(stage, runtime, tied, compute)

@@ -255,7 +255,9 @@ class PipelineSchedule:
         chain of sends is acyclic, so no batching is needed to avoid deadlock.
         """
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, targets in microbatches:
+        real = len(microbatches)
+        padded = list(microbatches) + [microbatches[0]] * max(0, self.pad_to - real)
+        for i, (inputs, targets) in enumerate(padded):  # extra ones: gathers only
             received = self.p2p.recv_forward()
             stage_input = inputs.to(self.device) if self.info.is_first_stage else received
             if not self.info.is_last_stage:
@@ -265,7 +267,8 @@ class PipelineSchedule:
                 continue
             assert stage_input is not None
             loss = self._stage_loss(stage_input, targets) / self.global_batch_size
-            loss_sum += _plain(loss.detach()).float()
+            if i < real:
+                loss_sum += _plain(loss.detach()).float()
         return loss_sum
 
     def _record(self, kind: str) -> int:

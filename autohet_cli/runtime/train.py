@@ -113,7 +113,7 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
     if weight_sharded(plan):
-        check_sharded_run(plan, eval_every=args.eval_every or 0, compile=args.compile)
+        check_sharded_run(plan, compile=args.compile)
     config = train_config(args)
     run_dir = _run_dir(args)
     metrics = args.metrics

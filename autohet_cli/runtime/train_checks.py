@@ -88,25 +88,19 @@ def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         )
 
 
-def check_sharded_run(plan: Plan, *, eval_every: int, compile: str = "auto") -> None:
+def check_sharded_run(plan: Plan, *, compile: str = "auto") -> None:
     """Refuse (``ConfigError``, one line) what a run of a weight-sharded plan cannot do
-    yet (issue 48): validation losses (each forward gathers over the holders, and the
-    pipelines' unequal validation shares would leave a holder waiting) and
-    ``--compile on`` (not composed with FSDP here; ``auto`` leaves such a plan
-    uncompiled, ``stage_setup``). Checkpoints and ``--resume`` work: FSDP's shards are
-    DTensors, which torch.distributed.checkpoint saves as chunks of the full tensors
-    and reshards on load, as it does TP shards. Only called for plans that have a
-    ``shard: weights`` stage."""
-    what = (
-        "validation losses (--eval-every)"
-        if eval_every > 0
-        else "torch.compile (--compile on)"
-        if compile == "on"
-        else None
-    )
-    if what is None:
+    yet (issue 48): ``--compile on`` (not composed with FSDP here; ``auto`` leaves
+    such a plan uncompiled, ``stage_setup``). Checkpoints, ``--resume`` and validation
+    losses work: FSDP's shards are DTensors, which torch.distributed.checkpoint saves
+    as chunks of the full tensors and reshards on load, as it does TP shards; every
+    pipeline runs as many validation micro-batches as the longest (the extra ones
+    gather and are not counted). Only called for plans with a ``shard: weights``
+    stage."""
+    if compile != "on":
         return
     raise ConfigError(
-        f"plan {plan.name}: a weight-sharded stage (shard: weights) runs without {what} "
-        "for now (issue 48); drop that flag, or use a plan without sharded weights"
+        f"plan {plan.name}: a weight-sharded stage (shard: weights) runs without "
+        "torch.compile (--compile on) for now (issue 48); drop that flag, or use a plan "
+        "without sharded weights"
     )

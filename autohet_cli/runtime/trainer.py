@@ -375,10 +375,6 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over ``eval_batches`` fixed validation batches (forward only, the
         stage in eval mode: a model's dropout off, and no random numbers drawn)."""
-        if self.fsdp is not None:  # refused at start (check_sharded_run): a direct call
-            raise ConfigError(
-                "a weight-sharded stage (shard: weights) has no validation loss yet (issue 48)"
-            )
         return evaluate(
             self.stage,
             self.schedule,
