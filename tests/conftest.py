@@ -28,6 +28,7 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="autohet-test-cache-")
 
 SLOW_LIMIT_S = 30.0
 _TIERS = ("unit", "dist", "e2e")
+_RUN_ORDER = ("e2e", "dist", "unit")  # the heaviest tier first
 _HERE = Path(__file__).resolve().parent
 
 
@@ -42,6 +43,10 @@ def suite_id(item: pytest.Item) -> tuple[str, str] | None:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The heavy tiers first (e2e, then dist, then unit; a file's tests stay in order):
+    # xdist hands out files in this order (the Makefile's --no-loadscope-reorder), and
+    # the many small unit files even out the two workers' ends.
+    items.sort(key=_tier_rank)
     for item in items:
         ids = suite_id(item)
         if ids is None:
@@ -52,6 +57,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier)
         if path in TORCH_RANGE or test in TORCH_RANGE:
             item.add_marker("torch_range")
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    ids = suite_id(item)
+    tier = ids[0].split("/")[1] if ids is not None else ""
+    return _RUN_ORDER.index(tier) if tier in _RUN_ORDER else len(_RUN_ORDER)
 
 
 def slow_reason(item: pytest.Item) -> str | None:

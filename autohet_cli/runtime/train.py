@@ -65,6 +65,7 @@ from autohet_cli.runtime.train_args import train_config
 from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
+from autohet_cli.workerbase.exiting import skip_final_collection
 from autohet_cli.workerbase.records import error_detail, first_line, say, write_boot, write_error
 
 RUN_DIR_ENV = "AUTOHET_RUN_DIR"
@@ -309,6 +310,7 @@ def leave(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
+    skip_final_collection()  # a successful worker's exit: 1-2 s less (workerbase.exiting)
     code = main()
     notices().hold_through_exit()  # a late repeat of a shutdown's SIGTERM: not a failure
     if code != 0:

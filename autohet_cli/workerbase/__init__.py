@@ -6,7 +6,9 @@ all stand on, so that each of them only imports down.
 - ``stepfiles``  the names in a checkpoint step directory (``ckpt`` writes and reads
   them, ``peer`` copies them);
 - ``paramnames`` full parameter names, ``layers.<i>.<name>`` (the model seam's, and
-  the keys of a checkpoint).
+  the keys of a checkpoint);
+- ``exiting``    the worker's and the agent's exit without the final garbage
+  collections of torch's heap.
 
 Pure and light (no torch): ``runtime.agent`` imports ``records`` inside torchrun's
 agent.

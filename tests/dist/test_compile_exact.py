@@ -1,7 +1,9 @@
 """torch.compile per block trains like eager: pipeline cuts, recomputation, TP, the chunked loss.
 
 The worker entry point under torchrun (gloo, CPU; inductor compiles C++ here)
-with ``--compile on``, against the same plan with ``--compile off``. Inductor fuses
+with ``--compile on``, against the same plan with ``--compile off`` (its ranks forked
+from the ``zygote`` that imported torch once: the compiled run is the one that proves
+torchrun and fresh interpreters, and four more of them cost 15 s of CPU). Inductor fuses
 and reorders floating-point work, so agreement is within 1e-4 relative (losses,
 gradient norms, every parameter after 3 SGD steps), not the 1e-5 that plan shapes
 keep among themselves in eager mode.
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_runtime_exact import (
     ROOT,
+    TIMEOUT_S,
     RunResult,
     _check,
     _env,
@@ -24,6 +27,7 @@ from test_runtime_exact import (
     collect,
     make_plan,
 )
+from zygote import run_workers
 
 from autohet_cli.plan import write_plan
 
@@ -33,26 +37,31 @@ TOL = 1e-4
 
 
 def _run(
-    layout: list, tmp: Path, name: str, *, compile_flag: str, tp: int = 1
+    layout: list, tmp: Path, name: str, *, compile_flag: str, torchrun: bool, tp: int = 1
 ) -> tuple[RunResult, list[dict]]:
+    """``torchrun``: under torchrun, else forked from the ``zygote``."""
     plan = make_plan(name, layout, tp=tp, recompute_first=True)
     out = tmp / name
     out.mkdir(parents=True)
     _, path = write_plan(plan, out)
     n = len(plan.devices())
-    cmd = [
-        sys.executable,
-        *("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"),
-        *_worker_args(path, out, "sgd", run_dir=True),
-        f"--compile={compile_flag}",
-    ]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900, check=False
-    )
-    _check(proc, name)
+    args = [*_worker_args(path, out, "sgd", run_dir=True), f"--compile={compile_flag}"]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += [f"--nproc-per-node={n}", *args]
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900, check=False
+        )
+        _check(proc, name)
+        stdout = proc.stdout
+    else:
+        ranks = run_workers(args, n, env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=TIMEOUT_S)
+        for code, _stdout, stderr in ranks:
+            _check(subprocess.CompletedProcess(args, code, "", stderr), name)
+        stdout = "".join(rank_stdout for _code, rank_stdout, _stderr in ranks)
     startups = [
         json.loads(line.split("autohet-startup: ", 1)[1])
-        for line in proc.stdout.splitlines()
+        for line in stdout.splitlines()
         if "autohet-startup: " in line
     ]
     return collect(out, plan), startups
@@ -75,8 +84,8 @@ def _close(run: RunResult, ref: RunResult) -> None:
 def test_compiled_pipeline_with_recompute_and_tp_matches_eager(tmp_path: Path) -> None:
     # One pipeline of two stages (the first recomputes) beside a single-stage TP 2 one.
     layout = [(3, [(0, 6, 2)]), (5, [(0, 2, 1), (2, 6, 1)])]
-    eager, eager_startup = _run(layout, tmp_path, "eager", compile_flag="off")
-    compiled, startup = _run(layout, tmp_path, "compiled", compile_flag="on")
+    eager, eager_startup = _run(layout, tmp_path, "eager", compile_flag="off", torchrun=False)
+    compiled, startup = _run(layout, tmp_path, "compiled", compile_flag="on", torchrun=True)
     _close(compiled, eager)
     assert startup and startup[0]["compiled"] is True
     assert startup[0].get("compile_s", 1.0) > 0  # inductor ran (and was timed)

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from autohet_cli.cluster import Host
 from autohet_cli.transport import SshOptions
 
+CHECKOUT = Path(__file__).resolve().parents[2]
 SSHD = Path("/usr/sbin/sshd")
 PRIVSEP_DIR = Path("/run/sshd")
 START_TIMEOUT_S = 10.0
@@ -210,7 +211,10 @@ class FakeSshHost:
                     # image's root ~/.bashrc runs `pyenv init` (0.5 s, a global rehash lock
                     # that a session killed mid-way leaves stale: then every later session
                     # waits 60 s). The machine's dotfiles are not under test: skip them.
-                    "SetEnv SHLVL=1",
+                    # The hosts' Python imports this checkout's autohet, as the launcher
+                    # does (tests/cli.py), not whichever one the venv's editable
+                    # install points at (a second clone's workers ran the first's code).
+                    f'SetEnv SHLVL=1 "PYTHONPATH={CHECKOUT}"',
                     "MaxStartups 50",
                     "LoginGraceTime 20",
                     self.extra_config,
