@@ -300,8 +300,15 @@ def _chosen_note(cand: Candidate, why: str) -> str:
 
 
 def _shards(cand: Candidate, req: SearchRequest) -> bool:
+    """Whether ZeRO-1 shards any stage of ``cand`` (not one that shards its weights:
+    ZeRO-1 leaves those alone, ``costmodel.evaluate``)."""
     sharded = zero_sharded(cand.pipelines, req.cluster, _zero1(req, True).tables, cand.mbs)
-    return any(x > 0 for row in sharded for x in row)
+    return any(
+        x > 0
+        for p, row in zip(cand.pipelines, sharded, strict=True)
+        for s, x in zip(p.stages, row, strict=True)
+        if s.shard != "weights"
+    )
 
 
 def _recompute_in(

@@ -79,6 +79,8 @@ def enumerate_groupings(req: SearchRequest, start: float, note: Progress) -> tup
             if req.shard_weights and (len(parts) != 1 or parts[0][1] < 2):
                 continue  # holders of one cut: one template, copied (request.shard_weights)
             low, rate = sync_rates(req, ctx, parts)
+            if req.shard_weights:  # no end-of-step all-reduce: a bound must not count one
+                low = 0.0
             lb = lower_bound_ms(
                 parts,
                 ctx.stats,
