@@ -38,6 +38,8 @@
   torch.compile per block, chunked loss) against HF ``LlamaForCausalLM`` eager and
   compiled on the 1.2B llama: tokens/s, MFU, peak memory, and the plan's analytic
   memory against the measured peak (skipped without a GPU).
+- ``fsdp_memory``: weight-sharded stages on the CPU, P = 1, 2, 4 holders of a 57.7M
+  gpt2: the state each rank holds, measured, against the memory model's 1/P term.
 """
 
 BENCHMARKS = (
@@ -57,4 +59,5 @@ BENCHMARKS = (
     "predictions",
     "gpu_predictions",
     "gpu_throughput",
+    "fsdp_memory",
 )
