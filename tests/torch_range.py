@@ -43,8 +43,12 @@ TORCH_RANGE: dict[str, str] = {
     "tests/dist/test_runtime_exact.py::test_zero1_plan_matches_single_process[mixed-tp]": (
         "DTensor TP beside TP 1, ZeRO-1 reduce-scatter and all-gather, P2P between stages"
     ),
-    "tests/dist/test_fsdp_exact.py::test_weight_sharded_plan_matches_single_process[unequal]": (
-        "FSDP2 over gloo: SUM reduction (the default differs by release), deferred sync"
+    "tests/dist/test_fsdp_exact.py::test_a_run_folder_run_trains_exactly": (
+        "FSDP2 over gloo: SUM reduction (the default differs by release), padded shares"
+    ),
+    "tests/dist/test_fsdp_exact.py::"
+    "test_weight_sharded_plan_matches_single_process[tp2-one-stage]": (
+        "FSDP2 over the 'dp' dimension of a (holders x TP) mesh built from groups"
     ),
     "tests/dist/test_comm_dtype_p2p.py": "bf16 P2P between two gloo processes",
     "tests/unit/test_runtime_model.py": "DTensor TP layers built by the runtime",

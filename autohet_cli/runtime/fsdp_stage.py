@@ -43,8 +43,9 @@ DTensor shard as a chunk of the full tensor (the format's per-name tensors, load
 under any plan) and reshards on load; the trainer draws a sharded stage's weights
 whole before sharding, so a ``--resume`` that finds nothing starts as one process.
 
-Not here yet (refused by ``train_checks.check_sharded_run``): ``--compile on``.
-Validation losses pad as training does (``PipelineSchedule.evaluate``).
+Validation losses pad as training does (``PipelineSchedule.evaluate``). Under
+``--compile`` the blocks are compiled in place before they are sharded (as
+torchtitan orders them); FSDP's hooks stay outside the compiled graphs.
 """
 
 from __future__ import annotations
@@ -66,8 +67,6 @@ from torch.distributed.tensor import DTensor, Shard
 from autohet_cli.plan import Plan
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.stage import StageModule, layer_loss
-from autohet_cli.runtime.train_checks import check_sharded_run
-from autohet_cli.runtime.train_config import TrainConfig
 from autohet_cli.settings import GRAD_REDUCE_DTYPE
 
 
@@ -101,20 +100,17 @@ def attach_sharding(
     stage: StageModule,
     runtime: Runtime,
     tied: Sequence[Sequence[str]],
-    config: TrainConfig,
     init_weights: Callable[[], None],
     uninitialised: bool,
     compute: torch.dtype = torch.float32,
 ) -> ShardedStage | None:
-    """The trainer's one call: refuse what a sharded run cannot do yet
-    (``check_sharded_run``), draw this rank's weights whole if they have no values
+    """The trainer's one call: draw this rank's weights whole if they have no values
     yet, then shard (``shard_stage``). Drawn before sharding, as one process draws
     them: ``init_layer`` on FSDP's DTensor shards would draw other numbers; a load
     (``--resume``) overwrites them afterwards."""
     plan, info = runtime.plan, runtime.info
     if not weight_sharded(plan):
         return None
-    check_sharded_run(plan, compile=config.compile)
     if plan.pipelines[info.pipeline].stages[info.stage].shard == "weights" and uninitialised:
         init_weights()
     return shard_stage(stage, runtime, tied, compute)

@@ -21,7 +21,6 @@ from autohet_cli.plan import Plan
 from autohet_cli.runtime.compiling import CompileClock, compile_blocks
 from autohet_cli.runtime.compiling import setup as compile_setup
 from autohet_cli.runtime.context import Runtime
-from autohet_cli.runtime.fsdp_stage import weight_sharded
 from autohet_cli.runtime.model_api import ModelFn, ModelParts
 from autohet_cli.runtime.models.loss import compile_loss
 from autohet_cli.runtime.pipeline import P2P, comm_dtype
@@ -52,9 +51,6 @@ def build_model(
         compiling, note = compile_setup(config.compile, runtime.device)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if compiling and weight_sharded(plan) and config.compile != "on":
-        compiling = False  # "on" is refused (train_checks.check_sharded_run)
-        note = "note: --compile auto does not compile a weight-sharded plan yet (issue 48)"
     if note and runtime.global_rank == 0:
         say(note)
     if compiling:

@@ -51,7 +51,6 @@ from autohet_cli.runfiles.metricsfile import FOLDER_ENV, METRICS_FILE, STREAM_EN
 from autohet_cli.runtime import train_args
 from autohet_cli.runtime.checkpoint_hook import CheckpointHook
 from autohet_cli.runtime.context import WorkerEnv, pick_device
-from autohet_cli.runtime.fsdp_stage import weight_sharded
 from autohet_cli.runtime.health import (
     HealthMonitor,
     default_timeout_s,
@@ -62,7 +61,6 @@ from autohet_cli.runtime.report import RunReportHook
 from autohet_cli.runtime.stage import local_tensor
 from autohet_cli.runtime.startup import StartupClock
 from autohet_cli.runtime.train_args import train_config
-from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.runtime.trainer import Hook, MetricsHook, StepResult, Trainer
 from autohet_cli.runtime.trainer_api import TrainerView
 from autohet_cli.workerbase.exiting import skip_final_collection
@@ -113,8 +111,6 @@ def _run_dir(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> list[StepResult]:
     plan = load_plan(args.plan)
-    if weight_sharded(plan):
-        check_sharded_run(plan, compile=args.compile)
     config = train_config(args)
     run_dir = _run_dir(args)
     metrics = args.metrics

@@ -4,8 +4,7 @@ Split from ``runtime.train_args``, which declares and parses the flags: the
 checks are the rules of a run (a finite learning rate, warmup before the decay
 end, a known checkpoint interval), refused with ``parser.error`` as argparse
 refuses a bad type, so the launcher's ``check_flags`` and the worker say the
-same words. Like the parser, this module imports no torch. ``check_sharded_run`` is
-the weight-sharded plan's counterpart: flags such a run cannot take yet.
+same words. Like the parser, this module imports no torch.
 """
 
 from __future__ import annotations
@@ -15,10 +14,8 @@ import math
 
 from autohet_cli.ckpt.policy import parse_every
 from autohet_cli.ckpt.retention import parse_keep
-from autohet_cli.errors import ConfigError
 from autohet_cli.limits import MAX_STEPS
 from autohet_cli.peer.placement import MAX_REPLICAS, parse_budget
-from autohet_cli.plan import Plan
 
 
 def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -86,21 +83,3 @@ def _check_schedule(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             f"--warmup-steps {warmup} ends after --decay-steps {decay}: the schedule would "
             "decay before it reached --lr"
         )
-
-
-def check_sharded_run(plan: Plan, *, compile: str = "auto") -> None:
-    """Refuse (``ConfigError``, one line) what a run of a weight-sharded plan cannot do
-    yet (issue 48): ``--compile on`` (not composed with FSDP here; ``auto`` leaves
-    such a plan uncompiled, ``stage_setup``). Checkpoints, ``--resume`` and validation
-    losses work: FSDP's shards are DTensors, which torch.distributed.checkpoint saves
-    as chunks of the full tensors and reshards on load, as it does TP shards; every
-    pipeline runs as many validation micro-batches as the longest (the extra ones
-    gather and are not counted). Only called for plans with a ``shard: weights``
-    stage."""
-    if compile != "on":
-        return
-    raise ConfigError(
-        f"plan {plan.name}: a weight-sharded stage (shard: weights) runs without "
-        "torch.compile (--compile on) for now (issue 48); drop that flag, or use a plan "
-        "without sharded weights"
-    )

@@ -104,7 +104,6 @@ class Trainer:
             self.stage,
             self.runtime,
             self.tied,
-            config,
             self.init_weights,
             self._uninitialised,
             self._precision(),

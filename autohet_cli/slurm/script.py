@@ -29,11 +29,13 @@ none of them can take whole is refused before anything is written
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from autohet_cli import privatedir
 from autohet_cli.ckpt.format import KEY_FILE
 from autohet_cli.cluster import Cluster
 from autohet_cli.errors import ConfigError
@@ -195,6 +197,22 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+_WORKDIR_CHECK = """
+import sys
+why = make_private_dir(Path(sys.argv[1]), Path(sys.argv[1]))
+if why:
+    sys.exit("autohet runtime: error: workdir %s is not yours alone: %s (the workers "
+             "import code from it: make it and its parents writable by you only)"
+             % (sys.argv[1], why))
+"""
+
+
+def _workdir_program() -> str:
+    """``privatedir``'s source (standard library only: it runs before any code of
+    ours is on the node's path) and the check of ``sys.argv[1]``, which it creates."""
+    return inspect.getsource(privatedir) + _WORKDIR_CHECK
+
+
 def _node_part(
     specs: Sequence[LaunchSpec], plan: Plan, job: str | None, port_fixed: bool
 ) -> list[str]:
@@ -204,12 +222,18 @@ def _node_part(
         "# On each node (srun runs this file with `node`): this node's torchrun.",
         'if [ "${1:-}" = node ]; then',
         '  node="${SLURMD_NODENAME:-}"',
+        "  # The workdir, where the workers import code from, must be this user's alone",
+        "  # (autohet_cli/privatedir.py, the rule checkpoint directories follow).",
+        f"  check_workdir={shlex.quote(_workdir_program())}",
         *nodeport.lines(master.host, master.argv[0], port, fixed=port_fixed),
         '  case "$node" in',
     ]
     for s in specs:
         out.append(f"    {shlex.quote(s.host)})")
-        out.append(f"      mkdir -p -- {shell_word(s.workdir)} || exit 1")
+        out.append(
+            f'      {shell_word(s.argv[0])} -S -c "$check_workdir" {shell_word(s.workdir)} '
+            "|| exit 1"
+        )
         if job is not None:
             ckpt = s.argv[list(s.argv).index("--checkpoint-dir") + 1]
             d = f"{shell_word(ckpt)}/{shlex.quote(plan.name)}/{shlex.quote(job)}"

@@ -1,4 +1,5 @@
-"""torch.compile per block trains like eager: pipeline cuts, recomputation, TP, the chunked loss.
+"""torch.compile per block trains like eager: pipeline cuts, recomputation, TP, sharded
+weights (FSDP2; the blocks are compiled before they are sharded), the chunked loss.
 
 The worker entry point under torchrun (gloo, CPU; inductor compiles C++ here)
 with ``--compile on``, against the same plan with ``--compile off`` (its ranks forked
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,14 @@ def _run(
 ) -> tuple[RunResult, list[dict]]:
     """``torchrun``: under torchrun, else forked from the ``zygote``."""
     plan = make_plan(name, layout, tp=tp, recompute_first=True)
+    # every pipeline's second stage sharded over the two pipelines (FSDP2)
+    plan = replace(
+        plan,
+        pipelines=tuple(
+            replace(p, stages=(p.stages[0], replace(p.stages[1], shard="weights")))
+            for p in plan.pipelines
+        ),
+    )
     out = tmp / name
     out.mkdir(parents=True)
     _, path = write_plan(plan, out)
@@ -70,20 +80,24 @@ def _run(
 def _close(run: RunResult, ref: RunResult) -> None:
     assert run.losses == pytest.approx(ref.losses, rel=TOL)
     assert run.grad_norms == pytest.approx(ref.grad_norms, rel=TOL)
+    every = {name: value for params in ref.params.values() for name, value in params.items()}
     for rank, params in run.params.items():
         for name, value in params.items():
-            want = ref.params[0][name]
+            want = every[name]
             err = float((value - want).norm() / want.norm().clamp_min(1e-12))
             assert err <= TOL, f"rank {rank} {name}: relative error {err:.2e}"
 
 
 @pytest.mark.timeout(1200)
 @pytest.mark.slow(
-    "inductor compiles the blocks in each of 4 workers (the eager run beside it is its reference)"
+    "inductor compiles the blocks in each of 6 workers (the eager run beside it is its reference)"
 )
-def test_compiled_pipeline_with_recompute_and_tp_matches_eager(tmp_path: Path) -> None:
-    # One pipeline of two stages (the first recomputes) beside a single-stage TP 2 one.
-    layout = [(3, [(0, 6, 2)]), (5, [(0, 2, 1), (2, 6, 1)])]
+def test_compiled_pipeline_with_recompute_tp_and_sharded_weights_matches_eager(
+    tmp_path: Path,
+) -> None:
+    # Two pipelines of two stages on shares 3 and 5: a recomputing TP 2 first stage, and
+    # a TP 1 second stage (blocks and the chunked loss) sharded over both pipelines.
+    layout = [(3, [(0, 2, 2), (2, 6, 1)]), (5, [(0, 2, 2), (2, 6, 1)])]
     eager, eager_startup = _run(layout, tmp_path, "eager", compile_flag="off", torchrun=False)
     compiled, startup = _run(layout, tmp_path, "compiled", compile_flag="on", torchrun=True)
     _close(compiled, eager)

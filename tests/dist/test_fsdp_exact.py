@@ -14,9 +14,11 @@ runs zero-weight micro-batches so its holders issue the same gathers); a pipelin
 whose second stage is sharded and first is not (the tied embedding and head, left
 out of FSDP, still sync through ``gradsync``); a sharded stage that recomputes
 its activations beside a ZeRO-1 one; one-stage pipelines (the whole model
-sharded, tied weights inside one stage) with ``reshard_after_forward: false``; and
-AdamW on the DTensor shards. Then checkpoints: saved by a sharded plan, resumed under
-one device and under another sharded plan; and what the worker refuses.
+sharded, tied weights inside one stage) with ``reshard_after_forward: false``; TP 2
+inside sharded holders (a 2-D mesh), alone and before a replicated stage; and AdamW
+on the DTensor shards. Then checkpoints: saved by TP 2 sharded holders, resumed under
+one device and under another sharded plan, and exported to HF; validation losses;
+and bf16 gathers. torch.compile on a sharded stage: tests/dist/test_compile_exact.py.
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ TWO_STAGES = [(0, 3), (3, 6)]
 
 SHAPES: dict[str, tuple[list[tuple[int, list[tuple[int, ...]]]], set[int] | None, bool]] = {
     # (layout, sharded stage indices (None: all), reshard_after_forward)
-    "equal": ([(4, TWO_STAGES), (4, TWO_STAGES)], None, True),
-    "unequal": ([(6, TWO_STAGES), (2, TWO_STAGES)], None, True),
+    # (equal shares: "tp2-first-stage-only"; 6 and 2, every stage sharded, under the
+    # launcher's --run-dir: test_a_run_folder_run_trains_exactly)
     "unequal-7-1-second-stage-only": ([(1, TWO_STAGES), (7, TWO_STAGES)], {1}, True),
     "one-stage-kept-gathered": ([(5, [(0, 6)]), (3, [(0, 6)])], None, False),
     # The first stage sharded and recomputing, the second ZeRO-1 (see EXTRA).
@@ -131,21 +133,6 @@ def assert_sharded(plan: Plan, out: Path) -> None:
             assert held < 0.75 * full, (f.name, held, full)
         else:
             assert held == full, (f.name, held, full)
-
-
-@pytest.mark.timeout(120)
-def test_the_worker_refuses_compile_on_for_a_sharded_plan(tmp_path: Path) -> None:
-    """In one line, before the process group (so a plain process, not one per rank)."""
-    plan = sharded(make_plan("fsdp-refused", [(4, TWO_STAGES), (4, TWO_STAGES)]))
-    _, path = write_plan(plan, tmp_path)
-    cmd = [sys.executable, *_worker_args(path, tmp_path, "sgd"), "--compile", "on"]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=100, check=False
-    )
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, proc.stderr[-2000:]
-    assert "runs without torch.compile (--compile on) for now (issue 48)" in lines[0]
 
 
 @pytest.mark.timeout(200)
@@ -271,8 +258,9 @@ def _export(step: Path, tmp: Path, tag: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(200)
 def test_a_run_folder_run_trains_exactly(reference_sgd: RunResult, tmp_path: Path) -> None:
-    """Under the launcher's ``--run-dir`` a sharded plan trains on the single-process
-    curve."""
+    """Under the launcher's ``--run-dir`` (checkpoints on by default) a plan sharded
+    over holders of shares 6 and 2 (the shorter pipeline pads) trains on the
+    single-process curve."""
     plan = sharded(make_plan("fsdp-run-dir", [(6, TWO_STAGES), (2, TWO_STAGES)]))
     out = tmp_path / plan.name
     out.mkdir()
@@ -281,6 +269,7 @@ def test_a_run_folder_run_trains_exactly(reference_sgd: RunResult, tmp_path: Pat
     ranks = run_workers(args, 4, env=_env(), cwd=ROOT, logs=out / "logs", timeout_s=150)
     assert [code for code, _, _ in ranks] == [0] * 4, ranks[0][2][-3000:]
     assert_matches(collect(out, plan), reference_sgd)
+    assert_sharded(plan, out)
 
 
 BF16_SITE = """import torch

@@ -17,12 +17,11 @@ import yaml
 
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.costmodel.tables import CostTables
-from autohet_cli.errors import AutohetError, ConfigError, PlanError
+from autohet_cli.errors import AutohetError, PlanError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text
-from autohet_cli.runtime.train_checks import check_sharded_run
 from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
 from tests.unit.test_costmodel import make_cluster, toy_tables
@@ -227,18 +226,6 @@ def test_explain_shows_sharded_stages(first: dict[str, Any], cell: str) -> None:
     plain = plan_from_dict(_plan_dict(), WHERE)
     text = explain_text(plain, evaluate(plain.pipelines, cluster, toy_tables(), 1), cluster)
     assert "shard" not in text.lower()
-
-
-def test_a_weight_sharded_run_refuses_compile_on() -> None:
-    with pytest.raises(ConfigError) as caught:
-        check_sharded_run(_sharded_plan(WEIGHTS), compile="on")
-    assert str(caught.value) == (
-        "plan sh: a weight-sharded stage (shard: weights) runs without torch.compile "
-        "(--compile on) for now (issue 48); drop that flag, or use a plan without "
-        "sharded weights"
-    )
-    check_sharded_run(_sharded_plan(WEIGHTS), compile="auto")
-    check_sharded_run(_sharded_plan(WEIGHTS), compile="off")
 
 
 def test_fsdp_gathers_in_the_compute_dtype_and_reduces_in_fp32() -> None:

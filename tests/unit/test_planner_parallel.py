@@ -144,7 +144,8 @@ def test_where_memory_binds_two_processes_plan_what_one_plans(
     monkeypatch: pytest.MonkeyPatch, cluster: Any, ahead_used: bool
 ) -> None:
     monkeypatch.setenv(parallel.PROCESSES_ENV, "1")
-    one = _plan(cluster, 16)
+    # ZeRO-1 and recomputation alone (sharded weights: the test below)
+    one = _plan(cluster, 16, shard_weights=False)
     started, used = [], []
     real_ahead, real_from = parallel.ahead, decide._recompute_from
 
@@ -161,11 +162,22 @@ def test_where_memory_binds_two_processes_plan_what_one_plans(
     monkeypatch.setattr(parallel, "ahead", spy_ahead)
     monkeypatch.setattr(decide, "_recompute_from", spy_from)
     monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
-    two = _plan(cluster, 16)
+    two = _plan(cluster, 16, shard_weights=False)
     assert started == [True]  # memory binds: the recomputation search went ahead
     assert bool(used) is ahead_used
     assert one.plan.training.zero1 is not ahead_used
     _same(one, two)
+
+
+def test_with_sharded_weights_decided_two_processes_plan_what_one_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The V100 quad at batch 16 ends in the weight-sharded space (planner.weights)."""
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "1")
+    one = _plan(V100_QUAD, 16)
+    assert any(s.shard == "weights" for p in one.plan.pipelines for s in p.stages)
+    monkeypatch.setenv(parallel.PROCESSES_ENV, "2")
+    _same(one, _plan(V100_QUAD, 16))
 
 
 def test_sharded_baselines_are_the_plain_ones_rescored_when_no_sharded_search_ran(

@@ -15,7 +15,7 @@ from autohet_cli.cluster import cluster_from_dict, cluster_to_dict, load_cluster
 from autohet_cli.errors import ConfigError
 from autohet_cli.launch.session import LaunchRequest, dry_run
 from autohet_cli.plan import Stage, write_plan
-from autohet_cli.slurm import nodeport
+from autohet_cli.slurm import nodeport, script
 from autohet_cli.slurm.script import components
 from autohet_cli.yamlio import sha256_file
 from tests.planting import plan_of, stage
@@ -103,6 +103,9 @@ run={run}
 # On each node (srun runs this file with `node`): this node's torchrun.
 if [ "${{1:-}}" = node ]; then
   node="${{SLURMD_NODENAME:-}}"
+  # The workdir, where the workers import code from, must be this user's alone
+  # (autohet_cli/privatedir.py, the rule checkpoint directories follow).
+  check_workdir={check}
 {port}
   case "$node" in
 {cases}
@@ -144,7 +147,7 @@ exit "$rc"
 
 CASE = """\
     {host})
-      mkdir -p -- "$HOME"/autohet || exit 1
+      python3 -S -c "$check_workdir" "$HOME"/autohet || exit 1
       (umask 077 && mkdir -p -- "$HOME"/autohet/checkpoints/lab/J1 && \
 chmod 700 -- "$HOME"/autohet/checkpoints/lab/J1 && \
 {{ [ -e "$HOME"/autohet/checkpoints/lab/J1/.autohet-key ] || \
@@ -179,7 +182,9 @@ def test_dry_run_prints_the_exact_batch_script_of_a_three_host_mixed_plan(
         )
     )
     port = "\n".join(nodeport.lines("a100-0", "python3", 29411, fixed=True))
-    assert dry_run(req) == EXPECTED.replace("\\\n", "").format(run=run, cases=cases, port=port)
+    check = shlex.quote(script._workdir_program())  # run below (test_the_workdir_check)
+    expected = EXPECTED.replace("\\\n", "").format(run=run, cases=cases, port=port, check="@C@")
+    assert dry_run(req) == expected.replace("@C@", check)
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 
@@ -407,3 +412,27 @@ def test_the_cli_refuses_a_working_directory_with_a_newline_before_writing_anyth
         assert "Traceback" not in res.stderr and "a newline" in res.stderr
         assert list(cwd.iterdir()) == []  # no runs/ directory, no key, no script
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_the_workdir_check_makes_a_private_workdir_and_refuses_a_shared_one(
+    tmp_path: Path,
+) -> None:
+    """What each node runs before cd-ing into its workdir (``python -S``: nothing of
+    ours importable yet): the workdir is created 0700, and one others can write, or
+    under a parent they can, stops the node with the reason."""
+    program = script._workdir_program()
+
+    def check(path: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-S", "-c", program, str(path)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+
+    fresh = tmp_path / "home" / "autohet"
+    (tmp_path / "home").mkdir(mode=0o700)
+    assert check(fresh).returncode == 0 and (fresh.stat().st_mode & 0o777) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    res = check(shared / "autohet")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"autohet runtime: error: workdir {shared / 'autohet'} is not")
+    assert "writable by you only" in res.stderr
