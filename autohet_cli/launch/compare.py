@@ -61,6 +61,7 @@ def compare(
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
                     "recompute": stage.recompute,
+                    "shard": stage.shard,
                     "num_microbatches": m,
                     "predicted": None if pred is None else _predicted(pred),
                     "measured": {

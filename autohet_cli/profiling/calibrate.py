@@ -57,6 +57,16 @@ def calibrate(
     stages: Sequence[Mapping[str, Any]] = check.get("stages") or []
     if not stages:
         raise ConfigError("the run report has no measured stages (did the run finish?)")
+    # A weight-sharded stage's times hold FSDP's exposed gathers and reduce-scatters,
+    # and its memory 1/P of the state: fitting the per-layer profile or the GPU type's
+    # overhead to them would spread the collectives over every plan's layers.
+    stages = [st for st in stages if st.get("shard", "none") != "weights"]
+    if not stages:
+        raise ConfigError(
+            "every stage of this run shards its weights (shard: weights): their times "
+            "include FSDP's collectives, so they refit nothing; calibrate from a run of "
+            "a plan without sharded weights (autohet plan --no-shard-weights)"
+        )
     precision = "fp32" if check.get("device") == "cpu" else str(check["precision"])
     training = TrainingSettings(
         global_batch_size=global_batch_size,

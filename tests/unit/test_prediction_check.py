@@ -323,3 +323,30 @@ def test_an_analytic_prediction_says_so_in_plain_words() -> None:
     # a check kept before checks named their source renders as it did
     del again["prediction_source"]
     assert " ms predicted, " in render(again)
+
+
+def test_weight_sharded_stages_are_left_out_of_the_refit() -> None:
+    """Their times hold FSDP's exposed collectives: a sharded stage measured 10 times
+    slower refits nothing; a run of sharded stages alone is refused by name."""
+    from dataclasses import replace
+
+    plan = _plan()
+    report = _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0)
+    check = compare(plan, report, None)
+    assert all(st["shard"] == "none" for st in check["stages"])
+    slow = [dict(st, shard="weights") for st in check["stages"]]
+    for st in slow:
+        st["measured"] = dict(st["measured"], fwd_ms=st["measured"]["fwd_ms"] * 10)
+    with pytest.raises(ConfigError, match="every stage of this run shards its weights"):
+        calibrate(Profile(), dict(check, stages=slow), MODEL, run_id="r", global_batch_size=8)
+    mixed = dict(check, stages=[*check["stages"], *slow])
+    refit, rows = calibrate(Profile(), mixed, MODEL, run_id="r", global_batch_size=8)
+    assert all(r["fwd_x"] == pytest.approx(3.0) for r in rows)  # not pulled towards 30
+    sharded_plan = replace(
+        plan,
+        pipelines=tuple(
+            replace(p, stages=tuple(replace(s, shard="weights") for s in p.stages))
+            for p in plan.pipelines
+        ),
+    )
+    assert compare(sharded_plan, report, None)["stages"][0]["shard"] == "weights"
