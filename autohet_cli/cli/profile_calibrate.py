@@ -78,8 +78,19 @@ def calibrate_command(
         global_batch_size=plan.training.global_batch_size,
     )
     save_profile(refit, out)
+    left_out = sum(st.get("shard") == "weights" for st in check.get("stages") or [])
     if as_json:
-        typer.echo(json.dumps({"ok": True, "out": str(out), "refit": rows, **_overheads(refit)}))
+        typer.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "out": str(out),
+                    "refit": rows,
+                    "sharded_stages_left_out": left_out,
+                    **_overheads(refit),
+                }
+            )
+        )
         return
     typer.echo(
         tabulate(
@@ -96,6 +107,11 @@ def calibrate_command(
         typer.echo(
             f"{gpu}: fixed cost {o['step_ms']:.2f} ms per step, {o['mem_bytes'] / 2**20:.0f} "
             f"MiB beyond the model (mean of {o['runs']} run(s))"
+        )
+    if left_out:
+        typer.echo(
+            f"note: {left_out} weight-sharded stage(s) left out (their times include FSDP's "
+            "gathers and reduce-scatters, which the per-layer profile does not hold)"
         )
     typer.echo(f"wrote {out}: plan with --profile {out}")
 

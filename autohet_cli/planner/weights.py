@@ -107,8 +107,8 @@ def choose_weights(
     what = "cheaper per token" if space.objective == "cost" else "faster"
     if gain < 0:  # forced (--shard-weights)
         what = "more expensive per token" if space.objective == "cost" else "slower"
-        return alt, _chosen_note(alt.best, f"--shard-weights: {-gain:.1%} {what} than without it")
-    return alt, _chosen_note(alt.best, f"{gain:.1%} {what} than without it")
+    why = f"{abs(gain):.1%} {what} than without it"
+    return alt, _chosen_note(alt.best, why, forced=forced and gain < WEIGHTS_MIN_GAIN)
 
 
 def is_sharded(cand: Candidate) -> bool:
@@ -148,11 +148,14 @@ def _with_column(pipes: list[Pipeline], col: int, shard: str, reshard: bool) -> 
     return out
 
 
-def _chosen_note(cand: Candidate, why: str) -> str:
+def _chosen_note(cand: Candidate, why: str, *, forced: bool = False) -> str:
+    """``forced``: kept because ``--shard-weights`` asked, where the planner alone
+    would not have sharded (a gain under ``WEIGHTS_MIN_GAIN``, or a loss)."""
     stages = [s for p in cand.pipelines for s in p.stages]
     n = sum(s.shard == "weights" for s in stages)
+    head = "sharded weights, as --shard-weights asks" if forced else CHOSEN
     return (
-        f"{CHOSEN}: {n} of {len(stages)} stages hold 1/"
+        f"{head}: {n} of {len(stages)} stages hold 1/"
         f"{len(cand.pipelines)} of their weights, gradients and optimizer state ({why}; "
         "--no-shard-weights turns it off)"
     )

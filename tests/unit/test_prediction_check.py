@@ -350,3 +350,33 @@ def test_weight_sharded_stages_are_left_out_of_the_refit() -> None:
         ),
     )
     assert compare(sharded_plan, report, None)["stages"][0]["shard"] == "weights"
+
+
+def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from autohet_cli.plan import write_plan
+
+    plan = _plan()
+    check = compare(plan, _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0), None)
+    check["stages"] = [*check["stages"], dict(check["stages"][0], shard="weights")]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "prediction-check.json").write_text(json.dumps(check))
+    _, plan_file = write_plan(plan, tmp_path / "plans")
+    cmd = [sys.executable, "-m", "autohet_cli", "profile", "calibrate", str(run)]
+    cmd += ["--out", str(tmp_path / "p.yaml"), "--plan", str(plan_file)]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "note: 1 weight-sharded stage(s) left out" in res.stdout
+    res = subprocess.run(
+        [*cmd[:-4], "--out", str(tmp_path / "q.yaml"), "--plan", str(plan_file), "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["sharded_stages_left_out"] == 1
