@@ -182,6 +182,32 @@ def test_auto_recover_follows_a_wave_into_the_next_recover(
     assert res.exit_code == 3 and len(calls) == 1
 
 
+def _vanishing_hosts(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The hosts added to the returned set answer nothing from then on: every command
+    their pool runner is asked for refuses, as a reclaimed spot host's sshd does."""
+    from autohet_cli.errors import HostUnreachable
+    from autohet_cli.transport.pool import HostPool
+
+    real_runner = HostPool.runner
+    down: set[str] = set()
+
+    class Gone:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+        def __getattr__(self, name: str) -> object:
+            def refuse(*_a: object, **_k: object) -> object:
+                raise HostUnreachable("connection refused (test)", host=self.host)
+
+            return refuse
+
+    def runner(self: HostPool, name: str) -> object:
+        return Gone(name) if name in down else real_runner(self, name)
+
+    monkeypatch.setattr(HostPool, "runner", runner)
+    return down
+
+
 def test_a_host_that_vanishes_mid_copy_fails_the_real_copy_and_is_recovered_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,32 +215,19 @@ def test_a_host_that_vanishes_mid_copy_fails_the_real_copy_and_is_recovered_from
     host goes: once the copy has begun, b answers nothing (as a reclaimed spot host's
     sshd), and what the real copy code makes of that must bring recover to replan
     without b, copy again and land on a alone."""
-    from autohet_cli.errors import HostUnreachable
     from autohet_cli.plan import load_plan
     from autohet_cli.recovery import copies
-    from autohet_cli.transport.pool import HostPool
 
     site = make_site(tmp_path)
-    real_runner, real_copy = HostPool.runner, copies.execute_transfers
-    down: set[str] = set()
+    real_copy = copies.execute_transfers
+    down = _vanishing_hosts(monkeypatch)
     copying: list[list[str]] = []
-
-    class Gone:
-        def __getattr__(self, name: str) -> object:
-            def refuse(*_a: object, **_k: object) -> object:
-                raise HostUnreachable("connection refused (test)", host="b")
-
-            return refuse
-
-    def runner(self: HostPool, name: str) -> object:
-        return Gone() if name in down else real_runner(self, name)
 
     def copy(tp: object, *args: object, **kw: object) -> object:
         copying.append(sorted({i.dest_host for i in tp.items}))  # type: ignore[attr-defined]
         down.add("b")  # b is reclaimed as the copy starts
         return real_copy(tp, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(HostPool, "runner", runner)
     monkeypatch.setattr(copies, "execute_transfers", copy)
     said: list[str] = []
     result = session.recover(_request(site.plan_file), said.append)
@@ -236,27 +249,14 @@ def test_a_host_lost_after_the_copy_before_the_run_starts_is_a_wave_auto_recover
     preflight): recover said only the transport's error and stopped. Now the relaunch
     counts as one that lost b, which next_wave (--auto-recover) recovers from."""
     from autohet_cli.errors import HostUnreachable
-    from autohet_cli.transport.pool import HostPool
 
     site = make_site(tmp_path)
-    real_runner = HostPool.runner
-    down: set[str] = set()
-
-    class Gone:
-        def __getattr__(self, name: str) -> object:
-            def refuse(*_a: object, **_k: object) -> object:
-                raise HostUnreachable("connection refused (test)", host="b")
-
-            return refuse
-
-    def runner(self: HostPool, name: str) -> object:
-        return Gone() if name in down else real_runner(self, name)
+    down = _vanishing_hosts(monkeypatch)
 
     def run_job(*_a: object, **_k: object) -> object:
         down.add("b")
         raise HostUnreachable("host b: connection refused (test)", host="b")
 
-    monkeypatch.setattr(HostPool, "runner", runner)
     monkeypatch.setattr(session, "run_job", run_job)
     monkeypatch.setattr(session, "preflight_ahead", lambda *_a, **_k: None)
     said: list[str] = []
