@@ -29,6 +29,7 @@ from autohet_cli.plan.schema import (
     StagePrediction,
     check_against_cluster,
     validate_name,
+    weight_sharded,
 )
 from autohet_cli.plan.yamlform import (
     pipeline_from_dict,
@@ -55,5 +56,6 @@ __all__ = [
     "plan_from_dict",
     "plan_to_dict",
     "validate_name",
+    "weight_sharded",
     "write_plan",
 ]

@@ -11,7 +11,7 @@ plain-data form is ``plan.yamlform``, the versioned files ``plan.files``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +224,13 @@ def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]
         raise PlanError(
             f"{at}.stages: layers end at {expect} but the model has {plan.num_layers} layers"
         )
+
+
+def weight_sharded(pipelines: Iterable[Pipeline]) -> int:
+    """How many stages of ``pipelines`` shard their weights (``shard: weights``); 0 for
+    a plan (or candidate) without any. The planner, the cost model's callers and the
+    runtime ask this one question."""
+    return sum(s.shard == "weights" for p in pipelines for s in p.stages)
 
 
 def shard_mode_error(value: object) -> str | None:

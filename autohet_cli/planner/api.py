@@ -19,7 +19,7 @@ from autohet_cli.costmodel.evaluate import PlanEval
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import ConfigError, InfeasibleError, TimeLimitReached
 from autohet_cli.models import ModelSpec
-from autohet_cli.plan import Pipeline, Plan, pipelines_entry
+from autohet_cli.plan import Pipeline, Plan, pipelines_entry, weight_sharded
 from autohet_cli.planner.assemble import to_plan, with_predictions
 from autohet_cli.planner.baselines import baselines as compute_baselines
 from autohet_cli.planner.decide import decide, first_space, reevaluated, same_space
@@ -33,7 +33,7 @@ from autohet_cli.planner.search import (
     SearchResult,
     search,
 )
-from autohet_cli.planner.weights import CHOSEN, is_sharded
+from autohet_cli.planner.weights import CHOSEN
 from autohet_cli.settings import TrainingSettings
 
 __all__ = [
@@ -187,7 +187,7 @@ def make_plan(
         notes.append(
             f"not computed within the time limit: {', '.join(skipped)} (raise --time-limit)"
         )
-    forced = shard_weights is True and is_sharded(best)  # --shard-weights: kept
+    forced = shard_weights is True and bool(weight_sharded(best.pipelines))  # --shard-weights
     for bname, cand in base.items():
         if cand is not None and not forced and cand.score < best.score * (1 - 1e-9):
             notes.append(f"the {bname} baseline scored better than the search; adopted it")

@@ -20,7 +20,7 @@ from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.errors import TimeLimitReached
-from autohet_cli.plan import Device, Pipeline, Stage
+from autohet_cli.plan import Device, Pipeline, Stage, weight_sharded
 from autohet_cli.planner.groups import DeviceClass, Template
 
 Score = Callable[[PlanEval], float]
@@ -162,7 +162,7 @@ def _neighbours(pipelines: list[Pipeline], ev: PlanEval) -> list[list[Pipeline]]
                     assert moved is not None
                     cand[i] = replace(pipelines[i], stages=moved)
                 out.append(cand)
-    if any(s.shard == "weights" for p in pipelines for s in p.stages):
+    if weight_sharded(pipelines):
         return out  # the holders of a sharded stage share its cut: copies move together
     # Boundaries: shift each boundary of each pipeline by one layer either way; of
     # copies alike in layers, types and micro-batches, the first only (the others'

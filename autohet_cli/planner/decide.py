@@ -72,7 +72,7 @@ ZERO1_MIN_GAIN = 0.01  # relative gain below which the replicated optimizer is k
 # them (shallower pipelines); with the plain search's time it missed a plan 12%
 # faster on scale-1024 (benchmarks/planner_speed.py) that this finds.
 ZERO1_SPACE_TIMES = 1.5
-WEIGHTS_SPACE_TIMES = 0.5  # the weight-sharded space (planner.weights): TP 1, one template
+WEIGHTS_SPACE_TIMES = 0.5  # the weight-sharded space (planner.weights): one template
 MIN_SPACE_S = 0.5  # a space given less time than this is not searched (a plan exists)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
-from autohet_cli.plan import Plan, SolverInfo, Stage
+from autohet_cli.plan import Plan, SolverInfo, Stage, weight_sharded
 from autohet_cli.planner.provenance import Provenance, provenance, source_lines, sources_json
 
 __all__ = [
@@ -46,7 +46,7 @@ def explain_text(
     from tabulate import tabulate  # here: every plan imports this module, few explain
 
     marked = recompute_count(plan)[0] > 0  # an R column only where it says something
-    sharded = weight_sharded(plan)  # a shard column likewise
+    sharded = weight_sharded(plan.pipelines)  # a shard column likewise
     # A source column only where some stage is unmeasured and a profile was given
     # (without one, a single line says that everything is analytic).
     by_stage = sources.stages if sources and sources.profiled and sources.unmeasured() else None
@@ -310,11 +310,6 @@ def recompute_line(plan: Plan) -> str | None:
     )
 
 
-def weight_sharded(plan: Plan) -> int:
-    """How many stages shard their weights over their holders (``shard: weights``)."""
-    return sum(s.shard == "weights" for p in plan.pipelines for s in p.stages)
-
-
 def _shard_cell(s: Stage) -> str:
     if s.shard != "weights":
         return "" if s.shard == "none" else s.shard
@@ -323,7 +318,7 @@ def _shard_cell(s: Stage) -> str:
 
 def shard_line(plan: Plan) -> str | None:
     """What weight sharding does here (issue 48); None when no stage shards its weights."""
-    n = weight_sharded(plan)
+    n = weight_sharded(plan.pipelines)
     if not n:
         return None
     stages = [s for p in plan.pipelines for s in p.stages]

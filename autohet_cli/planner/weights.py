@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
-from autohet_cli.plan import Pipeline
+from autohet_cli.plan import Pipeline, weight_sharded
 from autohet_cli.planner.recompute import memory_binds
 from autohet_cli.planner.search import (
     Candidate,
@@ -83,7 +83,7 @@ def choose_weights(
             break
         except (InfeasibleError, TimeLimitReached):
             continue  # recomputing too, where nothing fit without it
-    if alt is None or not is_sharded(alt.best):
+    if alt is None or not weight_sharded(alt.best.pipelines):
         if current is None:
             return None, None
         return current, (
@@ -109,10 +109,6 @@ def choose_weights(
         what = "more expensive per token" if space.objective == "cost" else "slower"
     why = f"{abs(gain):.1%} {what} than without it"
     return alt, _chosen_note(alt.best, why, forced=forced and gain < WEIGHTS_MIN_GAIN)
-
-
-def is_sharded(cand: Candidate) -> bool:
-    return any(s.shard == "weights" for p in cand.pipelines for s in p.stages)
 
 
 def tune(cand: Candidate, req: SearchRequest, *, deadline: float) -> Candidate:
@@ -152,7 +148,7 @@ def _chosen_note(cand: Candidate, why: str, *, forced: bool = False) -> str:
     """``forced``: kept because ``--shard-weights`` asked, where the planner alone
     would not have sharded (a gain under ``WEIGHTS_MIN_GAIN``, or a loss)."""
     stages = [s for p in cand.pipelines for s in p.stages]
-    n = sum(s.shard == "weights" for s in stages)
+    n = weight_sharded(cand.pipelines)
     head = "sharded weights, as --shard-weights asks" if forced else CHOSEN
     return (
         f"{head}: {n} of {len(stages)} stages hold 1/"

@@ -64,15 +64,10 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor, Shard
 
-from autohet_cli.plan import Plan
+from autohet_cli.plan import Plan, weight_sharded
 from autohet_cli.runtime.context import Runtime
 from autohet_cli.runtime.stage import StageModule, layer_loss
 from autohet_cli.settings import GRAD_REDUCE_DTYPE
-
-
-def weight_sharded(plan: Plan) -> bool:
-    """Whether any stage of ``plan`` shards its weights."""
-    return any(s.shard == "weights" for p in plan.pipelines for s in p.stages)
 
 
 def padded_microbatches(plan: Plan, pipeline: int) -> int:
@@ -81,7 +76,7 @@ def padded_microbatches(plan: Plan, pipeline: int) -> int:
     holds every layer, so each holds a stage of each sharded one and must issue the
     same gathers; the extra ones carry zero weight."""
     own = plan.pipelines[pipeline].num_microbatches
-    if not weight_sharded(plan):
+    if not weight_sharded(plan.pipelines):
         return own
     return max(p.num_microbatches for p in plan.pipelines)
 
@@ -109,7 +104,7 @@ def attach_sharding(
     them: ``init_layer`` on FSDP's DTensor shards would draw other numbers; a load
     (``--resume``) overwrites them afterwards."""
     plan, info = runtime.plan, runtime.info
-    if not weight_sharded(plan):
+    if not weight_sharded(plan.pipelines):
         return None
     if plan.pipelines[info.pipeline].stages[info.stage].shard == "weights" and uninitialised:
         init_weights()
