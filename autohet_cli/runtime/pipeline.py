@@ -193,7 +193,7 @@ class PipelineSchedule:
         self.loss_scale = 1.0  # fp16 loss scaling multiplies the backward of the loss
         self.trace: list[tuple[str, int]] = []  # compute order of the last run
         self.pad_to = pad_to
-        self._real = self._total = 0
+        self._real = 0  # the step's own micro-batches; those after them are padding
 
     def run(self, microbatches: list[Microbatch]) -> Tensor:
         """One iteration; returns this stage's summed loss share (zero off the last stage).
@@ -212,9 +212,8 @@ class PipelineSchedule:
     def _run(self, microbatches: list[Microbatch]) -> Tensor:
         real = len(microbatches)
         assert real == self.info.num_microbatches, (real, self.info.num_microbatches)
-        m = max(real, self.pad_to)
-        microbatches = list(microbatches) + [microbatches[0]] * (m - real)
-        self._real, self._total = real, m
+        microbatches = self._padded(microbatches)
+        m, self._real = len(microbatches), real
         self.trace = []
         self._counts = {FORWARD: 0, BACKWARD: 0}
         self._loss_sum = torch.zeros((), device=self.device)
@@ -256,8 +255,7 @@ class PipelineSchedule:
         """
         loss_sum = torch.zeros((), device=self.device)
         real = len(microbatches)
-        padded = list(microbatches) + [microbatches[0]] * max(0, self.pad_to - real)
-        for i, (inputs, targets) in enumerate(padded):  # extra ones: gathers only
+        for i, (inputs, targets) in enumerate(self._padded(microbatches)):  # i >= real: pads
             received = self.p2p.recv_forward()
             stage_input = inputs.to(self.device) if self.info.is_first_stage else received
             if not self.info.is_last_stage:
@@ -270,6 +268,10 @@ class PipelineSchedule:
             if i < real:
                 loss_sum += _plain(loss.detach()).float()
         return loss_sum
+
+    def _padded(self, microbatches: list[Microbatch]) -> list[Microbatch]:
+        """``microbatches`` and copies of the first up to ``pad_to`` (see __init__)."""
+        return list(microbatches) + [microbatches[0]] * max(0, self.pad_to - len(microbatches))
 
     def _record(self, kind: str) -> int:
         index = self._counts[kind]
