@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -83,12 +84,10 @@ def padded_microbatches(plan: Plan, pipeline: int) -> int:
 
 @dataclass(slots=True, kw_only=True)
 class ShardedStage:
-    """This rank's stage under FSDP2: the root module and the ids of the parameters
-    FSDP shards (and reduces)."""
+    """This rank's stage under FSDP2: the ids of the parameters FSDP shards (and
+    reduces), which gradsync, ZeRO-1 and the global norm's count treat apart."""
 
-    root: FSDPModule
     params: frozenset[int]
-    holders: tuple[int, ...]
 
 
 def attach_sharding(
@@ -151,34 +150,27 @@ def shard_stage(
     every = dict(stage.named_parameters(remove_duplicate=False))
     ignored = {every[n] for names in tied for n in names if n in every}
     ignored_ids = {id(p) for p in ignored}
-    reshard = spec.reshard_after_forward
-    policy = mixed_precision(compute)
+    shard = partial(
+        fully_shard,
+        mesh=mesh,
+        reshard_after_forward=spec.reshard_after_forward,
+        ignored_params=ignored,
+        mp_policy=mixed_precision(compute),
+    )
     layers = list(stage.layers.values())
     modules: list[FSDPModule] = []
     for layer in layers:
         if all(id(p) in ignored_ids for p in layer.parameters()):
             continue  # nothing of its own to shard (only tied weights)
-        fully_shard(
-            layer,
-            mesh=mesh,
-            reshard_after_forward=reshard,
-            ignored_params=ignored,
-            mp_policy=policy,
-        )
-        assert isinstance(layer, FSDPModule)
-        modules.append(layer)
+        modules.append(shard(layer))
         if layer is layers[-1] and layer_loss(layer) is not None:
             register_fsdp_forward_method(layer, "loss")  # the pipeline's fused loss
-    fully_shard(
-        stage, mesh=mesh, reshard_after_forward=reshard, ignored_params=ignored, mp_policy=policy
-    )
-    assert isinstance(stage, FSDPModule)
-    modules.append(stage)
+    modules.append(shard(stage))
     for module in modules:
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
     sharded = frozenset(id(p) for p in stage.parameters() if id(p) not in ignored_ids)
-    return ShardedStage(root=stage, params=sharded, holders=holders)
+    return ShardedStage(params=sharded)
 
 
 def sharded_parameters(
