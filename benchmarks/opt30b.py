@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from autohet_cli.cluster import Cluster, cluster_from_dict
-from autohet_cli.inputs import load_inputs, tables_for
+from autohet_cli.costmodel.tables import CostTables
+from autohet_cli.inputs import load_inputs
 from autohet_cli.planner.api import PlanOutcome, training_for
 from benchmarks._common import describe
 from tests.planning import plan_tables
@@ -21,12 +22,16 @@ SEQ_LEN = 2048
 TIME_LIMIT_S = 60.0
 
 
-def cluster() -> Cluster:
+def cluster(nics: int | None = None) -> Cluster:
+    """``nics``: inter-node NICs per host (None: one per GPU, the cluster file's default)."""
+    extra = {} if nics is None else {"nics": nics}
     hosts = [
         {"name": f"a100-{i}", "gpus": {"type": "A100-40", "count": 4}, "intra_node_gbps": 2400}
+        | extra
         for i in range(8)
     ] + [
         {"name": f"v100-{i}", "gpus": {"type": "V100-16", "count": 8}, "intra_node_gbps": 1200}
+        | extra
         for i in range(4)
     ]
     raw = {
@@ -38,15 +43,29 @@ def cluster() -> Cluster:
     return cluster_from_dict(raw, "opt30b")
 
 
-def plan(*, zero1: bool | None = None, recompute: bool | None = None) -> PlanOutcome:
+def plan(
+    *,
+    zero1: bool | None = None,
+    recompute: bool | None = None,
+    shard_weights: bool | None = None,
+    nics: int | None = None,
+) -> PlanOutcome:
     """None: the planner decides, as `autohet plan` does without the flag."""
+    fleet = cluster(nics)
+    options = {
+        "recompute": recompute,
+        "zero1": zero1,
+        "shard_weights": shard_weights,
+        "with_baselines": False,
+    }
+    return plan_tables(fleet, tables(), name="opt30b", time_limit_s=TIME_LIMIT_S, **options)
+
+
+def tables() -> CostTables:
+    """Sailor's measured OPT-30B profile at batch 256, sequence 2048, bf16, Adam."""
     inputs = load_inputs("profiles/clusters/localhost.yaml", "OPT-30B", [PROFILE])
-    fleet = cluster()
     training = training_for(BATCH, SEQ_LEN, "bf16", "adam")
-    tables = tables_for(inputs, training)
-    tables = type(tables)(inputs.model, inputs.profile, training, gpu_specs=fleet.gpu_specs)
-    options = {"recompute": recompute, "zero1": zero1, "with_baselines": False}
-    return plan_tables(fleet, tables, name="opt30b", time_limit_s=TIME_LIMIT_S, **options)
+    return CostTables(inputs.model, inputs.profile, training, gpu_specs=cluster().gpu_specs)
 
 
 def main() -> None:

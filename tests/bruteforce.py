@@ -444,8 +444,8 @@ class _Space:
 
     def composition_sync_lb(self, comp: Sequence[Seq]) -> float:
         """Every segment's ring runs inside one host (only a host every pipeline
-        uses) or over some link between the composition's hosts, times TP (the
-        smallest degree: a full-gradient sync moves at least that); the segments
+        uses) or over some link between the composition's hosts, times the TP ranks
+        that share a NIC (the fewest: a full-gradient sync moves at least that); the segments
         cover the model, and a pipeline of S stages syncs them on S stages."""
         P = len(comp)
         if P < 2:
@@ -455,7 +455,7 @@ class _Space:
         per_byte = [ring_allreduce_ms(1.0, P, self.hosts[h].intra_node_gbps) for h in common]
         links = [self._link(a, b) for a in used for b in used if a < b]
         if links:
-            least = min(self.tps[h] for h in used)
+            least = min(self.hosts[h].nic_share(self.tps[h]) for h in used)
             per_byte.append(least * ring_allreduce_ms(1.0, P, max(links)))
         return min(per_byte) * self.grad_prefix[-1] / min(len(s) for s in comp)
 
@@ -477,7 +477,7 @@ class _Space:
                 gbps = self.hosts[hosts[0]].intra_node_gbps
             else:
                 gbps = min(self._link(x, y) for x in hosts for y in hosts if x < y)
-                nbytes *= min(self.tps[h] for h in hosts)
+                nbytes *= min(self.hosts[h].nic_share(self.tps[h]) for h in hosts)
             got = self._segments[key] = ring_allreduce_ms(nbytes, P, gbps)
         return got
 

@@ -42,6 +42,20 @@ class Host:
     workdir: str = "~/autohet"
     # How the host announces a coming preemption (autohet_cli.preemption); None: off.
     preemption_check: CheckSpec | None = None
+    # Inter-node NICs, each at the network's speed, the GPUs sharing them evenly;
+    # None: one per GPU (GPUDirect RDMA rails, as on DGX/HGX and cloud GPU hosts).
+    nics: int | None = None
+
+    @property
+    def gpus_per_nic(self) -> int:
+        """GPUs that share one inter-node NIC (1 with a NIC per GPU)."""
+        return 1 if self.nics is None else max(1, -(-self.num_gpus // self.nics))
+
+    def nic_share(self, tensor_parallel: int) -> int:
+        """Ranks of one TP group of this degree that send through the same NIC when
+        each runs its own ring to other hosts (TP rank k with TP rank k): their
+        bytes add up on that NIC."""
+        return min(tensor_parallel, self.gpus_per_nic)
 
     @property
     def is_local(self) -> bool:

@@ -103,6 +103,7 @@ def cluster_from_dict(raw: Any, where: str) -> Cluster:
 
 _HOST_KEYS = (
     "intra_node_gbps",
+    "nics",
     "spot",
     "price_per_hour",
     "checkpoint_dir",
@@ -166,7 +167,23 @@ def host_from_dict(
         python=_opt_str(merged, "python", at) or "python3",
         workdir=check_remote_dir(workdir, f"{at}.workdir"),
         preemption_check=check,
+        nics=_nics(h, at, count),
     )
+
+
+def _nics(h: Mapping[str, Any], at: str, count: int) -> int | None:
+    """``nics``: the host's inter-node NICs (the sync and sharded-weight collectives
+    of its TP ranks share them); absent: one per GPU."""
+    nics = get(h, "nics", int, at, None)
+    if nics is None:
+        return None
+    if nics < 1:
+        raise ConfigError(
+            f"{at}.nics: must be at least 1, got {nics} (the host's inter-node network "
+            f"interfaces; leave it out for one per GPU)"
+        )
+    at_most(nics, 64, f"{at}.nics", "hosts carry 8 or 16 GPUs, one NIC each at most")
+    return min(nics, count)
 
 
 def _opt_str(d: Mapping[str, Any], key: str, at: str) -> str | None:
@@ -205,6 +222,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
             entry["identity_file"] = h.identity_file
         if h.preemption_check is not None:
             entry[PREEMPTION_KEY] = h.preemption_check.to_dict()
+        if h.nics is not None:  # only when set: clusters without it keep their digests
+            entry["nics"] = h.nics
         hosts.append(entry)
     pairs = [{"hosts": sorted(k), "gbps": v} for k, v in c.pair_gbps.items()]
     out: dict[str, Any] = {

@@ -11,8 +11,9 @@ pipeline, and those stages' TP ranks all-reduce its gradients (ring,
 ``2(D-1)/D * bytes`` over the slowest link among the hosts involved). A stage
 syncs its segments one after the other; different stages run in parallel, so
 the sync phase lasts as long as the busiest stage. When the ring crosses hosts,
-the t ranks of a TP group share their host's NIC, so together they move the
-segment's full gradient through it. A segment whose holding stages have
+the TP ranks that share an inter-node NIC (``nics`` in the cluster file; by
+default each GPU has its own) add up their bytes on it: a host with one NIC moves
+the segment's full gradient through it. A segment whose holding stages have
 different TP degrees syncs through the full gradient (runtime.topology): each
 TP group gathers it inside its host (ring all-gather), one rank per stage
 all-reduces it (the same NIC bytes as t rings of 1/t), then broadcasts it back

@@ -99,8 +99,8 @@ def _sharded_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: Sy
         measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, participants)
         if measured is not None:
             return measured
-    else:
-        nbytes *= stages[0].tensor_parallel  # the TP group's rings share the host NIC
+    else:  # the TP group's rings add up on a NIC its ranks share (``Host.nic_share``)
+        nbytes *= max(cluster.host(s.host).nic_share(s.tensor_parallel) for s in stages)
     return ring_allreduce_ms(nbytes, participants, memo.ring_gbps(stages)) + _ring_latency(
         stages, tables, participants
     )

@@ -29,8 +29,8 @@ Memory of one GPU of such a stage (n = its parameters per GPU, layers i of the s
 
 Time per micro-batch, per layer i (n_i parameters per GPU), each a ring collective
 over the P holders at the slowest link among their hosts (the host's own when they
-share one; the t ranks of a TP group share their host's NIC across hosts, so the
-bytes count t times, as the gradient sync does): each member moves (P-1)/P of the
+share one; across hosts, the ranks of a TP group that share a NIC add up their
+bytes on it, ``Host.nic_share``, as the gradient sync does): each member moves (P-1)/P of the
 bytes, plus P-1 messages at the slowest type's latency, times the calibrated
 collective rate (``CostTables.sync_factor``):
 
@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.gradsync import Segment
 from autohet_cli.costmodel.layertable import LayerTable, StageCost
 from autohet_cli.costmodel.tables import CostTables
@@ -81,6 +82,7 @@ WEIGHTS = "weights"
 class LinkMemo(Protocol):
     """What the holders' link needs of ``costmodel.memo.EvalMemo``."""
 
+    cluster: Cluster
     tables: CostTables
 
     def ring_gbps(self, stages: Sequence[Stage]) -> float: ...
@@ -128,7 +130,9 @@ def weight_shards(
         links[key] = WeightShard(
             holders=len(stages),
             gbps=memo.ring_gbps(stages),
-            nic_share=key[2] if len(hosts) > 1 else 1,
+            nic_share=max(memo.cluster.host(h).nic_share(key[2]) for h in hosts)
+            if len(hosts) > 1
+            else 1,
             hop_ms=max(tables.hop_ms(s.gpu_type) for s in stages),
             rate_factor=max(tables.sync_factor(s.gpu_type) for s in stages),
         )

@@ -30,8 +30,8 @@ class Context:
     stats: list[BlockStats]
     caps: list[float]
     params_per_gpu: int
-    splits: dict[tuple[tuple[int, ...], int, float, bool, int], SplitResult | None] = field(
-        default_factory=dict
+    splits: dict[tuple[tuple[int, ...], int, float, tuple[float, ...], int], SplitResult | None] = (
+        field(default_factory=dict)
     )
     sends: dict[Template, list[float]] = field(default_factory=dict)  # link_sends, memoised
     # what every grouping of this context asks again (estimate_ms, sync_rate): per
@@ -148,25 +148,35 @@ def sync_rate(
     parts: Sequence[tuple[Template, int]],
     *,
     optimistic: bool = False,
-) -> tuple[float, bool]:
-    """Ring all-reduce ms per parameter of one stage, across all pipelines, and
-    whether it is per *full* parameter (to be multiplied by the class's TP degree
-    times its per-GPU parameters).
+) -> tuple[float, Scales]:
+    """Ring all-reduce ms per parameter of one stage, across all pipelines, and per
+    class what a GPU's parameters count for (``Scales``).
 
     Placement fills hosts in order, so a grouping whose groups fit on one host
     syncs over that host's links, per parameter a GPU holds; otherwise over the
-    slowest inter-host link, where a TP group's rings share its host's NIC (and a
-    full-gradient sync between degrees moves the full gradient too): per full
-    parameter. ``optimistic`` takes the fastest link any segment could use, per
-    parameter a GPU holds, which keeps lower bounds valid whatever the placement.
+    slowest inter-host link, where the TP ranks that share a NIC add up their bytes
+    on it (``DeviceClass.nic_share``) and a full-gradient sync between degrees moves
+    the full gradient (the class's TP degree). ``optimistic`` takes the fastest link
+    any segment could use, per parameter a GPU holds, which keeps lower bounds
+    valid whatever the placement.
     """
     low, rate = sync_rates(req, ctx, parts)
-    return (low, False) if optimistic else rate
+    return (low, ONES) if optimistic else rate
+
+
+# Per device class of the context, what one parameter a GPU holds counts for in the
+# sync (its NIC share or its TP degree, ``sync_rate``); ONES: each counts once.
+Scales = tuple[float, ...]
+ONES: Scales = ()
+
+
+def scale_of(scales: Scales, c: int) -> float:
+    return scales[c] if scales else 1.0
 
 
 def sync_rates(
     req: SearchRequest, ctx: Context, parts: Sequence[tuple[Template, int]]
-) -> tuple[float, tuple[float, bool]]:
+) -> tuple[float, tuple[float, Scales]]:
     """``sync_rate`` both ways from one pass over the grouping: the optimistic
     rate (for its lower bound) and (rate, per full parameter) for its estimate;
     every grouping asks for both (10^5 of them on 1024 GPUs)."""
@@ -193,15 +203,16 @@ def sync_rates(
     uniform = len({c.tp for c, n in zip(ctx.classes, used, strict=True) if n}) == 1
     f = max(fixed["zero1"][c] for c, n in enumerate(used) if n) if d > 1 and uniform else 1.0
     if aligned:  # stage-major: each stage's copies on one host
-        return low, (f * low, False)
+        return low, (f * low, ONES)
     hosts = sum(  # the hosts a class's groups fill, in order, to hold ``need`` of them
         min(bisect_left(cum, need) + 1, len(cum))
         for cum, need in zip(fixed["cumulative"], used, strict=True)
         if need > 0
     )
     if hosts > 1:
-        return low, (f * ring_allreduce_ms(nbytes, d, fixed["slowest"]), True)
-    return low, (f * ring_allreduce_ms(nbytes, d, intra), False)
+        scales = tuple(float(c.nic_share if uniform else c.tp) for c in ctx.classes)
+        return low, (f * ring_allreduce_ms(nbytes, d, fixed["slowest"]), scales)
+    return low, (f * ring_allreduce_ms(nbytes, d, intra), ONES)
 
 
 def _context_rates(req: SearchRequest, ctx: Context) -> dict[str, Any]:
@@ -249,7 +260,7 @@ def estimate_ms(
     ctx: Context,
     parts: Sequence[tuple[Template, int]],
     M: int,
-    sync: tuple[float, bool] | None = None,
+    sync: tuple[float, Scales] | None = None,
 ) -> float:
     """Balanced continuous split per template; micro-batches shared so that all
     pipelines finish together, then rounded (cheap enough for 10^5 groupings).
@@ -262,9 +273,9 @@ def estimate_ms(
     upd = 0.0
     params = 0.0
     shapes = []
-    rate, per_full = sync or sync_rate(req, ctx, parts)
+    rate, scales = sync or sync_rate(req, ctx, parts)
     for tpl, k in parts:
-        c_ms, fill_ms, tpl_upd, tpl_params = _shape(req, ctx, tpl, n, per_full)
+        c_ms, fill_ms, tpl_upd, tpl_params = _shape(req, ctx, tpl, n, scales)
         shapes.append((k, c_ms, fill_ms))
         upd = max(upd, tpl_upd)
         params = max(params, tpl_params)
@@ -292,12 +303,12 @@ def estimate_ms(
 
 
 def _shape(
-    req: SearchRequest, ctx: Context, tpl: Template, n: int, per_full: bool
+    req: SearchRequest, ctx: Context, tpl: Template, n: int, scales: Scales
 ) -> tuple[float, float, float, float]:
     """A template's balanced continuous split (``estimate_ms``): its bottleneck and
     fill ms per micro-batch, its update ms and the parameters its fullest stage
     syncs; memoised per context (groupings share their few templates)."""
-    key = ("shape", tpl, per_full)
+    key = ("shape", tpl, scales)
     got = ctx.memo.get(key)
     if got is None:
         st = [ctx.stats[c] for c in tpl.classes]
@@ -305,9 +316,7 @@ def _shape(
         fixed = (st[0].head_ms / st[0].block_ms) + (st[-1].tail_ms / st[-1].block_ms)
         sends = link_sends(req, ctx, tpl)
         c_ms = max((n + fixed) / inv, 2 * max(sends, default=0.0))
-        held = [
-            ctx.stats[c].block_params * (ctx.classes[c].tp if per_full else 1) for c in tpl.classes
-        ]
+        held = [ctx.stats[c].block_params * scale_of(scales, c) for c in tpl.classes]
         got = ctx.memo[key] = (
             c_ms,
             c_ms * tpl.num_stages + 2 * sum(sends),

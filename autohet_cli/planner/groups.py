@@ -34,6 +34,9 @@ class DeviceClass:
     hosts: tuple[str, ...]
     groups_per_host: tuple[int, ...]  # TP groups of ``tp`` GPUs per host
     tp: int = 1
+    # The most TP ranks of one group that share an inter-node NIC on any of its
+    # hosts (``Host.nic_share``): what a ring across hosts multiplies its bytes by.
+    nic_share: int = 1
 
     @property
     def num_groups(self) -> int:
@@ -68,6 +71,7 @@ def device_classes(cluster: Cluster, tp: int | Mapping[str, int]) -> list[Device
                     hosts=tuple(h.name for h in usable),
                     groups_per_host=tuple(h.num_gpus // degree for h in usable),
                     tp=degree,
+                    nic_share=max(h.nic_share(degree) for h in usable),
                 )
             )
     return out

@@ -20,9 +20,12 @@ from autohet_cli.planner import parallel
 from autohet_cli.planner.build import place, refine
 from autohet_cli.planner.enumeration import Queue
 from autohet_cli.planner.estimate import (
+    ONES,
     Context,
+    Scales,
     describe,
     link_sends,
+    scale_of,
     state_bytes,
     sync_rate,
     update_scale,
@@ -258,7 +261,7 @@ def _solve_grouping(
     M = req.global_batch_size // g.mbs
     # the call's deadline too (costmodel.budget): SCIP is not interrupted by it
     cap = max(0.05, min(remaining, seconds_left(), max(0.2, req.time_limit_s / 40)))
-    sync, per_full = sync_rate(req, ctx, g.parts)
+    sync, scales = sync_rate(req, ctx, g.parts)
     rates = [
         k * tpl.num_stages / min(ctx.stats[c].total_ms for c in tpl.classes) for tpl, k in g.parts
     ]
@@ -271,7 +274,7 @@ def _solve_grouping(
         splits = []
         for (tpl, _k), m in zip(g.parts, m_hat, strict=True):
             split = template_split(
-                req, ctx, tpl, m, sync, b - a, cap, per_full=per_full, replicas=g.num_pipelines
+                req, ctx, tpl, m, sync, b - a, cap, scales=scales, replicas=g.num_pipelines
             )
             if split is None:
                 return None, None
@@ -336,10 +339,10 @@ def template_split(
     num_blocks: int,
     cap: float,
     *,
-    per_full: bool = False,
+    scales: Scales = ONES,
     replicas: int = 1,
 ) -> SplitResult | None:
-    key = (tpl.classes, m_hat, round(sync, 12), per_full, replicas)
+    key = (tpl.classes, m_hat, round(sync, 12), scales, replicas)
     if key not in ctx.splits:
         got = solve_split(
             SplitInputs(
@@ -347,16 +350,17 @@ def template_split(
                 stats=ctx.stats,
                 mem_cap_bytes=ctx.caps,
                 state_bytes_per_param=state_bytes(req, replicas),
-                # tied embedding and head: ZeRO-1 leaves their state replicated
+                # tied embedding and head: ZeRO-1 leaves their state replicated (FSDP
+                # shards them with the rest of the stage, estimate.state_bytes)
                 end_state_bytes_per_param=state_bytes(
-                    req, 1 if req.model.tied_embeddings else replicas
+                    req, 1 if req.model.tied_embeddings and not req.shard_weights else replicas
                 ),
                 num_blocks=num_blocks,
                 update_scale=update_scale(req, replicas),
                 end_update_scale=update_scale(req, replicas, tied=True),
                 send_ms=link_sends(req, ctx, tpl),
                 sync_ms_per_param=sync,
-                sync_scale=[float(c.tp) if per_full else 1.0 for c in ctx.classes],
+                sync_scale=[scale_of(scales, c) for c in range(len(ctx.classes))],
                 expected_microbatches=m_hat,
             ),
             time_limit_s=cap,

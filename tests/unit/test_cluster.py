@@ -226,6 +226,9 @@ def _set(d: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
         (("hosts", 0, "intra_node_gbps"), 0, "hosts[0].intra_node_gbps: must be positive"),
         (("network", "pairs", 0, "gbps"), -1, "network.pairs[0].gbps: must be positive"),
         (("network", "pairs"), {"a": "b"}, "network.pairs: expected a list"),
+        (("hosts", 0, "nics"), 0, "hosts[0].nics: must be at least 1"),
+        (("hosts", 0, "nics"), "two", "hosts[0].nics: expected an integer"),
+        (("hosts", 0, "nics"), 1000, "hosts[0].nics: 1000 is larger than 64"),
     ],
 )
 def test_bad_values_name_file_and_field(
@@ -381,6 +384,25 @@ def test_link_gbps(tmp_path: Path) -> None:
     assert c.link_gbps("a", "c") == c.link_gbps("c", "b") == 100
     with pytest.raises(UnknownNameError, match="no host 'zz'"):
         c.link_gbps("zz", "zz")
+
+
+def test_nics_say_how_many_tp_ranks_add_up_on_one(tmp_path: Path) -> None:
+    """``nics``: a host's inter-node NICs; absent, one per GPU. Written back (and
+    into fingerprints) only when set, so clusters without it keep their digests."""
+    d = _base()
+    default = load_cluster(_write(tmp_path, d))
+    assert default.host("a").nics is None and default.host("a").nic_share(4) == 1
+    assert "nics" not in cluster_to_dict(default)["hosts"][0]
+    d["hosts"][0]["nics"] = 1  # 4 GPUs, one NIC
+    d["hosts"][1]["nics"] = 8  # more NICs than GPUs count as one per GPU
+    c = load_cluster(_write(tmp_path, d))
+    assert [c.host("a").nic_share(t) for t in (1, 2, 4)] == [1, 2, 4]
+    assert c.host("b").nics == 2 and c.host("b").nic_share(2) == 1
+    d["hosts"][0]["nics"] = 2  # two GPUs per NIC
+    c2 = load_cluster(_write(tmp_path, d))
+    assert [c2.host("a").nic_share(t) for t in (1, 2, 4)] == [1, 2, 2]
+    again = cluster_from_dict(cluster_to_dict(c2), "again")
+    assert again.host("a").nics == 2 and cluster_to_dict(again) == cluster_to_dict(c2)
 
 
 def test_queries(tmp_path: Path) -> None:

@@ -108,6 +108,7 @@ def make_cluster(
     inter: float = INTER_GBPS,
     intra: float = INTRA_GBPS,
     pairs: Sequence[tuple[str, str, float]] = (),
+    nics: int | None = None,
 ) -> Cluster:
     return cluster_from_dict(
         {
@@ -119,6 +120,7 @@ def make_cluster(
             },
             "hosts": [
                 {"name": n, "gpus": {"type": gpu_type, "count": c}, "intra_node_gbps": intra}
+                | ({} if nics is None else {"nics": nics})
                 for n, c in hosts
             ],
         },
@@ -267,15 +269,27 @@ def test_grad_sync_waits_for_the_slowest_link_of_the_ring() -> None:
     )
 
 
-def test_tp_groups_across_hosts_share_the_nic() -> None:
-    cluster = make_cluster([("h0", 2), ("h1", 2)])
+def test_tp_groups_across_hosts_add_up_on_a_nic_they_share() -> None:
     plan = [pipe(2, stage(0, 4, "h0", 0, 1)), pipe(2, stage(0, 4, "h1", 0, 1))]
-    ev = evaluate(plan, cluster, toy_tables(), 1)
-    # each GPU holds 1e6 params (the tp=2 entry is per GPU) of 4-byte fp32 gradients;
-    # both ranks' rings cross one NIC
+    # each GPU holds 1e6 params (the tp=2 entry is per GPU) of 4-byte fp32 gradients
+    one_nic = make_cluster([("h0", 2), ("h1", 2)], nics=1)
+    ev = evaluate(plan, one_nic, toy_tables(), 1)
+    # both ranks' rings cross the host's one NIC
     assert ev.grad_sync_ms == pytest.approx(1e6 * 4 * 2 / 1e8 * 1e3)
     # the measured tp=2 entry already contains TP communication: nothing is added
     assert ev.pipelines[0].stages[0].cost.fwd_ms == pytest.approx(4.0)
+    # a NIC per GPU (the default, and nics: 2): each ring has its own
+    for nics in (None, 2):
+        cluster = make_cluster([("h0", 2), ("h1", 2)], nics=nics)
+        assert evaluate(plan, cluster, toy_tables(), 1).grad_sync_ms == pytest.approx(
+            1e6 * 4 / 1e8 * 1e3
+        )
+    # 4 GPUs on 2 NICs: two GPUs per NIC, so a TP-2 group's two ranks share one
+    four = [pipe(2, stage(0, 4, "h0", 0, 1)), pipe(2, stage(0, 4, "h1", 0, 1))]
+    two_per_nic = make_cluster([("h0", 4), ("h1", 4)], nics=2)
+    assert evaluate(four, two_per_nic, toy_tables(), 1).grad_sync_ms == pytest.approx(
+        1e6 * 4 * 2 / 1e8 * 1e3
+    )
 
 
 def test_segment_held_at_two_tp_degrees_syncs_through_the_full_gradient() -> None:

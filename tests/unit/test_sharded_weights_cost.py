@@ -61,9 +61,12 @@ def tables() -> CostTables:
 
 
 def cluster(
-    hosts: Sequence[tuple[str, int]], pairs: Sequence[tuple[str, str, float]] = ()
+    hosts: Sequence[tuple[str, int]],
+    pairs: Sequence[tuple[str, str, float]] = (),
+    nics: int | None = None,
 ) -> Cluster:
-    """8 Gbit/s (1e9 B/s) inside a host, 0.8 Gbit/s (1e8 B/s) between hosts."""
+    """8 Gbit/s (1e9 B/s) inside a host, 0.8 Gbit/s (1e8 B/s) between hosts (per NIC;
+    ``nics``: the hosts' inter-node NICs, None for one per GPU)."""
     return cluster_from_dict(
         {
             "schema": "autohet.cluster/v1",
@@ -74,6 +77,7 @@ def cluster(
             },
             "hosts": [
                 {"name": n, "gpus": {"type": "A100-40", "count": c}, "intra_node_gbps": 8.0}
+                | ({} if nics is None else {"nics": nics})
                 for n, c in hosts
             ],
         },
@@ -146,18 +150,26 @@ def test_gathers_and_reduce_scatters_by_hand_across_hosts() -> None:
     assert ev.iteration_ms == pytest.approx(82.0 + 1.5)
 
 
-def test_the_ranks_of_a_tp_group_share_their_host_nic() -> None:
-    """At TP 2 across hosts, both ranks' collectives cross one NIC: twice the time of
-    TP 1's, the gathers (2, 4, 6, 8) ms and the reduce-scatters (4, 8, 12, 16) ms."""
-    c = cluster([("h0", 2), ("h1", 2)])
+def test_the_ranks_of_a_tp_group_add_up_on_a_nic_they_share() -> None:
+    """At TP 2 across hosts with one NIC each, both ranks' collectives cross it:
+    twice the time of TP 1's, the gathers (2, 4, 6, 8) ms and the reduce-scatters
+    (4, 8, 12, 16) ms. With a NIC per GPU (the default) each rank has its own."""
     plan = [
         Pipeline(num_microbatches=2, stages=(stage(0, 4, h, 0, 1, shard="weights"),))
         for h in ("h0", "h1")
     ]
-    cost = evaluate(plan, c, tables(), 1).pipelines[0].stages[0].cost
+    one_nic = cluster([("h0", 2), ("h1", 2)], nics=1)
+    cost = evaluate(plan, one_nic, tables(), 1).pipelines[0].stages[0].cost
     # forward: 2 + (4 - 1) + (6 - 1) + (8 - 1); backward: g3 + r0 = 8 + 4, then
     # layer 0: r1 - 2 = 6, layer 1: g0 + r2 - 2 = 12, layer 2: g1 + r3 - 2 = 18, layer 3: g2 - 2 = 4
     assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx((4.0 + 17.0, 8.0 + 52.0))
+    own = evaluate(plan, cluster([("h0", 2), ("h1", 2)]), tables(), 1)
+    # gathers (1, 2, 3, 4), reduce-scatters (2, 4, 6, 8) ms; forward 1 + 1 + 2 + 3;
+    # backward g3 + r0 = 4 + 2, then layer 0: r1 - 2 = 2, layer 1: g0 + r2 - 2 = 5,
+    # layer 2: g1 + r3 - 2 = 8, layer 3: g2 - 2 = 1
+    assert (own.pipelines[0].stages[0].cost.fwd_ms, own.pipelines[0].stages[0].cost.bwd_ms) == (
+        pytest.approx((4.0 + 7.0, 8.0 + 22.0))
+    )
 
 
 def test_a_slower_link_among_the_holders_costs_more_time() -> None:
