@@ -12,7 +12,7 @@ from tabulate import tabulate
 from autohet_cli.errors import ConfigError
 from autohet_cli.models import get_model
 from autohet_cli.plan import load_plan
-from autohet_cli.profiling.calibrate import calibrate
+from autohet_cli.profiling.calibrate import calibrate, left_out
 from autohet_cli.profiling.schema import Profile, load_profile, save_profile
 
 CHECK_FILE = "prediction-check.json"
@@ -78,7 +78,8 @@ def calibrate_command(
         global_batch_size=plan.training.global_batch_size,
     )
     save_profile(refit, out)
-    left_out = sum(st.get("shard") == "weights" for st in check.get("stages") or [])
+    why = [left_out(st) for st in check.get("stages") or []]
+    sharded, partial = why.count("sharded"), why.count("partial")
     if as_json:
         typer.echo(
             json.dumps(
@@ -86,7 +87,8 @@ def calibrate_command(
                     "ok": True,
                     "out": str(out),
                     "refit": rows,
-                    "sharded_stages_left_out": left_out,
+                    "sharded_stages_left_out": sharded,
+                    "partial_recompute_stages_left_out": partial,
                     **_overheads(refit),
                 }
             )
@@ -108,10 +110,15 @@ def calibrate_command(
             f"{gpu}: fixed cost {o['step_ms']:.2f} ms per step, {o['mem_bytes'] / 2**20:.0f} "
             f"MiB beyond the model (mean of {o['runs']} run(s))"
         )
-    if left_out:
+    if sharded:
         typer.echo(
-            f"note: {left_out} weight-sharded stage(s) left out (their times include FSDP's "
+            f"note: {sharded} weight-sharded stage(s) left out (their times include FSDP's "
             "gathers and reduce-scatters, which the per-layer profile does not hold)"
+        )
+    if partial:
+        typer.echo(
+            f"note: {partial} stage(s) recomputing only their first layers left out (one "
+            "time mixes recomputed and plain layers, which neither fit can take apart)"
         )
     typer.echo(f"wrote {out}: plan with --profile {out}")
 

@@ -81,7 +81,15 @@ class LayerTable:
         # a recompute stage's working layer: its activations and its weights' copies
         self._act_max = _sparse_max([lt.act_bytes + c for lt, c in zip(layers, cast, strict=True)])
 
-    def stage(self, start: int, end: int, *, recompute: bool = False) -> StageCost:
+    def stage(
+        self, start: int, end: int, *, recompute: bool = False, recompute_first: int = 0
+    ) -> StageCost:
+        """Layers [start, end); ``recompute``: every layer recomputes, else the first
+        ``recompute_first`` of them (``Stage.recomputed``)."""
+        if not recompute and 0 < recompute_first < end - start:
+            return self._partial(start, end, start + recompute_first)
+        if recompute_first >= end - start > 0:
+            recompute = True
         fwd = self._fwd[end] - self._fwd[start]
         bwd = self._bwd[end] - self._bwd[start]
         if recompute:
@@ -103,6 +111,24 @@ class LayerTable:
             act_bytes=self._act[end] - self._act[start],
             output_bytes=self._out[end - 1],
             cast_bytes=self._cast[end] - self._cast[start],
+        )
+
+    def _partial(self, start: int, end: int, cut: int) -> StageCost:
+        """[start, cut) recomputing, [cut, end) not: their times add up; the stage
+        keeps the first part's inputs and the rest's activations per micro-batch in
+        flight, the first part's working layer once, and the rest's weight copies."""
+        r = self.stage(start, cut, recompute=True)
+        k = self.stage(cut, end)
+        return StageCost(
+            fwd_ms=r.fwd_ms + k.fwd_ms,
+            bwd_ms=r.bwd_ms + k.bwd_ms,
+            update_ms=r.update_ms + k.update_ms,
+            num_params=r.num_params + k.num_params,
+            act_bytes=r.act_bytes + k.act_bytes,
+            output_bytes=k.output_bytes,
+            transient_bytes=r.transient_bytes,
+            recompute=True,
+            cast_bytes=k.cast_bytes,
         )
 
     def max_act_bytes(self, start: int, end: int) -> float:

@@ -134,7 +134,9 @@ def _table(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> LayerTab
 
 
 def _stage_cost(s: Stage, cluster: Cluster, tables: CostTables, mbs: int) -> StageCost:
-    return _table(s, cluster, tables, mbs).stage(s.layer_start, s.layer_end, recompute=s.recompute)
+    return _table(s, cluster, tables, mbs).stage(
+        s.layer_start, s.layer_end, recompute_first=s.recomputed
+    )
 
 
 def _send_ms(a: Stage, b: Stage, nbytes: float, cluster: Cluster, tables: CostTables) -> float:

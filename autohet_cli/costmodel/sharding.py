@@ -161,7 +161,8 @@ def compute_bytes(tables: CostTables, gpu_type: str) -> int:
 
 
 def _layers(table: LayerTable, s: Stage) -> list[StageCost]:
-    return [table.stage(i, i + 1, recompute=s.recompute) for i in range(s.layer_start, s.layer_end)]
+    first = s.layer_start + s.recomputed  # layers before it recompute
+    return [table.stage(i, i + 1, recompute=i < first) for i in range(s.layer_start, s.layer_end)]
 
 
 def exposed_ms(

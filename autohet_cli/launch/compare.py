@@ -60,7 +60,8 @@ def compare(
                     "gpu_type": stage.gpu_type,
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
-                    "recompute": stage.recompute,
+                    # true (every layer), false, or N (its first N layers)
+                    "recompute": stage.recompute or stage.recompute_layers or False,
                     "shard": stage.shard,
                     "num_microbatches": m,
                     "predicted": None if pred is None else _predicted(pred),

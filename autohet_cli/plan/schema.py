@@ -54,6 +54,10 @@ class Stage:
     # micro-batch in flight and re-running the layer's forward before its backward.
     # Written to YAML only when true, so plans without it keep their bytes and digests.
     recompute: bool = False
+    # Partial recomputation (issue 48): only the stage's first N layers recompute
+    # (written ``recompute: N``); 0 with ``recompute`` false: none. Never both: a
+    # stage that recomputes every layer says ``recompute: true``.
+    recompute_layers: int = 0
     # Issue 48: the stage's state over the data-parallel holders of its layers (the
     # stages of the other pipelines with the same cut and TP degree). "none":
     # replicated (``training.zero1`` still shards the optimizer state where it can);
@@ -71,6 +75,13 @@ class Stage:
     @property
     def host(self) -> str:
         return self.devices[0].host
+
+    @property
+    def recomputed(self) -> int:
+        """How many of the stage's layers (its first) recompute their activations."""
+        if self.recompute:
+            return self.num_layers
+        return max(0, min(self.recompute_layers, self.num_layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +230,7 @@ def _validate_pipeline(plan: Plan, p: Pipeline, at: str, seen: dict[Device, str]
             if d in seen:
                 raise PlanError(f"{sat}.devices: {d.host} gpu {d.gpu} is already used by {seen[d]}")
             seen[d] = sat
+        validate_recompute(s, sat)
         _validate_shard_fields(plan, s, sat)
     if expect != plan.num_layers:
         raise PlanError(
@@ -239,6 +251,17 @@ def shard_mode_error(value: object) -> str | None:
     if value in SHARD_MODES:
         return None
     return f"{value!r} is not one of {', '.join(SHARD_MODES)}"
+
+
+def validate_recompute(s: Stage, sat: str) -> None:
+    """``recompute``: true (every layer), or N of the stage's first layers."""
+    if s.recompute and s.recompute_layers:
+        raise PlanError(f"{sat}.recompute: true or a layer count, not both")
+    if not 0 <= s.recompute_layers <= s.num_layers:
+        raise PlanError(
+            f"{sat}.recompute: {s.recompute_layers} layers, but the stage has "
+            f"{s.num_layers}; use 1 to {s.num_layers} (its first N layers), true for all"
+        )
 
 
 def _validate_shard_fields(plan: Plan, s: Stage, sat: str) -> None:

@@ -77,6 +77,8 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
     }
     if s.recompute:
         d["recompute"] = True
+    elif s.recompute_layers:  # partial: the stage's first N layers
+        d["recompute"] = s.recompute_layers
     if s.shard != "none":
         d["shard"] = s.shard
     if not s.reshard_after_forward:  # only on a weight-sharded stage (Plan.validate)
@@ -207,10 +209,7 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
                 tensor_parallel=get(sm, "tensor_parallel", int, sat, len(devices)),
                 devices=tuple(devices),
                 predicted=_stage_prediction(sm.get("predicted"), f"{sat}.predicted"),
-                # Strict: true or false only (not null, 1 or "yes"), named in the error.
-                recompute=coerce(sm["recompute"], bool, f"{sat}.recompute")
-                if "recompute" in sm
-                else False,
+                **_recompute_fields(sm.get("recompute", False), f"{sat}.recompute"),
                 shard=shard,
                 reshard_after_forward=coerce(
                     sm["reshard_after_forward"], bool, f"{sat}.reshard_after_forward"
@@ -220,6 +219,20 @@ def pipeline_from_dict(raw: Any, at: str) -> Pipeline:
             )
         )
     return Pipeline(num_microbatches=get(pm, "num_microbatches", int, at), stages=tuple(stages))
+
+
+def _recompute_fields(raw: Any, at: str) -> dict[str, Any]:
+    """``recompute``: true or false (every layer or none), or a count of the stage's
+    first layers; strict: not null, "yes" or 2.0, named in the error (the count is
+    checked against the stage's layers by ``Plan.validate``)."""
+    if isinstance(raw, bool):
+        return {"recompute": raw}
+    if isinstance(raw, int) and raw >= 0:
+        return {"recompute_layers": raw}
+    raise ConfigError(
+        f"{at}: expected true, false or a count of the stage's first layers to recompute, "
+        f"got {raw!r}"
+    )
 
 
 def _stage_prediction(raw: Any, at: str) -> StagePrediction | None:

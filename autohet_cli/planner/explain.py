@@ -87,7 +87,7 @@ def explain_text(
                 "*" if j == pe.bottleneck else "",
             ]
             if marked:
-                row.append("R" if s.recompute else "")
+                row.append(_recompute_cell(s))
             if sharded:
                 row.append(_shard_cell(s))
             if by_stage is not None:
@@ -290,9 +290,16 @@ def _count(n: int, noun: str) -> str:
 
 
 def recompute_count(plan: Plan) -> tuple[int, int]:
-    """(stages that recompute their activations, all stages) over every pipeline."""
+    """(stages that recompute some activations, all stages) over every pipeline."""
     stages = [s for p in plan.pipelines for s in p.stages]
-    return sum(s.recompute for s in stages), len(stages)
+    return sum(s.recomputed > 0 for s in stages), len(stages)
+
+
+def _recompute_cell(s: Stage) -> str:
+    """R: every layer recomputes; R 3/8: the stage's first 3 of its 8 layers."""
+    if s.recompute or s.recomputed == s.num_layers:
+        return "R"
+    return f"R {s.recomputed}/{s.num_layers}" if s.recomputed else ""
 
 
 def recompute_line(plan: Plan) -> str | None:
@@ -300,13 +307,20 @@ def recompute_line(plan: Plan) -> str | None:
     n, total = recompute_count(plan)
     if not n:
         return None
-    if n == total:
+    stages = [s for p in plan.pipelines for s in p.stages]
+    partial = sum(0 < s.recomputed < s.num_layers for s in stages)
+    if n == total and not partial:
         which = "every stage re-runs its forward before its backward"
     else:
         which = f"{n} of {total} stages (marked R) re-run their forward before the backward"
+    if partial:
+        which += (
+            f"; {partial} of them only for their first layers (R k/n: k of its n), as few "
+            "as their memory needs"
+        )
     return (
-        f"Recompute: {which} (included in bwd ms), keeping only each layer's input "
-        "per micro-batch in flight"
+        f"Recompute: {which} (included in bwd ms), keeping only each recomputed layer's "
+        "input per micro-batch in flight"
     )
 
 
@@ -359,7 +373,7 @@ def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
             p.num_microbatches,
             round(ev.pipelines[i].time_ms, 6),
             tuple(
-                (s.layer_start, s.layer_end, s.gpu_type, s.recompute, _shard_cell(s))
+                (s.layer_start, s.layer_end, s.gpu_type, s.recomputed, _shard_cell(s))
                 for s in p.stages
             ),
         )

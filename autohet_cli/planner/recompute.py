@@ -17,7 +17,9 @@ decision is made in two steps:
    and turning recomputation off only makes it faster. So the best choice per
    stage is exact and greedy: recompute exactly the stages that would not fit
    without it (``relax``). In 1F1B that is typically the first stages, which keep
-   the most micro-batches in flight.
+   the most micro-batches in flight. Each of those then recomputes only as many of
+   its first layers as it needs to fit (``fewest_layers``, ``recompute: N`` in the
+   plan, issue 48): the rest keep their activations and skip the re-run forward.
 
 The search itself assumes one flag per GPU type while choosing the layout; a
 layout that would be better with flags mixed within one type is found only as
@@ -70,4 +72,63 @@ def relax(
     if not ev.fits:
         return cand
     better = replace(cand, pipelines=mixed, eval=ev, score=score(mixed, ev))
+    better = fewest_layers(better, req, score)
     return better if better.score <= cand.score else cand
+
+
+def fewest_layers(
+    cand: Candidate,
+    req: SearchRequest,
+    score: Callable[[list[Pipeline], PlanEval], float],
+) -> Candidate:
+    """``cand`` with each recomputing stage recomputing only as many of its first
+    layers as it needs to fit (``recompute: N``), where that is fewer than all.
+
+    Per stage the count is found by bisection, every stage at once: a stage's memory
+    depends on its own count only, and falls as the count grows (a recomputed layer
+    keeps its input instead of its activations; the one layer at work that it adds
+    is less than that, bar the first), while its time grows with it: so the least
+    count that fits is that stage's best. The result is checked whole on the exact
+    model and kept only if it fits and is no worse."""
+    where = [
+        (pi, si)
+        for pi, p in enumerate(cand.pipelines)
+        for si, s in enumerate(p.stages)
+        if s.recompute and s.num_layers > 1
+    ]
+    if not where:
+        return cand
+    lo = dict.fromkeys(where, 0)  # does not fit (relax: it needs recomputation)
+    hi = {k: cand.pipelines[k[0]].stages[k[1]].num_layers for k in where}  # fits
+    while any(hi[k] - lo[k] > 1 for k in where):
+        mid = {k: (lo[k] + hi[k]) // 2 if hi[k] - lo[k] > 1 else hi[k] for k in where}
+        pipes = _with_counts(cand.pipelines, mid)
+        ev = evaluate(pipes, req.cluster, req.tables, cand.mbs)
+        for k in where:
+            if hi[k] - lo[k] > 1:
+                if ev.pipelines[k[0]].stages[k[1]].mem_fraction <= 1.0:
+                    hi[k] = mid[k]
+                else:
+                    lo[k] = mid[k]
+    pipes = _with_counts(cand.pipelines, hi)
+    ev = evaluate(pipes, req.cluster, req.tables, cand.mbs)
+    if not ev.fits:
+        return cand
+    fewer = replace(cand, pipelines=pipes, eval=ev, score=score(pipes, ev))
+    return fewer if fewer.score <= cand.score else cand
+
+
+def _with_counts(pipes: list[Pipeline], counts: dict[tuple[int, int], int]) -> list[Pipeline]:
+    """``pipes`` with stage (pi, si) recomputing its first ``counts[(pi, si)]`` layers
+    (all of them: ``recompute: true``)."""
+    out = []
+    for pi, p in enumerate(pipes):
+        stages = []
+        for si, s in enumerate(p.stages):
+            n = counts.get((pi, si))
+            if n is not None:
+                full = n >= s.num_layers
+                s = replace(s, recompute=full, recompute_layers=0 if full else n)
+            stages.append(s)
+        out.append(replace(p, stages=tuple(stages)))
+    return out

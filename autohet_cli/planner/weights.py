@@ -28,7 +28,7 @@ from dataclasses import replace
 from autohet_cli.costmodel.evaluate import evaluate
 from autohet_cli.errors import InfeasibleError, TimeLimitReached
 from autohet_cli.plan import Pipeline, weight_sharded
-from autohet_cli.planner.recompute import memory_binds
+from autohet_cli.planner.recompute import memory_binds, relax
 from autohet_cli.planner.search import (
     Candidate,
     Progress,
@@ -79,6 +79,8 @@ def choose_weights(
             break
         try:
             alt = search(replace(req, time_limit_s=left, must_beat_ms=must_beat), progress)
+            if req.recompute and recompute is None:  # only where the stages need it
+                alt.best = relax(alt.best, req, scorer(req.cluster, req.objective))
             alt.best = tune(alt.best, req, deadline=deadline)
             break
         except (InfeasibleError, TimeLimitReached):

@@ -42,6 +42,17 @@ from autohet_cli.settings import TrainingSettings
 MEM_MARGIN = 0.05  # of the measured peak: run-to-run spread of allocator and RSS peaks
 
 
+def left_out(stage: Mapping[str, Any]) -> str | None:
+    """Why a measured stage refits nothing (None: it refits): ``sharded`` weights,
+    or ``partial`` recomputation (``recompute: N``, recorded as the count)."""
+    if stage.get("shard", "none") == "weights":
+        return "sharded"
+    rc = stage.get("recompute", False)
+    if isinstance(rc, int) and not isinstance(rc, bool) and rc > 0:
+        return "partial"
+    return None
+
+
 def calibrate(
     profile: Profile,
     check: Mapping[str, Any],
@@ -59,14 +70,18 @@ def calibrate(
         raise ConfigError("the run report has no measured stages (did the run finish?)")
     # A weight-sharded stage's times hold FSDP's exposed gathers and reduce-scatters,
     # and its memory 1/P of the state: fitting the per-layer profile or the GPU type's
-    # overhead to them would spread the collectives over every plan's layers.
-    stages = [st for st in stages if st.get("shard", "none") != "weights"]
-    if not stages:
+    # overhead to them would spread the collectives over every plan's layers. A stage
+    # that recomputes only its first N layers mixes plain and recomputation times in
+    # one measurement, which neither fit can take apart.
+    kept = [st for st in stages if not left_out(st)]
+    if not kept:
         raise ConfigError(
-            "every stage of this run shards its weights (shard: weights): their times "
-            "include FSDP's collectives, so they refit nothing; calibrate from a run of "
-            "a plan without sharded weights (autohet plan --no-shard-weights)"
+            "every stage of this run shards its weights (shard: weights) or recomputes "
+            "only some of its layers (recompute: N): their times include FSDP's "
+            "collectives or mix recomputed and plain layers, so they refit nothing; "
+            "calibrate from a run of a plan without them (autohet plan --no-shard-weights)"
         )
+    stages = kept
     precision = "fp32" if check.get("device") == "cpu" else str(check["precision"])
     training = TrainingSettings(
         global_batch_size=global_batch_size,

@@ -58,7 +58,7 @@ def solve_on_survivors(
         if kept is None
         else (tuple(kept.pipelines), kept.training.micro_batch_size),
     }
-    recomputes = any(s.recompute for p in old.pipelines for s in p.stages)
+    recomputes = any(s.recomputed for p in old.pipelines for s in p.stages)
     first: dict[str, Any] = {
         **common,
         "recompute": None if recomputes else False,

@@ -47,21 +47,23 @@ _LOCAL_SLICE = (
 
 
 class StageModule(nn.Module):
-    """``recompute``: keep only each layer's input for backward and run the layer's
-    forward again there (``torch.utils.checkpoint``, non-reentrant, so autocast and
-    DTensor work as in the first forward); the plan stage's ``recompute`` decides."""
+    """``recompute_first``: the first N layers keep only their input for backward and
+    run their forward again there (``torch.utils.checkpoint``, non-reentrant, so
+    autocast and DTensor work as in the first forward); the plan stage's
+    ``recompute`` decides (true: every layer, N: its first N, ``Stage.recomputed``)."""
 
-    def __init__(self, layers: dict[int, nn.Module], *, recompute: bool = False) -> None:
+    def __init__(self, layers: dict[int, nn.Module], *, recompute_first: int = 0) -> None:
         super().__init__()
         self.layers = nn.ModuleDict({str(i): layers[i] for i in sorted(layers)})
-        self.recompute = recompute
+        self.recompute_first = recompute_first
+        self.recompute = recompute_first > 0  # any layer (autocast's cache is off then)
 
     def forward(self, x: Tensor, *, but_last: bool = False) -> Tensor:
         """The layers in order; ``but_last``: all but the last, whose ``loss`` (see
         ``fused_loss``) then takes their output."""
         layers = list(self.layers.values())
-        for layer in layers[:-1] if but_last else layers:
-            if self.recompute and torch.is_grad_enabled():
+        for k, layer in enumerate(layers[:-1] if but_last else layers):
+            if k < self.recompute_first and torch.is_grad_enabled():
                 x = checkpoint(layer, x, use_reentrant=False)
             else:
                 x = layer(x)
@@ -145,7 +147,7 @@ def build_stage(model_fn: ModelFn, runtime: Runtime, seed: int) -> BuiltStage:
             _parallelize(index, layer, runtime)
     info = runtime.info
     spec = runtime.plan.pipelines[info.pipeline].stages[info.stage]
-    stage = StageModule(layers, recompute=spec.recompute)
+    stage = StageModule(layers, recompute_first=spec.recomputed)
     if empty:
         # Every tensor, meta or not, is allocated anew: init_layer fills them all.
         stage.to_empty(device=runtime.device)

@@ -29,6 +29,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,12 +62,21 @@ def make_plan(
     *,
     tp: int = 1,
     optimizer: str = "sgd",
-    recompute_first: bool = False,
+    recompute_first: bool | Sequence[int] = False,
     zero1: bool = False,
 ) -> Plan:
     """Plan over host ``localhost`` with GPU indices numbered in plan order
-    (``recompute_first``: every pipeline's first stage recomputes activations)."""
+    (``recompute_first``: every pipeline's first stage recomputes activations; a
+    count per pipeline: its first stage recomputes that many of its first layers,
+    ``recompute: N``)."""
     gpus = iter(range(64))
+
+    def first(p: int, st: tuple[int, ...]) -> dict[str, object]:
+        if isinstance(recompute_first, bool):
+            return {"recompute": recompute_first}
+        n = recompute_first[p]
+        return {"recompute": True} if n >= st[1] - st[0] else {"recompute_layers": n}
+
     pipelines = tuple(
         Pipeline(
             num_microbatches=m,
@@ -77,12 +87,12 @@ def make_plan(
                     gpu_type="cpu",
                     tensor_parallel=(t := st[2] if len(st) > 2 else tp),
                     devices=tuple(Device(host="localhost", gpu=next(gpus)) for _ in range(t)),
-                    recompute=recompute_first and i == 0,
+                    **(first(p, st) if i == 0 else {}),  # type: ignore[arg-type]
                 )
                 for i, st in enumerate(stages)
             ),
         )
-        for m, stages in layout
+        for p, (m, stages) in enumerate(layout)
     )
     tp = max(s.tensor_parallel for p in pipelines for s in p.stages)
     total = sum(m for m, _ in layout)
@@ -246,10 +256,11 @@ SHAPES: dict[str, tuple[Layout, int]] = {
     # [0,2) and [3,4) and the tied embedding/head are held at different degrees (they
     # sync through the full gradient), [2,3) at TP 2 and [4,6) at TP 1 in both.
     "mixed-tp": ([(3, [(0, 3, 2), (3, 6, 1)]), (5, [(0, 2, 1), (2, 4, 2), (4, 6, 1)])], 1),
-    # Recomputation in every pipeline's first stage only (see RECOMPUTE).
+    # Recomputation in every pipeline's first stage only (see RECOMPUTE): the first
+    # 2 of its 3 layers in one pipeline (recompute: 2), all of them in the other.
     "recompute": ([(3, [(0, 3), (3, 6)]), (5, [(0, 2), (2, 4), (4, 6)])], 1),
 }
-RECOMPUTE = {"recompute"}
+RECOMPUTE = {"recompute": (2, 2)}
 
 
 @pytest.mark.timeout(200)
@@ -258,7 +269,7 @@ def test_plan_shape_matches_single_process(
     shape: str, reference_sgd: RunResult, tmp_path: Path
 ) -> None:
     layout, tp = SHAPES[shape]
-    plan = make_plan(shape, layout, tp=tp, recompute_first=shape in RECOMPUTE)
+    plan = make_plan(shape, layout, tp=tp, recompute_first=RECOMPUTE.get(shape, False))
     run = run_plan(plan, tmp_path)
     assert_matches(run, reference_sgd)
 

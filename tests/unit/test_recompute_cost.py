@@ -20,7 +20,7 @@ from autohet_cli.costmodel.tables import (
     CostTables,
     LayerTable,
 )
-from autohet_cli.errors import ConfigError, InfeasibleError
+from autohet_cli.errors import ConfigError, InfeasibleError, PlanError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
@@ -203,12 +203,65 @@ def test_recompute_is_written_only_when_true_and_round_trips() -> None:
     assert "recompute" not in dump_yaml(plan_to_dict(none))
 
 
-@pytest.mark.parametrize("value", ["yes", 1, 0, None, [True]])
+@pytest.mark.parametrize("value", ["yes", -1, 2.0, None, [True]])
 def test_a_non_bool_recompute_is_rejected_with_the_field_named(value: Any) -> None:
     d = _plan_dict((False, False))
     d["pipelines"][0]["stages"][1]["recompute"] = value
     with pytest.raises(ConfigError, match=r"rc\.yaml: pipelines\[0\]\.stages\[1\]\.recompute"):
         plan_from_dict(d, "rc.yaml")
+
+
+def test_recompute_n_recomputes_the_stages_first_n_layers_and_round_trips() -> None:
+    """``recompute: N`` (issue 48): the stage's first N layers; 0 is none, the stage's
+    layer count is every layer. More than the stage has, or both fields set, is
+    refused naming the field."""
+    d = _plan_dict((False, False))
+    d["pipelines"][0]["stages"][0]["recompute"] = 1
+    plan = plan_from_dict(d, "rc.yaml")
+    first, second = plan.pipelines[0].stages
+    assert (first.recompute, first.recompute_layers, first.recomputed) == (False, 1, 1)
+    assert second.recomputed == 0
+    out = plan_to_dict(plan)
+    assert out["pipelines"][0]["stages"][0]["recompute"] == 1
+    assert plan_from_dict(yaml.safe_load(dump_yaml(out)), "again") == plan
+    d["pipelines"][0]["stages"][0]["recompute"] = 0
+    assert "recompute" not in dump_yaml(plan_to_dict(plan_from_dict(d, "rc.yaml")))
+    d["pipelines"][0]["stages"][0]["recompute"] = 2  # all of its two layers
+    assert plan_from_dict(d, "rc.yaml").pipelines[0].stages[0].recomputed == 2
+    d["pipelines"][0]["stages"][0]["recompute"] = 3
+    with pytest.raises(PlanError, match=r"stages\[0\]\.recompute: 3 layers, but the stage has 2"):
+        plan_from_dict(d, "rc.yaml").validate("rc.yaml")
+    both = replace(first, recompute=True)
+    with pytest.raises(PlanError, match="true or a layer count, not both"):
+        replace(plan, pipelines=(replace(plan.pipelines[0], stages=(both, second)),)).validate()
+
+
+def test_a_partial_stage_costs_its_recomputed_layers_as_recomputed_and_the_rest_plain() -> None:
+    """Stage [0, 4) recomputing its first 2 layers: the time of layers 0-1 recomputed
+    plus layers 2-3 plain; it keeps the inputs of 0-1 and the activations of 2-3 per
+    micro-batch in flight, layer 0-1's largest working set once, and 2-3's copies."""
+    cluster = make_cluster([("h0", 1)])
+    tables = toy_tables()
+    table = tables.table("A100-40", 1, 1, cluster.host("h0").intra_node_gbps)
+    part = table.stage(0, 4, recompute_first=2)
+    r, k = table.stage(0, 2, recompute=True), table.stage(2, 4)
+    assert (part.fwd_ms, part.bwd_ms) == (r.fwd_ms + k.fwd_ms, r.bwd_ms + k.bwd_ms)
+    assert part.act_bytes == IDS + HIDDEN + sum(ACT_BYTES[2:])
+    assert part.transient_bytes == max(ACT_RUN[:2]) and part.cast_bytes == sum(CAST[2:])
+    # the ends: none and every layer are the plain and the recompute stage
+    assert table.stage(0, 4, recompute_first=0) == table.stage(0, 4)
+    assert table.stage(0, 4, recompute_first=4) == table.stage(0, 4, recompute=True)
+    # time and memory between the two, on the whole plan
+    costs = []
+    for n in range(5):
+        s = replace(stage(0, 4, "h0", 0), recompute_layers=n)
+        pe = evaluate([pipe(4, s)], cluster, tables, 1).pipelines[0].stages[0]
+        costs.append((pe.cost.bwd_ms, pe.mem_bytes))
+    assert [c[0] for c in costs] == sorted(c[0] for c in costs)  # more re-run forward
+    # memory falls with every recomputed layer after the first, which adds the one
+    # layer at work (here more than its activations less its input: one micro-batch)
+    mem = [c[1] for c in costs]
+    assert mem[1:] == sorted(mem[1:], reverse=True) and mem[4] < mem[2] < mem[0]
 
 
 def test_a_misspelt_recompute_key_is_still_rejected() -> None:
@@ -307,11 +360,15 @@ def test_by_default_the_planner_recomputes_only_the_stages_that_need_it() -> Non
     mbs = auto.plan.training.micro_batch_size
     pipelines = list(auto.plan.pipelines)
     flagged = [(pi, si) for pi, p in enumerate(pipelines) for si, s in enumerate(p.stages)]
-    flagged = [(pi, si) for pi, si in flagged if pipelines[pi].stages[si].recompute]
+    flagged = [(pi, si) for pi, si in flagged if pipelines[pi].stages[si].recomputed]
     assert flagged  # memory binds here: without any recomputation nothing fits
-    for pi, si in flagged:  # ... and each recomputing stage needs it to fit
+    # ... one stage of 26 layers, recomputing the first 25 (recompute: N, issue 48)
+    assert [(s.recompute, s.recomputed) for p in pipelines for s in p.stages] == [(False, 25)]
+    assert auto.eval.iteration_ms < full.eval.iteration_ms
+    for pi, si in flagged:  # ... and each stage needs every layer it recomputes to fit
         stages = list(pipelines[pi].stages)
-        stages[si] = replace(stages[si], recompute=False)
+        fewer = stages[si].recomputed - 1
+        stages[si] = replace(stages[si], recompute=False, recompute_layers=fewer)
         edited = [
             *pipelines[:pi],
             replace(pipelines[pi], stages=tuple(stages)),
@@ -399,3 +456,16 @@ def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> 
     res = autohet("estimate", "edited.yaml", "--cluster", "c.yaml", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "runs out of memory" in res.stderr and "Recompute" not in res.stdout
+
+
+def test_explain_shows_how_many_layers_a_partial_stage_recomputes() -> None:
+    d = _plan_dict((True, False))
+    d["pipelines"][0]["stages"][1]["recompute"] = 1
+    plan = plan_from_dict(d, "rc.yaml")
+    cluster = make_cluster([("h0", 2)])
+    ev = evaluate(plan.pipelines, cluster, toy_tables(), 1)
+    text = explain_text(plan, ev, cluster, solved_now=False)
+    assert summary_json(plan, ev, cluster, None)["recompute_stages"] == 2
+    rows = [r.rstrip() for r in text.splitlines() if r.strip().startswith(("0 ", "1 "))]
+    assert rows[0].endswith(" R") and rows[1].endswith(" R 1/2")
+    assert "1 of them only for their first layers (R k/n: k of its n)" in text
