@@ -111,9 +111,12 @@ def calibrate_command(
             f"MiB beyond the model (mean of {o['runs']} run(s))"
         )
     if sharded:
+        fitted = {g: o.shard_x for g, o in refit.overheads.items() if o.shard_x != 1.0}
+        what = ", ".join(f"{g} {x:.2f}x" for g, x in sorted(fitted.items())) or "not refitted"
         typer.echo(
-            f"note: {sharded} weight-sharded stage(s) left out (their times include FSDP's "
-            "gathers and reduce-scatters, which the per-layer profile does not hold)"
+            f"note: {sharded} weight-sharded stage(s) left out of the layer fits (their "
+            "times include FSDP's gathers and reduce-scatters); they refit those "
+            f"collectives' time against the model's instead (shard_x: {what})"
         )
     if partial:
         typer.echo(
@@ -126,7 +129,12 @@ def calibrate_command(
 def _overheads(p: Profile) -> dict[str, Any]:
     return {
         "overheads": {
-            g: {"step_ms": o.step_ms, "mem_bytes": o.mem_bytes, "runs": o.runs}
+            g: {
+                "step_ms": o.step_ms,
+                "mem_bytes": o.mem_bytes,
+                "runs": o.runs,
+                "shard_x": o.shard_x,
+            }
             for g, o in sorted(p.overheads.items())
         }
     }

@@ -32,7 +32,8 @@ over the P holders at the slowest link among their hosts (the host's own when th
 share one; across hosts, the ranks of a TP group that share a NIC add up their
 bytes on it, ``Host.nic_share``, as the gradient sync does): each member moves (P-1)/P of the
 bytes, plus P-1 messages at the slowest type's latency, times the calibrated
-collective rate (``CostTables.sync_factor``):
+collective rate (``CostTables.shard_factor``: a calibrated run's measured over
+predicted exposed time of such stages, else the gradient all-reduce's factor):
 
 - ``g_i``: all-gather of the 16-bit weights, ``n_i * c`` bytes, before the forward and
   again before the backward (only before the forward with ``reshard_after_forward:
@@ -96,7 +97,7 @@ class WeightShard:
     gbps: float  # the slowest link among the holders' hosts
     nic_share: int  # TP ranks that share one NIC (1 when the holders share a host)
     hop_ms: float  # one message, at the slowest holder type's latency
-    rate_factor: float  # calibrated collective rate (CostTables.sync_factor), else 1
+    rate_factor: float  # calibrated collective rate (CostTables.shard_factor), else 1
 
     def collective_ms(self, nbytes: float) -> float:
         """A ring all-gather or reduce-scatter of ``nbytes`` (the whole, per member)."""
@@ -111,30 +112,42 @@ def holder_key(s: Stage) -> tuple[int, int, int]:
     return (s.layer_start, s.layer_end, s.tensor_parallel)
 
 
-def weight_shards(
-    pipelines: Sequence[Pipeline], memo: LinkMemo
-) -> tuple[tuple[WeightShard | None, ...], ...] | None:
-    """Per (pipeline, stage): the holders' link of a weight-sharded stage, None for
-    the others; None in all when no stage shards its weights."""
+def holder_groups(pipelines: Sequence[Pipeline]) -> dict[tuple[int, int, int], list[Stage]]:
+    """The weight-sharded stages by holder group (one cut, one TP degree)."""
     groups: dict[tuple[int, int, int], list[Stage]] = {}
     for p in pipelines:
         for s in p.stages:
             if s.shard == WEIGHTS:
                 groups.setdefault(holder_key(s), []).append(s)
+    return groups
+
+
+def nic_share(stages: Sequence[Stage], cluster: Cluster) -> int:
+    """The TP ranks of one holder that add up their bytes on a NIC (1 when the
+    holders share a host: the ring stays inside it)."""
+    hosts = {s.host for s in stages}
+    if len(hosts) == 1:
+        return 1
+    return max(cluster.host(h).nic_share(stages[0].tensor_parallel) for h in hosts)
+
+
+def weight_shards(
+    pipelines: Sequence[Pipeline], memo: LinkMemo
+) -> tuple[tuple[WeightShard | None, ...], ...] | None:
+    """Per (pipeline, stage): the holders' link of a weight-sharded stage, None for
+    the others; None in all when no stage shards its weights."""
+    groups = holder_groups(pipelines)
     if not groups:
         return None
     tables = memo.tables
     links: dict[tuple[int, int, int], WeightShard] = {}
     for key, stages in groups.items():
-        hosts = {s.host for s in stages}
         links[key] = WeightShard(
             holders=len(stages),
             gbps=memo.ring_gbps(stages),
-            nic_share=max(memo.cluster.host(h).nic_share(key[2]) for h in hosts)
-            if len(hosts) > 1
-            else 1,
+            nic_share=nic_share(stages, memo.cluster),
             hop_ms=max(tables.hop_ms(s.gpu_type) for s in stages),
-            rate_factor=max(tables.sync_factor(s.gpu_type) for s in stages),
+            rate_factor=max(tables.shard_factor(s.gpu_type) for s in stages),
         )
     return tuple(
         tuple(links[holder_key(s)] if s.shard == WEIGHTS else None for s in p.stages)

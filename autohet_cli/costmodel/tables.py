@@ -294,6 +294,15 @@ class CostTables:
         extra = self.profile.overheads.get(gpu_type)
         return extra.sync_x if extra else 1.0
 
+    def shard_factor(self, gpu_type: str) -> float:
+        """Measured / predicted exposed collectives of a weight-sharded stage of this
+        GPU type (``Overhead.shard_x``, from a calibrated run of one); else the
+        gradient all-reduce's factor, the same library moving the same links."""
+        extra = self.profile.overheads.get(gpu_type)
+        if extra is None:
+            return 1.0
+        return extra.shard_x if extra.shard_x != 1.0 else extra.sync_x
+
     def hop_ms(self, gpu_type: str) -> float:
         """One message of a collective among devices of this type: the probe's
         all-reduce fit where it measured one, else the catalog's (``FixedCosts``)."""

@@ -134,6 +134,9 @@ class Overhead:
     step_ms: float = 0.0
     mem_bytes: int = 0
     sync_x: float = 1.0  # measured / predicted gradient all-reduce time
+    # measured / predicted exposed gathers and reduce-scatters of weight-sharded
+    # stages (FSDP, issue 48); 1 until a run of such stages was calibrated
+    shard_x: float = 1.0
     p2p_ms: float = 0.0  # fixed cost of one stage-to-stage exchange (latency)
     source: str = "calibrated"
     runs: int = 1  # runs it was measured from

@@ -73,6 +73,7 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
                         "step_ms": o.step_ms,
                         "mem_bytes": o.mem_bytes,
                         "sync_x": o.sync_x,
+                        **({"shard_x": o.shard_x} if o.shard_x != 1.0 else {}),
                         "p2p_ms": o.p2p_ms,
                         "source": o.source,
                         "runs": o.runs,
@@ -166,7 +167,10 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
         at = f"{where}: overheads.{name}"
         om = as_mapping(ov, at)
         check_keys(
-            om, at, [], ["step_ms", "mem_bytes", "sync_x", "p2p_ms", "source", "runs", "tp_step_ms"]
+            om,
+            at,
+            [],
+            ["step_ms", "mem_bytes", "sync_x", "shard_x", "p2p_ms", "source", "runs", "tp_step_ms"],
         )
         tp_step = {}
         for tp, ms in as_mapping(om.get("tp_step_ms") or {}, f"{at}.tp_step_ms").items():
@@ -180,14 +184,21 @@ def profile_from_dict(raw: Any, where: str) -> Profile:
             step_ms=get(om, "step_ms", float, at, 0.0),
             mem_bytes=get(om, "mem_bytes", int, at, 0),
             sync_x=get(om, "sync_x", float, at, 1.0),
+            shard_x=get(om, "shard_x", float, at, 1.0),
             p2p_ms=get(om, "p2p_ms", float, at, 0.0),
             source=get(om, "source", str, at, "calibrated"),
             runs=get(om, "runs", int, at, 1),
             tp_step_ms=tp_step,
         )
-        if min(o.step_ms, o.mem_bytes, o.p2p_ms) < 0 or o.runs < 1 or not o.sync_x > 0:
+        if (
+            min(o.step_ms, o.mem_bytes, o.p2p_ms) < 0
+            or o.runs < 1
+            or not o.sync_x > 0
+            or not o.shard_x > 0
+        ):
             raise ConfigError(
-                f"{at}: step_ms, mem_bytes and p2p_ms must be >= 0, sync_x > 0, runs >= 1"
+                f"{at}: step_ms, mem_bytes and p2p_ms must be >= 0, sync_x and shard_x > 0, "
+                "runs >= 1"
             )
         overheads[str(name)] = o
     return Profile(devices=devices, entries=entries, meta=dict(meta), overheads=overheads)

@@ -36,11 +36,16 @@ def _ratio(predicted: float | None, measured: float | None) -> float | None:
 
 
 def compare(
-    plan: Plan, report: Mapping[str, Any], send_ms: Sequence[Sequence[float]] | None = None
+    plan: Plan,
+    report: Mapping[str, Any],
+    send_ms: Sequence[Sequence[float]] | None = None,
+    links: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``send_ms``: per pipeline, the predicted transfer time of each stage link (from
     the cluster's link speeds), used to explain the measured step by the measured stage
-    times; what is left is the fixed per-step cost (``step_overhead_ms``)."""
+    times; what is left is the fixed per-step cost (``step_overhead_ms``). ``links``:
+    per weight-sharded (pipeline, stage), its collectives' link (``shard_links``), which
+    ``profile calibrate`` refits their rate with (``profiling.shardfit``)."""
     ranks: Sequence[Mapping[str, Any]] = report.get("ranks") or []
     stages: list[dict[str, Any]] = []
     for p, pipeline in enumerate(plan.pipelines):
@@ -63,6 +68,14 @@ def compare(
                     # true (every layer), false, or N (its first N layers)
                     "recompute": stage.recompute or stage.recompute_layers or False,
                     "shard": stage.shard,
+                    **(
+                        {
+                            "reshard_after_forward": stage.reshard_after_forward,
+                            "shard_link": dict(links[(p, s)]),
+                        }
+                        if links and (p, s) in links
+                        else {}
+                    ),
                     "num_microbatches": m,
                     "predicted": None if pred is None else _predicted(pred),
                     "measured": {
@@ -149,6 +162,30 @@ def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[
             links.append(transfer_ms(nbytes, cluster.link_gbps(a.host, b.host)))
         out.append(links)
     return out
+
+
+def shard_links(plan: Plan, cluster: Cluster) -> dict[tuple[int, int], dict[str, Any]]:
+    """Per weight-sharded (pipeline, stage): what its gathers and reduce-scatters ran
+    over, as the cost model counts it (holders, the slowest link among their hosts,
+    the TP ranks that share a NIC)."""
+    from autohet_cli.costmodel.gradsync import ring_gbps
+    from autohet_cli.costmodel.sharding import holder_groups, holder_key, nic_share
+
+    groups = holder_groups(plan.pipelines)
+    link = {
+        key: {
+            "holders": len(stages),
+            "gbps": ring_gbps(stages, cluster),
+            "nic_share": nic_share(stages, cluster),
+        }
+        for key, stages in groups.items()
+    }
+    return {
+        (p, s): link[holder_key(st)]
+        for p, pipe in enumerate(plan.pipelines)
+        for s, st in enumerate(pipe.stages)
+        if st.shard == "weights"
+    }
 
 
 def explained_ms(

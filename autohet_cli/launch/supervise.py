@@ -78,7 +78,8 @@ def check_against_plan(
     try:
         ranks = report.get("ranks") or [{}]
         sends = compare.link_send_ms(p.plan, p.cluster, ranks[0].get("device"))
-        check = compare.compare(p.plan, report, sends)
+        links = compare.shard_links(p.plan, p.cluster)
+        check = compare.compare(p.plan, report, sends, links)
         check["plan_file"] = str(p.plan_file.resolve())
     except (KeyError, TypeError, ValueError) as exc:  # a report from another version
         printer(f"note: the run report could not be compared with the plan: {exc}")

@@ -37,6 +37,7 @@ from autohet_cli.estimates.profile import (
     rc_mark,
 )
 from autohet_cli.models import ModelSpec
+from autohet_cli.profiling.shardfit import shard_factor
 from autohet_cli.settings import TrainingSettings
 
 MEM_MARGIN = 0.05  # of the measured peak: run-to-run spread of allocator and RSS peaks
@@ -68,20 +69,6 @@ def calibrate(
     stages: Sequence[Mapping[str, Any]] = check.get("stages") or []
     if not stages:
         raise ConfigError("the run report has no measured stages (did the run finish?)")
-    # A weight-sharded stage's times hold FSDP's exposed gathers and reduce-scatters,
-    # and its memory 1/P of the state: fitting the per-layer profile or the GPU type's
-    # overhead to them would spread the collectives over every plan's layers. A stage
-    # that recomputes only its first N layers mixes plain and recomputation times in
-    # one measurement, which neither fit can take apart.
-    kept = [st for st in stages if not left_out(st)]
-    if not kept:
-        raise ConfigError(
-            "every stage of this run shards its weights (shard: weights) or recomputes "
-            "only some of its layers (recompute: N): their times include FSDP's "
-            "collectives or mix recomputed and plain layers, so they refit nothing; "
-            "calibrate from a run of a plan without them (autohet plan --no-shard-weights)"
-        )
-    stages = kept
     precision = "fp32" if check.get("device") == "cpu" else str(check["precision"])
     training = TrainingSettings(
         global_batch_size=global_batch_size,
@@ -90,6 +77,27 @@ def calibrate(
         precision=precision,
     )
     tables = CostTables(model, profile, training)
+    # A weight-sharded stage's times hold FSDP's exposed gathers and reduce-scatters,
+    # and its memory 1/P of the state: fitting the per-layer profile or the GPU type's
+    # overhead to them would spread the collectives over every plan's layers; they
+    # refit the collectives' factor instead (``shardfit``). A stage that recomputes
+    # only its first N layers mixes plain and recomputation times in one
+    # measurement, which neither fit can take apart.
+    sharded = [st for st in stages if left_out(st) == "sharded"]
+    shard_x = shard_factor(sharded, tables) if sharded else None
+    shard_gpus = {str(st["gpu_type"]) for st in sharded} if shard_x is not None else set()
+    kept = [st for st in stages if not left_out(st)]
+    if not kept:
+        if shard_x is None:
+            raise ConfigError(
+                "every stage of this run shards its weights (shard: weights) or recomputes "
+                "only some of its layers (recompute: N), and no sharded stage's collectives "
+                "could be refitted (their links were not recorded, or the compute hid "
+                "them): there is nothing to refit; calibrate from a run of a plan without "
+                "them (autohet plan --no-shard-weights)"
+            )
+        return _with_shard_x(profile, shard_gpus, shard_x, run_id), []
+    stages = kept
     mbs = training.micro_batch_size
     sums: dict[tuple[str, int, bool], list[float]] = {}
     mem_extra: dict[str, int] = {}
@@ -162,7 +170,12 @@ def calibrate(
         old = overheads.get(gpu)
         mem = max(0, (old.mem_bytes if old else 0) + mem_extra.get(gpu, 0))
         if old is None:
-            overheads[gpu] = Overhead(step_ms=step_ms, mem_bytes=mem, sync_x=sync_x or 1.0)
+            overheads[gpu] = Overhead(
+                step_ms=step_ms,
+                mem_bytes=mem,
+                sync_x=sync_x or 1.0,
+                shard_x=shard_x if gpu in shard_gpus and shard_x else 1.0,
+            )
             continue
         # The mean over the runs absorbed so far (a run without gradient sync, one
         # pipeline, says nothing of its rate and keeps the old factor; a pipelined run
@@ -179,15 +192,29 @@ def calibrate(
             step_ms=new_step,
             mem_bytes=mem,
             sync_x=old.sync_x if sync_x is None else old.sync_x * sync_x,
+            shard_x=shard_x if gpu in shard_gpus and shard_x else old.shard_x,
             p2p_ms=old.p2p_ms if latency is None else latency,
             runs=n + 1,
             tp_step_ms=tp_step,
         )
+    for gpu in shard_gpus - set(gpus):  # sharded stages only on this type
+        overheads[gpu] = replace(overheads.get(gpu) or Overhead(), shard_x=shard_x or 1.0)
     meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
     if fitted:
         meta[RC_FITTED] = sorted(fitted)
     refit = replace(profile.with_entries(entries), overheads=overheads, meta=meta)
     return refit, rows
+
+
+def _with_shard_x(profile: Profile, gpus: set[str], x: float, run_id: str) -> Profile:
+    """``profile`` with the sharded collectives' factor of ``gpus`` refitted to ``x``
+    (a run of weight-sharded stages only: nothing else to refit)."""
+    overheads = dict(profile.overheads)
+    for gpu in gpus:
+        overheads[gpu] = replace(overheads.get(gpu) or Overhead(), shard_x=x)
+    runs = list(profile.meta.get("calibrated_from", []))
+    meta = {**profile.meta, "calibrated_from": [*runs, run_id]}
+    return replace(profile, overheads=overheads, meta=meta)
 
 
 def _pipelined(stages: Sequence[Mapping[str, Any]]) -> bool:

@@ -15,7 +15,11 @@ shapes are chosen so each term is measured by the run that isolates it:
    cost, the layer times at TP 1, the gradient-sync rate;
 2. every measured TP degree > 1 that fits the host: TP as the runtime runs it;
 3. two pipeline stages (two devices, two layers at least): the exchange latency,
-   told apart from the step cost that run 1 measured.
+   told apart from the step cost that run 1 measured;
+4. run 1's replicas with their weights sharded over them (``shard: weights``, two
+   devices at least): the per-layer gathers and reduce-scatters FSDP leaves
+   exposed, as a factor on the model's (``profiling.shardfit``), from the layer
+   times runs 1-3 refitted.
 
 Each run fills the host with replicas (``shapes_for`` says why).
 
@@ -54,6 +58,7 @@ class Shape:
     layout: tuple[Layout, ...]
     tp: int
     measures: str  # what the run is for, for the user
+    shard: str = "none"  # every stage's (Stage.shard)
 
     @property
     def devices(self) -> int:
@@ -113,6 +118,16 @@ def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape
                 measures="stage-to-stage exchange latency",
             )
         )
+    if num_gpus >= 2:
+        out.append(
+            Shape(
+                name=f"sharded-weights-{num_gpus}",
+                layout=replicas(1, whole),
+                tp=1,
+                measures="sharded weights' gathers and reduce-scatters",
+                shard="weights",
+            )
+        )
     return out
 
 
@@ -143,6 +158,7 @@ def shape_plan(
                         devices=tuple(
                             Device(host=host.name, gpu=next(gpus)) for _ in range(shape.tp)
                         ),
+                        shard=shape.shard,
                     )
                     for a, b in stages
                 ),

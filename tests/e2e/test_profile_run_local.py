@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCALHOST = str(ROOT / "profiles" / "clusters" / "localhost.yaml")
 
 
-@pytest.mark.slow("profiles a 2-device cluster: probes, then the runtime at DP 2, TP 2, 2 stages")
+@pytest.mark.slow(
+    "profiles a 2-device cluster: probes, then the runtime at DP 2, TP 2, 2 stages, sharded"
+)
 def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
     out = tmp_path / "cpu.yaml"
     res = autohet(
@@ -52,18 +54,22 @@ def test_profile_the_cpu_cluster_then_plan_from_it(tmp_path: Path) -> None:
         ("data-parallel-2", "ran", 2),
         ("tp-2", "ran", 2),
         ("two-stages", "ran", 2),
+        ("sharded-weights-2", "ran", 2),
     ]
     assert all(r["measured_step_ms"] > 0 and r["predicted_step_ms"] > 0 for r in runs)
     assert {e.source for e in profile.entries.values()} == {"calibrated"}
     overhead = profile.overheads["cpu"]
     assert overhead.runs == 3 and overhead.p2p_ms >= 0
+    # The sharded run (issue 48) refit the factor on FSDP's gathers and reduce-scatters
+    # (gloo on a CPU: nothing overlaps, so they are exposed) and nothing else.
+    assert overhead.shard_x != 1.0, overhead
     # The fixed per-step cost is what the one TP-1 run without a pipeline measured
     # beyond its stage times (the TP run refits TP's addition, the pipelined run the
     # exchange latency). It may be 0 on a loaded machine, where noise hides it, so the
     # test checks where it came from rather than its size.
     assert runs[0]["step_overhead_ms"] >= 0
     assert overhead.step_ms == pytest.approx(runs[0]["step_overhead_ms"], rel=1e-6, abs=1e-6)
-    assert len(profile.meta["calibrated_from"]) == 3
+    assert len(profile.meta["calibrated_from"]) == 4
     # The runs cleaned up after themselves: no run directory, no job key left behind.
     for absorbed in profile.meta["calibrated_from"]:
         _, host, shape, rid = absorbed.split(":")

@@ -350,6 +350,22 @@ def test_weight_sharded_stages_are_left_out_of_the_refit() -> None:
         ),
     )
     assert compare(sharded_plan, report, None)["stages"][0]["shard"] == "weights"
+    # a stage recomputing only its first layers (recompute: N) mixes both times: out too
+    partial = [dict(st, recompute=1) for st in slow]
+    for st in partial:
+        st["shard"] = "none"
+    with pytest.raises(ConfigError, match=r"recomputes only some of its layers \(recompute: N\)"):
+        calibrate(Profile(), dict(check, stages=partial), MODEL, run_id="r", global_batch_size=8)
+    mixed = dict(check, stages=[*check["stages"], *partial])
+    _, rows = calibrate(Profile(), mixed, MODEL, run_id="r", global_batch_size=8)
+    assert all(r["fwd_x"] == pytest.approx(3.0) for r in rows)
+    first = plan.pipelines[0].stages[0]
+    halves = replace(first, recompute_layers=1)
+    part_plan = replace(
+        plan, pipelines=(replace(plan.pipelines[0], stages=(halves,)), *plan.pipelines[1:])
+    )
+    assert compare(part_plan, report, None)["stages"][0]["recompute"] == 1
+    assert compare(plan, report, None)["stages"][0]["recompute"] is False
 
 
 def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -> None:
@@ -361,7 +377,11 @@ def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -
 
     plan = _plan()
     check = compare(plan, _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0), None)
-    check["stages"] = [*check["stages"], dict(check["stages"][0], shard="weights")]
+    check["stages"] = [
+        *check["stages"],
+        dict(check["stages"][0], shard="weights"),
+        dict(check["stages"][0], recompute=2),
+    ]
     run = tmp_path / "run"
     run.mkdir()
     (run / "prediction-check.json").write_text(json.dumps(check))
@@ -371,6 +391,7 @@ def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "note: 1 weight-sharded stage(s) left out" in res.stdout
+    assert "note: 1 stage(s) recomputing only their first layers left out" in res.stdout
     res = subprocess.run(
         [*cmd[:-4], "--out", str(tmp_path / "q.yaml"), "--plan", str(plan_file), "--json"],
         cwd=tmp_path,
@@ -379,4 +400,5 @@ def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -
         timeout=60,
     )
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["sharded_stages_left_out"] == 1
+    got = json.loads(res.stdout)
+    assert got["sharded_stages_left_out"] == 1 and got["partial_recompute_stages_left_out"] == 1

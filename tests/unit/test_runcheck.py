@@ -11,7 +11,7 @@ import pytest
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError
-from autohet_cli.launch.compare import collective_sync_ms, compare
+from autohet_cli.launch.compare import collective_sync_ms, compare, shard_links
 from autohet_cli.launch.preflight import PreflightError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan
@@ -46,7 +46,8 @@ def _probe(mbss: tuple[int, ...] = (2,)) -> Profile:
 
 def _check(plan: Plan, factor: float, extra_ms: float) -> dict[str, Any]:
     """What a run of ``plan`` reports: stages ``factor`` x slower, ``extra_ms`` fixed."""
-    check = compare(plan, _report(plan, factor, mem_bytes=1 << 20, step_extra_ms=extra_ms))
+    report = _report(plan, factor, mem_bytes=1 << 20, step_extra_ms=extra_ms)
+    check = compare(plan, report, None, shard_links(plan, CLUSTER))
     return {**check, "run_id": f"r-{plan.name}"}
 
 
@@ -66,9 +67,13 @@ def test_every_shape_runs_and_refits_the_profile(monkeypatch: pytest.MonkeyPatch
         ("data-parallel-2", "ran"),
         ("tp-2", "ran"),
         ("two-stages", "ran"),
+        ("sharded-weights-2", "ran"),
     ]
     assert prof.meta["runtime_runs"] == {"h": records}
-    assert len(prof.meta["calibrated_from"]) == 3
+    assert len(prof.meta["calibrated_from"]) == 4
+    # the sharded run refit its collectives' factor (2x slower stages here, over layer
+    # times the runs before it already refit to 2x: a factor above 1 as well)
+    assert prof.overheads["cpu"].shard_x > 1.0
     assert {e.source for e in prof.entries.values()} == {"calibrated"}
     assert prof.overheads["cpu"].step_ms > 0
 
@@ -88,10 +93,12 @@ def test_a_failed_run_is_recorded_and_the_others_still_refit(
         ("data-parallel-2", "ran"),
         ("tp-2", "failed"),
         ("two-stages", "failed"),
+        ("sharded-weights-2", "ran"),
         ("tp-2", "carried"),
     ]
     assert "rank 1 crashed" in str(records[1]["why"])
-    assert len(prof.meta["calibrated_from"]) == 1  # the data-parallel run's refit is kept
+    # the data-parallel run's refit is kept, and the sharded run's factor beside it
+    assert len(prof.meta["calibrated_from"]) == 2
     # TP 2 ran nothing of its own: it is no faster than the probe by more than TP 1
     # turned out to be (2x here), so the planner does not favour it for its failure
     probe = _probe()
@@ -121,14 +128,15 @@ def test_out_of_memory_retries_at_the_next_smaller_micro_batch(
         HOST, CLUSTER, TINY, _probe((1, 2, 4)), seq_len=64, tps=[1, 2], mbs_candidates=[1, 2, 4],
         options=RunCheckOptions(), say=lambda _m: None,
     )  # fmt: skip
-    assert sizes == [4, 2, 2, 2]
+    assert sizes == [4, 2, 2, 2, 2]
     assert [(r["shape"], r["status"], r["micro_batch_size"]) for r in records] == [
         ("data-parallel-2", "failed", 4),
         ("data-parallel-2", "ran", 2),
         ("tp-2", "ran", 2),
         ("two-stages", "ran", 2),
+        ("sharded-weights-2", "ran", 2),
     ]
-    assert len(prof.meta["calibrated_from"]) == 3
+    assert len(prof.meta["calibrated_from"]) == 4
 
 
 def test_a_worker_killed_by_a_signal_is_not_taken_for_out_of_memory(
@@ -147,7 +155,7 @@ def test_a_worker_killed_by_a_signal_is_not_taken_for_out_of_memory(
         HOST, CLUSTER, TINY, _probe((1, 2, 4)), seq_len=64, tps=[1, 2], mbs_candidates=[1, 2, 4],
         options=RunCheckOptions(), say=lambda _m: None,
     )  # fmt: skip
-    assert sizes == [4, 4, 4]  # each shape once, at the size chosen
+    assert sizes == [4, 4, 4, 4]  # each shape once, at the size chosen
 
 
 def test_a_host_without_autohet_keeps_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,22 +35,30 @@ def _profile(*entries: ProfileEntry) -> Profile:
 
 def test_shapes_isolate_each_term_in_calibration_order() -> None:
     found = shapes_for(6, 4, [1, 2, 4, 8])
-    assert [s.name for s in found] == ["data-parallel-4", "tp-2", "tp-4", "two-stages"]
+    names = ["data-parallel-4", "tp-2", "tp-4", "two-stages", "sharded-weights-4"]
+    assert [s.name for s in found] == names
     # every run fills the host, as plans do: replicas of the shape
-    assert [s.devices for s in found] == [4, 4, 4, 4]
-    assert [len(s.layout) for s in found] == [4, 2, 1, 2]
+    assert [s.devices for s in found] == [4, 4, 4, 4, 4]
+    assert [len(s.layout) for s in found] == [4, 2, 1, 2, 4]
     assert all(m >= 2 for s in found for m, _ in s.layout)
-    assert [s.name for s in shapes_for(6, 2, [1, 2])] == ["data-parallel-2", "tp-2", "two-stages"]
-    assert [s.devices for s in shapes_for(6, 3, [2])] == [3, 2, 2]  # what divides
-    # a one-GPU host: no data parallelism, no stages, no TP
+    # the last shards run 1's replicas' weights over them, after the layer times are refit
+    assert [s.shard for s in found] == ["none"] * 4 + ["weights"]
+    assert found[-1].layout == found[0].layout
+    assert [s.name for s in shapes_for(6, 2, [1, 2])] == [
+        "data-parallel-2", "tp-2", "two-stages", "sharded-weights-2"
+    ]  # fmt: skip
+    assert [s.devices for s in shapes_for(6, 3, [2])] == [3, 2, 2, 3]  # what divides
+    # a one-GPU host: no data parallelism, no stages, no TP, nothing to shard over
     assert [s.name for s in shapes_for(6, 1, [1, 2])] == ["one-device"]
     # a one-layer model cannot be cut in two
-    assert [s.name for s in shapes_for(1, 2, [1])] == ["data-parallel-2"]
+    assert [s.name for s in shapes_for(1, 2, [1])] == ["data-parallel-2", "sharded-weights-2"]
 
 
 def test_shape_plans_are_valid_and_use_the_hosts_first_devices() -> None:
     for shape in shapes_for(TINY.num_layers, 4, [1, 2, 4]):
         plan = shape_plan(shape, TINY, HOST, mbs=2, seq_len=64, precision="fp32")
+        plan.validate()  # the sharded shape's holders share their cut, as validate asks
+        assert {s.shard for p in plan.pipelines for s in p.stages} == {shape.shard}
         devices = [d.gpu for d in plan.devices()]
         assert sorted(devices) == list(range(shape.devices)), shape.name
         assert plan.training.global_batch_size == 2 * sum(m for m, _ in shape.layout)
