@@ -342,6 +342,13 @@ def _validate_sharded_holders(plan: Plan, where: str) -> None:
                     "weight-sharded stage's layers shards them alike (shard and "
                     "reshard_after_forward): set them the same on all of them"
                 )
+            if o.recomputed != ref.recomputed:
+                # FSDP's gathers in the backward then come in one order on every holder
+                raise PlanError(
+                    f"{at}: {other} holds {span} recomputing {o.recomputed} of its layers, "
+                    f"this stage {ref.recomputed}; weight-sharded holders recompute alike: "
+                    "set recompute the same on all of them"
+                )
 
 
 def check_against_cluster(plan: Plan, hosts: Mapping[str, tuple[str, int]], where: str) -> None:

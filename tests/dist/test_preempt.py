@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,24 @@ def _losses(metrics: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in lines if "loss" in m}  # not the save records
 
 
-def _start_two(tmp: Path, env_extra: dict[str, str]) -> list[subprocess.Popen[str]]:
-    """Two workers of a two-stage pipeline, as torchrun would start them (one host)."""
-    _, path = write_plan(make_plan("pre", [(4, [(0, 3), (3, 6)])], optimizer="adam"), tmp)
+def _start_two(
+    tmp: Path, env_extra: dict[str, str], *, sharded: bool = False
+) -> list[subprocess.Popen[str]]:
+    """Two workers of a two-stage pipeline, as torchrun would start them (one host);
+    ``sharded``: of two one-stage pipelines whose weights are sharded over them (FSDP,
+    issue 48), the same 4 micro-batches in all."""
+    if sharded:
+        plan = make_plan("pre", [(2, [(0, 6)]), (2, [(0, 6)])], optimizer="adam")
+        plan = replace(
+            plan,
+            pipelines=tuple(
+                replace(p, stages=tuple(replace(s, shard="weights") for s in p.stages))
+                for p in plan.pipelines
+            ),
+        )
+    else:
+        plan = make_plan("pre", [(4, [(0, 3), (3, 6)])], optimizer="adam")
+    _, path = write_plan(plan, tmp)
     port = str(_free_port())
     procs = []
     for rank in range(2):
@@ -168,6 +184,26 @@ def test_sigterm_to_one_rank_saves_the_finished_step_on_every_rank(tmp_path: Pat
     notice, saved = _events(out0)
     assert notice["event"] == "notice" and notice["hosts"] == {"localhost": "SIGTERM"}
     assert saved["event"] == "saved" and saved["step"] == notice["step"]
+    step = int(saved["step"])  # type: ignore[call-overload]
+    assert 3 <= step < MANY
+    assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
+    assert "preempted: step" in err0
+    _check_resumes_exactly(tmp_path, step)
+
+
+def test_sigterm_to_every_rank_of_a_sharded_plan_saves_its_shards_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """Issue 48: a shutdown signals every process at once; the weight-sharded ranks
+    (each holding half of the state) still save the finished step within the notice,
+    exit 0, and one process resumes from the shards with the uninterrupted losses."""
+    procs = _start_two(tmp_path, {}, sharded=True)
+    _wait_for_step(tmp_path / "metrics.jsonl", 2, procs)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    (out0, err0), _ = _finish(procs)
+    notice, saved = _events(out0)
+    assert notice["event"] == "notice" and saved["event"] == "saved"
     step = int(saved["step"])  # type: ignore[call-overload]
     assert 3 <= step < MANY
     assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()

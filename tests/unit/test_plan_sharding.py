@@ -177,6 +177,11 @@ REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         "pipelines[1].stages[0] holds layers [0, 2) with reshard_after_forward: false; "
         "every holder of a weight-sharded stage's layers shards them alike",
     ),
+    "holders that recompute differently": (
+        _set(_plan_dict(WEIGHTS), 1, 0, recompute=1),
+        "pipelines[1].stages[0] holds layers [0, 2) recomputing 1 of its layers, this stage "
+        "0; weight-sharded holders recompute alike",
+    ),
     "kept weights on a replicated stage": (
         _set(_plan_dict(), 0, 1, reshard_after_forward=False),
         "s.yaml: pipelines[0].stages[1].reshard_after_forward: false keeps gathered weights, "

@@ -97,7 +97,9 @@ def test_the_cost_objective_is_not_bounded_by_ms() -> None:
 def _opt30b() -> PlanOutcome:
     from benchmarks import opt30b
 
-    return opt30b.plan()  # OPT-30B on 32 A100-40 + 32 V100-16: binds, ZeRO-1 loses
+    # OPT-30B on 32 A100-40 + 32 V100-16: binds, ZeRO-1 loses (sharded weights, which
+    # follow, are searched within a time budget: test_planner_weights's)
+    return opt30b.plan(shard_weights=False)
 
 
 @pytest.mark.parametrize("case", ["v100-quad", "opt30b"])
