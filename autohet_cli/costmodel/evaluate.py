@@ -58,7 +58,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.gradsync import grad_sync_ms, sync_segments, zero_sharded
+from autohet_cli.costmodel.gradsync import (
+    grad_sync_ms,
+    sync_segments,
+    tied_layers,
+    zero_sharded,
+)
 from autohet_cli.costmodel.memo import memo_for
 from autohet_cli.costmodel.pipelinepart import PipelinePart, stage_memory_bytes
 from autohet_cli.costmodel.sharding import unsynced, weight_shards
@@ -146,7 +151,7 @@ def evaluate(
             memo.pipeline(p, micro_batch_size, None if all(x is None for x in sh) else sh)
             for p, sh in zip(pipelines, shards, strict=True)
         ]
-        segments = unsynced(sync_segments(pipelines), pipelines)
+        segments = unsynced(sync_segments(pipelines), pipelines, tied_layers(tables.model))
     sync = grad_sync_ms(pipelines, micro_batch_size, memo, segments)
     sharded = zero_sharded(pipelines, cluster, tables, micro_batch_size, segments)
     if shards is not None:  # ZeRO-1 leaves stages that shard their weights alone

@@ -80,12 +80,13 @@ def _zero1_sync_factor(stages: Sequence[Stage], a: int, b: int, tables: CostTabl
         return 1.0
     layers = tables.model.layers()
     total = sum(layers[i].num_params for i in range(a, b))
-    kept = total - sum(layers[i].num_params for i in _tied_layers(tables.model) if a <= i < b)
+    kept = total - sum(layers[i].num_params for i in tied_layers(tables.model) if a <= i < b)
     return 1.0 + (f - 1.0) * (kept / total if total > 0 else 1.0)
 
 
-def _tied_layers(model: ModelSpec) -> set[int]:
-    """The layers ZeRO-1 leaves replicated: a tied embedding and head."""
+def tied_layers(model: ModelSpec) -> set[int]:
+    """The layers ZeRO-1 and FSDP leave replicated: a tied embedding and head (each
+    whole: the position embedding beside the tied one is counted with it)."""
     if not model.tied_embeddings:
         return set()
     return {i for i, layer in enumerate(model.layers()) if layer.kind in ("embedding", "head")}
@@ -161,7 +162,7 @@ def zero_sharded(
     P = len(pipelines)
     if not tables.training.zero1 or P < 2:
         return out
-    tied = _tied_layers(tables.model)
+    tied = tied_layers(tables.model)
     # per (type, degree, link, segment): recover's refinement evaluates 200 pipelines'
     # plans ~1,600 times, and a sum per holder per layer was half of its time
     kept: dict[tuple[str, int, float, int, int], int] = {}

@@ -10,7 +10,10 @@ each holder shards with TP rank k of the others, as ZeRO-1's groups do
 Memory of one GPU of such a stage (n = its parameters per GPU, layers i of the stage):
 
 - its 1/P of the fp32 master weights, gradients and optimizer state:
-  ``n * state_bytes_per_param / P``;
+  ``n * state_bytes_per_param / P``, except a tied embedding and head
+  (``gradsync.tied_layers``), which the runtime leaves out of FSDP: whole, with
+  autocast's copy of them, all-reduced over the holders at the end of the step as
+  replicated layers are, and neither gathered nor reduce-scattered;
 - the gathered working set, in the compute dtype (c = 2 bytes under bf16/fp16 on a
   GPU, 4 in fp32 or on a CPU): the layer being computed and the next one, gathered
   ahead (prefetch), ``c * max_i(n_i + n_{i+1})``; with ``reshard_after_forward:
@@ -65,12 +68,12 @@ approximation, for plans that validation is to refuse (issue 48, the plan side).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.gradsync import Segment
+from autohet_cli.costmodel.gradsync import Segment, tied_layers
 from autohet_cli.costmodel.layertable import LayerTable, StageCost
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.costmodel.transfers import transfer_ms
@@ -155,15 +158,22 @@ def weight_shards(
     )
 
 
-def unsynced(segments: Sequence[Segment], pipelines: Sequence[Pipeline]) -> list[Segment]:
+def unsynced(
+    segments: Sequence[Segment], pipelines: Sequence[Pipeline], tied: Collection[int] = ()
+) -> list[Segment]:
     """The segments that still need the end-of-step sync: all but those held only
-    by one group of weight-sharded stages (their reduce-scatters did it)."""
+    by one group of weight-sharded stages (their reduce-scatters did it), of which
+    only the ``tied`` layers (a tied embedding and head, which FSDP leaves whole)
+    are all-reduced, each as a one-layer segment."""
     out = []
     for seg in segments:
-        stages = [pipelines[pi].stages[si] for pi, si in seg[2]]
+        a, b, holders = seg
+        stages = [pipelines[pi].stages[si] for pi, si in holders]
         one_group = len({holder_key(s) for s in stages}) == 1
         if not (one_group and all(s.shard == WEIGHTS for s in stages)):
             out.append(seg)
+        else:
+            out.extend((i, i + 1, holders) for i in sorted(tied) if a <= i < b)
     return out
 
 
@@ -197,15 +207,31 @@ def exposed_ms(
     return f, b
 
 
+def _own(tables: CostTables, s: Stage) -> list[bool]:
+    """Per layer of the stage: whether FSDP shards it (False: a tied embedding or
+    head, which the runtime leaves replicated and ``gradsync`` all-reduces)."""
+    tied = tied_layers(tables.model)
+    return [i not in tied for i in range(s.layer_start, s.layer_end)]
+
+
 def sharded_stage_cost(
     cost: StageCost, table: LayerTable, s: Stage, shard: WeightShard, tables: CostTables
 ) -> StageCost:
     """``cost`` with its exposed gathers and reduce-scatters added to the forward and
-    backward, and the optimizer stepping 1/P of the state."""
+    backward, and the optimizer stepping 1/P of the sharded state (all of a tied
+    layer's)."""
     layers = _layers(table, s)
+    own = _own(tables, s)
     c = compute_bytes(tables, s.gpu_type)
-    gather = [shard.collective_ms(lc.num_params * c) for lc in layers]
-    reduce = [shard.collective_ms(lc.num_params * GRAD_REDUCE_BYTES) for lc in layers]
+    gather = [
+        shard.collective_ms(lc.num_params * c) if o else 0.0
+        for lc, o in zip(layers, own, strict=True)
+    ]
+    reduce = [
+        shard.collective_ms(lc.num_params * GRAD_REDUCE_BYTES) if o else 0.0
+        for lc, o in zip(layers, own, strict=True)
+    ]
+    tied_update = sum(lc.update_ms for lc, o in zip(layers, own, strict=True) if not o)
     f, b = exposed_ms(
         [lc.fwd_ms for lc in layers],
         [lc.bwd_ms for lc in layers],
@@ -217,7 +243,7 @@ def sharded_stage_cost(
         cost,
         fwd_ms=cost.fwd_ms + f,
         bwd_ms=cost.bwd_ms + b,
-        update_ms=cost.update_ms / shard.holders,
+        update_ms=(cost.update_ms - tied_update) / shard.holders + tied_update,
     )
 
 
@@ -232,7 +258,16 @@ def sharded_memory_bytes(
     num_microbatches: int,
 ) -> int:
     """Peak bytes on one GPU of a weight-sharded stage under 1F1B (module doc)."""
-    params = [lc.num_params for lc in _layers(table, s)]
+    layers = _layers(table, s)
+    params = [lc.num_params for lc in layers]
+    own = _own(tables, s)
+    # a tied layer's weights stay whole, with autocast's copy of them (plain stage's)
+    tied = sum(p for p, o in zip(params, own, strict=True) if not o)
+    tied_cast = sum(
+        table.stage(i, i + 1).cast_bytes
+        for i, o in zip(range(s.layer_start, s.layer_end), own, strict=True)
+        if not o
+    )
     c = compute_bytes(tables, s.gpu_type)
     if s.reshard_after_forward:
         pairs = [a + b for a, b in zip(params, params[1:], strict=False)] or params
@@ -240,7 +275,8 @@ def sharded_memory_bytes(
     else:
         gathered = c * cost.num_params
     grad_buffer = max(params) * (GRAD_REDUCE_BYTES + (c if c != GRAD_REDUCE_BYTES else 0))
-    state = cost.num_params * tables.training.state_bytes_per_param / shard.holders
+    per = tables.training.state_bytes_per_param
+    state = (cost.num_params - tied) * per / shard.holders + tied * per + tied_cast
     in_flight = min(num_stages - stage_index, num_microbatches)
     once = cost.transient_bytes + 2.0 * cost.output_bytes + tables.reserve_bytes(s.gpu_type)
     return int(state + gathered + grad_buffer + cost.act_bytes * in_flight + once)

@@ -144,8 +144,18 @@ def make_context(req: SearchRequest, degrees: int | Mapping[str, int], mbs: int)
         for c in classes
     ]
     if req.shard_weights:  # the gathered weights are in the compute dtype: no cast copies
-        # (costmodel.sharding), which would take 2 bytes a parameter off a V100's room
-        stats = [replace(st, head_cast=0.0, block_cast=0.0, tail_cast=0.0) for st in stats]
+        # (costmodel.sharding), which would take 2 bytes a parameter off a V100's room;
+        # a tied embedding and head stay whole, with their copies
+        tied = req.model.tied_embeddings
+        stats = [
+            replace(
+                st,
+                block_cast=0.0,
+                head_cast=st.head_cast if tied else 0.0,
+                tail_cast=st.tail_cast if tied else 0.0,
+            )
+            for st in stats
+        ]
     caps = [
         float(c.mem_bytes - req.tables.reserve_bytes(c.gpu_type) - gathered_bytes(req, c, st))
         for c, st in zip(classes, stats, strict=True)

@@ -350,10 +350,9 @@ def template_split(
                 stats=ctx.stats,
                 mem_cap_bytes=ctx.caps,
                 state_bytes_per_param=state_bytes(req, replicas),
-                # tied embedding and head: ZeRO-1 leaves their state replicated (FSDP
-                # shards them with the rest of the stage, estimate.state_bytes)
+                # tied embedding and head: ZeRO-1 and FSDP leave their state replicated
                 end_state_bytes_per_param=state_bytes(
-                    req, 1 if req.model.tied_embeddings and not req.shard_weights else replicas
+                    req, 1 if req.model.tied_embeddings else replicas
                 ),
                 num_blocks=num_blocks,
                 update_scale=update_scale(req, replicas),

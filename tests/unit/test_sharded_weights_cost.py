@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from autohet_cli import catalog
 from autohet_cli.cli import estimate as estimate_cli
 from autohet_cli.cluster import Cluster, cluster_from_dict
-from autohet_cli.costmodel.evaluate import evaluate
+from autohet_cli.costmodel.evaluate import evaluate, ring_allreduce_ms
 from autohet_cli.costmodel.sharding import exposed_ms
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.plan import Pipeline, load_plan, plan_to_dict
@@ -29,7 +29,9 @@ from tests.bruteforce import tiny_model
 
 # A 4-layer model (embedding, two blocks, head) with a hand-written measured profile:
 # forward 1 ms and backward 2 ms per layer, parameters 1e5..4e5 (1e6 in all).
-TOY = tiny_model(2)
+# Untied (its head its own weights): every layer sharded, as the hand formulas assume;
+# a tied embedding and head: test_a_tied_embedding_and_head_stay_whole.
+TOY = replace(tiny_model(2), tied_embeddings=False)
 TRAINING = TrainingSettings(global_batch_size=4, micro_batch_size=1, seq_len=128)
 PARAMS = (100_000, 200_000, 300_000, 400_000)
 ACT_BYTES = (1e6, 2e6, 3e6, 4e6)
@@ -293,3 +295,36 @@ def test_estimate_scores_a_plan_with_sharded_weights(
     monkeypatch.setattr(estimate_cli, "load_plan", lambda _path: replicated)
     plain = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
     assert plain["memory_peak_fraction"] > sharded["memory_peak_fraction"]
+
+
+def test_a_tied_embedding_and_head_stay_whole() -> None:
+    """The runtime leaves a tied embedding and head out of FSDP (runtime.fsdp_stage):
+    they keep their whole state and are neither gathered nor reduce-scattered, but
+    all-reduced over the holders at the end of the step, as replicated layers are.
+    The same plan as test_gathers_and_reduce_scatters_by_hand_across_hosts, tied."""
+    tied = replace(TOY, tied_embeddings=True)
+    t = CostTables(tied, tables().profile, TRAINING, gpu_specs=UNFIXED)
+    c = cluster([("h0", 1), ("h1", 1)])
+    ev = evaluate(whole_model_replicas(["h0", "h1"]), c, t, 1)
+    # gathers (0, 2, 3, 0) ms, reduce-scatters (0, 4, 6, 0): layers 0 and 3 are tied
+    f, b = exposed_ms(
+        [1.0] * 4, [2.0] * 4, [0, 2.0, 3.0, 0], [0, 4.0, 6.0, 0], reshard_after_forward=True
+    )
+    # forward g0 + (g1 - f0) + (g2 - f1) + 0; backward g3 + r0, then layer 0: r1 - 2,
+    # layer 1: g0 + r2 - 2, layer 2: max(0, g1 + r3 - 2), layer 3: g2 - 2
+    assert (f, b) == pytest.approx((0 + 1 + 2 + 0, 0 + 2 + 4 + 0 + 1))
+    state = TRAINING.state_bytes_per_param
+    for pe in ev.pipelines:
+        se = pe.stages[0]
+        assert (se.cost.fwd_ms, se.cost.bwd_ms) == pytest.approx((4.0 + f, 8.0 + b))
+        # the update: half of the blocks' (0.5 + 1.0) / 2, all of the tied layers' (0.5 + 1.0)
+        assert se.cost.update_ms == pytest.approx((0.5 + 1.0) / 2 + 0.5 + 1.0)
+        # the tied layers' 5e5 parameters whole, the blocks' 5e5 halved; and their
+        # autocast copies (the head's; the embedding's lookup casts nothing)
+        untied = evaluate(whole_model_replicas(["h0", "h1"]), c, tables(), 1)
+        extra = 500_000 * state / 2 + C16 * 400_000
+        assert se.mem_bytes == untied.pipelines[0].stages[0].mem_bytes + int(extra)
+        # the tied layers' all-reduce: 1e5 + 4e5 fp32 gradients over the two hosts
+        assert se.grad_sync_ms == pytest.approx(
+            ring_allreduce_ms(100_000 * 4, 2, 0.8) + ring_allreduce_ms(400_000 * 4, 2, 0.8)
+        )
