@@ -311,6 +311,8 @@ def recompute_line(plan: Plan) -> str | None:
     partial = sum(0 < s.recomputed < s.num_layers for s in stages)
     if n == total and not partial:
         which = "every stage re-runs its forward before its backward"
+    elif n == total:
+        which = "every stage (marked R) re-runs its forward before its backward"
     else:
         which = f"{n} of {total} stages (marked R) re-run their forward before the backward"
     if partial:
