@@ -22,7 +22,7 @@ from autohet_cli.costmodel.tables import (
 )
 from autohet_cli.errors import ConfigError, InfeasibleError, PlanError
 from autohet_cli.models import get_model
-from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
+from autohet_cli.plan import Pipeline, Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text, summary_json
 from autohet_cli.planner.groups import block_range, block_stats
@@ -424,6 +424,34 @@ def test_relax_keeps_recomputation_only_where_a_stage_would_not_fit() -> None:
     )
     again = relax(tight, req, scorer(cluster, "time"))
     assert again.eval.fits and again.score <= tight.score
+
+
+def test_the_holders_of_a_sharded_stage_keep_one_recompute_count() -> None:
+    """FSDP's backward gathers come in one order on every holder of a weight-sharded
+    stage (Plan.validate refuses holders that recompute differently): relax and
+    fewest_layers decide per column of holders, the count that fits them all. Here
+    GPT-1.3B whole on two V100s of 18 and 24 GB: the smaller needs 19 of its 26
+    layers recomputed, the larger none; both must recompute 19."""
+    from autohet_cli.planner.recompute import relax
+    from autohet_cli.planner.search import Candidate, SearchRequest, scorer
+    from tests import planting
+
+    model = get_model("GPT-1.3B")
+    tables = CostTables(model, None, training_for(8, 2048, "fp16", "adam"))
+    cluster = tiny_cluster((("a", "V100-16", 1, 18), ("b", "V100-16", 1, 24)), name="uneven")
+    whole = [planting.stage(0, 26, h, 0, gpu_type="V100-16", shard="weights") for h in "ab"]
+    pipes = [Pipeline(num_microbatches=4, stages=(replace(s, recompute=True),)) for s in whole]
+    ev = evaluate(pipes, cluster, tables, 1)
+    score = scorer(cluster, "time")
+    cand = Candidate(pipelines=pipes, tp=1, mbs=1, eval=ev, score=score(pipes, ev))
+    req = SearchRequest(cluster=cluster, model=model, tables=tables, global_batch_size=8)
+    out = relax(cand, req, score)
+    counts = [s.recomputed for p in out.pipelines for s in p.stages]
+    assert counts == [19, 19] and out.eval.fits
+    Plan(
+        name="uneven", version=1, model_name=model.name, num_layers=26,
+        training=tables.training, tensor_parallel=1, pipelines=tuple(out.pipelines),
+    ).validate()  # fmt: skip
 
 
 def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> None:
