@@ -454,6 +454,26 @@ def test_the_holders_of_a_sharded_stage_keep_one_recompute_count() -> None:
     ).validate()  # fmt: skip
 
 
+def test_refinement_moving_a_cut_keeps_a_partial_count_within_the_stage() -> None:
+    """A stage [0, 3) recomputing its first 3 layers as ``recompute: 3`` (a recovery
+    seeds the search with the old plan's stages): refinement moves its cut to 2, and
+    the stage must not claim 3 recomputed layers of its 2 (Plan.validate refuses it)."""
+    from autohet_cli.planner.build import refine
+
+    cluster = make_cluster([("h0", 2)])
+    first = replace(stage(0, 3, "h0", 0), recompute_layers=3)
+    pipes = [pipe(4, first, stage(3, 4, "h0", 1))]
+    out, ev = refine(pipes, cluster, toy_tables(), 1, lambda e: e.iteration_ms, deadline=1e18)
+    moved = out[0].stages[0]
+    assert (moved.layer_end, moved.recomputed) == (2, 2)
+    assert moved.recompute_layers <= moved.num_layers
+    Plan(
+        name="r", version=1, model_name=TOY.name, num_layers=4, training=TRAINING,
+        tensor_parallel=1, pipelines=tuple(out),
+    ).validate()  # fmt: skip
+    assert ev.iteration_ms == evaluate(out, cluster, toy_tables(), 1).iteration_ms
+
+
 def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> None:
     cluster = {
         "schema": "autohet.cluster/v1",
