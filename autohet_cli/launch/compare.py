@@ -70,8 +70,9 @@ def compare(
                     "gpu_type": stage.gpu_type,
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
-                    # true (every layer), false, or N (its first N layers)
-                    "recompute": stage.recompute or stage.recompute_layers or False,
+                    # true (every layer, however the plan says it), false, or N
+                    # (its first N layers, fewer than all)
+                    "recompute": stage.recomputed == stage.num_layers or stage.recomputed or False,
                     "shard": stage.shard,
                     **(
                         {

@@ -365,6 +365,12 @@ def test_weight_sharded_stages_are_left_out_of_the_refit() -> None:
         plan, pipelines=(replace(plan.pipelines[0], stages=(halves,)), *plan.pipelines[1:])
     )
     assert compare(part_plan, report, None)["stages"][0]["recompute"] == 1
+    # recompute: N of a stage's N layers is every layer: it refits the recompute times
+    every = replace(first, recompute_layers=first.num_layers)
+    all_plan = replace(
+        plan, pipelines=(replace(plan.pipelines[0], stages=(every,)), *plan.pipelines[1:])
+    )
+    assert compare(all_plan, report, None)["stages"][0]["recompute"] is True
     assert compare(plan, report, None)["stages"][0]["recompute"] is False
 
 
