@@ -264,6 +264,20 @@ def test_a_partial_stage_costs_its_recomputed_layers_as_recomputed_and_the_rest_
     assert mem[1:] == sorted(mem[1:], reverse=True) and mem[4] < mem[2] < mem[0]
 
 
+def test_a_partial_stage_keeps_its_plain_layers_copies_per_microbatch_in_flight() -> None:
+    """The runtime runs a stage that recomputes any layer without autocast's weight
+    cache (``runtime.pipeline.autocast_contexts``), so each micro-batch's forward
+    through its plain layers casts their weights anew and keeps the copies for its
+    backward: stage 0 of 2, recomputing layer 0 of [0, 3), holds 2 micro-batches and
+    two copies of layers 1-2's weights (a plain stage shares one through the cache)."""
+    cluster = make_cluster([("h0", 2)])
+    first = replace(stage(0, 3, "h0", 0), recompute_layers=1)
+    ev = evaluate([pipe(4, first, stage(3, 4, "h0", 1))], cluster, toy_tables(), 1)
+    held = IDS + ACT_BYTES[1] + ACT_BYTES[2] + CAST[1] + CAST[2]  # per micro-batch
+    expect = state_bytes(600_000) + 2 * held + ACT_RUN[0] + 2 * OUT_BYTES[2] + RESERVE
+    assert ev.pipelines[0].stages[0].mem_bytes == int(expect)
+
+
 def test_a_misspelt_recompute_key_is_still_rejected() -> None:
     d = _plan_dict((False, False))
     d["pipelines"][0]["stages"][0]["recomputed"] = True
