@@ -147,8 +147,17 @@ def evaluate(
         parts = [memo.pipeline(p, micro_batch_size) for p in pipelines]
         segments = sync_segments(pipelines)
     else:
+        # Every pipeline runs the most micro-batches of any (the runtime pads the
+        # others with zero-weight ones, ``runtime.fsdp_stage.padded_microbatches``:
+        # the holders' gathers must pair up): their time and activations in flight
+        # are those of the padded count; the tokens below stay the real ones.
+        most = max(p.num_microbatches for p in pipelines)
         parts = [
-            memo.pipeline(p, micro_batch_size, None if all(x is None for x in sh) else sh)
+            memo.pipeline(
+                replace(p, num_microbatches=most),
+                micro_batch_size,
+                None if all(x is None for x in sh) else sh,
+            )
             for p, sh in zip(pipelines, shards, strict=True)
         ]
         segments = unsynced(sync_segments(pipelines), pipelines, tied_layers(tables.model))

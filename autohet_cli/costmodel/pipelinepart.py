@@ -34,8 +34,13 @@ def stage_memory_bytes(
     state = cost.num_params * tables.training.state_bytes_per_param
     buffers = 2.0 * cost.output_bytes
     reserve = tables.reserve_bytes(gpu_type)
-    once = cost.transient_bytes + cost.cast_bytes + buffers + reserve
-    return int(state + cost.act_bytes * in_flight + once)
+    # autocast's copies of the weights: one for the step through its cache on a plain
+    # stage; a stage recomputing some layers runs without it (runtime.pipeline.
+    # autocast_contexts), so each micro-batch in flight keeps its own copies of the
+    # plain layers' weights (``cast_bytes``: 0 when every layer recomputes)
+    cast = cost.cast_bytes * (in_flight if cost.recompute else 1)
+    once = cost.transient_bytes + buffers + reserve
+    return int(state + cost.act_bytes * in_flight + cast + once)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

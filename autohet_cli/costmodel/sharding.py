@@ -14,8 +14,9 @@ Memory of one GPU of such a stage (n = its parameters per GPU, layers i of the s
   (``gradsync.tied_layers``), which the runtime leaves out of FSDP: whole, with
   autocast's copy of them, all-reduced over the holders at the end of the step as
   replicated layers are, and neither gathered nor reduce-scattered;
-- the gathered working set, in the compute dtype (c = 2 bytes under bf16/fp16 on a
-  GPU, 4 in fp32 or on a CPU): the layer being computed and the next one, gathered
+- the gathered working set of the layers FSDP holds (a tied one is neither gathered
+  nor reduce-scattered: 0 below), in the compute dtype (c = 2 bytes under bf16/fp16
+  on a GPU, 4 in fp32 or on a CPU): the layer being computed and the next one, gathered
   ahead (prefetch), ``c * max_i(n_i + n_{i+1})``; with ``reshard_after_forward:
   false``, the whole stage's gathered weights, ``c * n``, kept from the forward to the
   backward. Assumption: one copy, shared by every micro-batch in flight (they run
@@ -269,12 +270,14 @@ def sharded_memory_bytes(
         if not o
     )
     c = compute_bytes(tables, s.gpu_type)
+    # what FSDP gathers and reduce-scatters: the stage's own layers (a tied one is 0)
+    mine = [p if o else 0 for p, o in zip(params, own, strict=True)]
     if s.reshard_after_forward:
-        pairs = [a + b for a, b in zip(params, params[1:], strict=False)] or params
+        pairs = [a + b for a, b in zip(mine, mine[1:], strict=False)] or mine
         gathered = c * max(pairs)
     else:
-        gathered = c * cost.num_params
-    grad_buffer = max(params) * (GRAD_REDUCE_BYTES + (c if c != GRAD_REDUCE_BYTES else 0))
+        gathered = c * (cost.num_params - tied)
+    grad_buffer = max(mine) * (GRAD_REDUCE_BYTES + (c if c != GRAD_REDUCE_BYTES else 0))
     per = tables.training.state_bytes_per_param
     state = (cost.num_params - tied) * per / shard.holders + tied * per + tied_cast
     in_flight = min(num_stages - stage_index, num_microbatches)

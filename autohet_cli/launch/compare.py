@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError
-from autohet_cli.plan import Plan, StagePrediction
+from autohet_cli.plan import Plan, StagePrediction, weight_sharded
 
 CHECK_SCHEMA = "autohet.prediction-check/v1"
 
@@ -48,12 +48,17 @@ def compare(
     ``profile calibrate`` refits their rate with (``profiling.shardfit``)."""
     ranks: Sequence[Mapping[str, Any]] = report.get("ranks") or []
     stages: list[dict[str, Any]] = []
+    # A weight-sharded plan's pipelines all run the most micro-batches of any (the
+    # runtime pads the others with zero-weight ones, ``fsdp_stage.
+    # padded_microbatches``): the measured sums are over that many.
+    most = max((p.num_microbatches for p in plan.pipelines), default=1)
+    padded = weight_sharded(plan.pipelines) > 0
     for p, pipeline in enumerate(plan.pipelines):
         for s, stage in enumerate(pipeline.stages):
             mine = [r for r in ranks if r["pipeline"] == p and r["stage"] == s and r["medians"]]
             if not mine:
                 continue
-            m = pipeline.num_microbatches
+            m = most if padded else pipeline.num_microbatches  # as many as ran
             fwd = max(r["medians"]["fwd_ms"] for r in mine) / m
             bwd = max(r["medians"]["bwd_ms"] for r in mine) / m
             mem = max(int(r["peak_mem_bytes"]) for r in mine)
@@ -65,8 +70,9 @@ def compare(
                     "gpu_type": stage.gpu_type,
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
-                    # true (every layer), false, or N (its first N layers)
-                    "recompute": stage.recompute or stage.recompute_layers or False,
+                    # true (every layer, however the plan says it), false, or N
+                    # (its first N layers, fewer than all)
+                    "recompute": stage.recomputed == stage.num_layers or stage.recomputed or False,
                     "shard": stage.shard,
                     **(
                         {

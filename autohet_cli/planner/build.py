@@ -209,6 +209,17 @@ def _shift(stages: tuple[Stage, ...], b: int, delta: int) -> tuple[Stage, ...] |
     if cut <= left.layer_start or cut >= right.layer_end:
         return None
     new = list(stages)
-    new[b] = replace(left, layer_end=cut)
-    new[b + 1] = replace(right, layer_start=cut)
+    new[b] = _with_layers(left, left.layer_start, cut)
+    new[b + 1] = _with_layers(right, cut, right.layer_end)
     return tuple(new)
+
+
+def _with_layers(s: Stage, start: int, end: int) -> Stage:
+    """``s`` over layers [start, end), recomputing as many of its first layers as
+    before where it still has them: a partial stage (``recompute: N``) that loses
+    layers would otherwise count more than it holds, which Plan.validate refuses
+    (the cost model clamps, so refinement scored it as every layer)."""
+    moved = replace(s, layer_start=start, layer_end=end)
+    if s.recompute_layers and s.recompute_layers >= end - start:
+        return replace(moved, recompute=True, recompute_layers=0)
+    return moved

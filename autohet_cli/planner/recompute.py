@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from autohet_cli.costmodel.evaluate import PlanEval, evaluate
-from autohet_cli.plan import Pipeline
+from autohet_cli.plan import Pipeline, Stage
 from autohet_cli.planner.search import Candidate, SearchRequest
 
 MEMORY_TIGHT = 0.8  # peak memory fraction above which recomputation may pay
@@ -50,7 +50,8 @@ def relax(
     req: SearchRequest,
     score: Callable[[list[Pipeline], PlanEval], float],
 ) -> Candidate:
-    """``cand`` with recomputation kept only on the stages that need it to fit."""
+    """``cand`` with recomputation kept only on the stages that need it to fit (on
+    every holder of a weight-sharded stage where one of them needs it, ``_unit``)."""
     if not any(s.recompute for p in cand.pipelines for s in p.stages):
         return cand
     plain = [
@@ -58,15 +59,20 @@ def relax(
         for p in cand.pipelines
     ]
     ev_plain = evaluate(plain, req.cluster, req.tables, cand.mbs)
+    need = {
+        _unit(pi, s)
+        for pi, (p, pe) in enumerate(zip(cand.pipelines, ev_plain.pipelines, strict=True))
+        for s, se in zip(p.stages, pe.stages, strict=True)
+        if s.recompute and se.mem_fraction > 1.0
+    }
     mixed = [
         replace(
             p,
             stages=tuple(
-                replace(s, recompute=s.recompute and pe.stages[i].mem_fraction > 1.0)
-                for i, s in enumerate(p.stages)
+                replace(s, recompute=s.recompute and _unit(pi, s) in need) for s in p.stages
             ),
         )
-        for p, pe in zip(cand.pipelines, ev_plain.pipelines, strict=True)
+        for pi, p in enumerate(cand.pipelines)
     ]
     ev = evaluate(mixed, req.cluster, req.tables, cand.mbs)
     if not ev.fits:
@@ -84,33 +90,33 @@ def fewest_layers(
     """``cand`` with each recomputing stage recomputing only as many of its first
     layers as it needs to fit (``recompute: N``), where that is fewer than all.
 
-    Per stage the count is found by bisection, every stage at once: a stage's memory
+    Per stage the count is found by bisection, every stage at once (the holders of a
+    weight-sharded stage as one: the least count that fits them all, ``_unit``): a stage's memory
     depends on its own count only, and falls as the count grows (a recomputed layer
     keeps its input instead of its activations; the one layer at work that it adds
     is less than that, bar the first), while its time grows with it: so the least
     count that fits is that stage's best. The result is checked whole on the exact
     model and kept only if it fits and is no worse."""
-    where = [
-        (pi, si)
-        for pi, p in enumerate(cand.pipelines)
-        for si, s in enumerate(p.stages)
-        if s.recompute and s.num_layers > 1
-    ]
-    if not where:
+    units: dict[tuple[object, ...], list[tuple[int, int]]] = {}
+    for pi, p in enumerate(cand.pipelines):
+        for si, s in enumerate(p.stages):
+            if s.recompute and s.num_layers > 1:
+                units.setdefault(_unit(pi, s), []).append((pi, si))
+    if not units:
         return cand
-    lo = dict.fromkeys(where, 0)  # does not fit (relax: it needs recomputation)
-    hi = {k: cand.pipelines[k[0]].stages[k[1]].num_layers for k in where}  # fits
-    while any(hi[k] - lo[k] > 1 for k in where):
-        mid = {k: (lo[k] + hi[k]) // 2 if hi[k] - lo[k] > 1 else hi[k] for k in where}
-        pipes = _with_counts(cand.pipelines, mid)
+    lo = dict.fromkeys(units, 0)  # does not fit (relax: it needs recomputation)
+    hi = {k: cand.pipelines[m[0][0]].stages[m[0][1]].num_layers for k, m in units.items()}
+    while any(hi[k] - lo[k] > 1 for k in units):
+        mid = {k: (lo[k] + hi[k]) // 2 if hi[k] - lo[k] > 1 else hi[k] for k in units}
+        pipes = _with_counts(cand.pipelines, units, mid)
         ev = evaluate(pipes, req.cluster, req.tables, cand.mbs)
-        for k in where:
+        for k, members in units.items():
             if hi[k] - lo[k] > 1:
-                if ev.pipelines[k[0]].stages[k[1]].mem_fraction <= 1.0:
+                if all(ev.pipelines[pi].stages[si].mem_fraction <= 1.0 for pi, si in members):
                     hi[k] = mid[k]
                 else:
                     lo[k] = mid[k]
-    pipes = _with_counts(cand.pipelines, hi)
+    pipes = _with_counts(cand.pipelines, units, hi)
     ev = evaluate(pipes, req.cluster, req.tables, cand.mbs)
     if not ev.fits:
         return cand
@@ -118,14 +124,28 @@ def fewest_layers(
     return fewer if fewer.score <= cand.score else cand
 
 
-def _with_counts(pipes: list[Pipeline], counts: dict[tuple[int, int], int]) -> list[Pipeline]:
-    """``pipes`` with stage (pi, si) recomputing its first ``counts[(pi, si)]`` layers
-    (all of them: ``recompute: true``)."""
+def _unit(pi: int, s: Stage) -> tuple[object, ...]:
+    """What recomputes as one: a weight-sharded stage with every holder of its cut
+    (FSDP's backward gathers come in one order on all of them, Plan.validate), any
+    other stage on its own."""
+    if s.shard == "weights":
+        return ("holders", s.layer_start, s.layer_end)
+    return ("stage", pi, s.layer_start)
+
+
+def _with_counts(
+    pipes: list[Pipeline],
+    units: dict[tuple[object, ...], list[tuple[int, int]]],
+    counts: dict[tuple[object, ...], int],
+) -> list[Pipeline]:
+    """``pipes`` with each unit's stages recomputing their first ``counts[unit]``
+    layers (all of them: ``recompute: true``)."""
+    at = {m: counts[k] for k, members in units.items() for m in members}
     out = []
     for pi, p in enumerate(pipes):
         stages = []
         for si, s in enumerate(p.stages):
-            n = counts.get((pi, si))
+            n = at.get((pi, si))
             if n is not None:
                 full = n >= s.num_layers
                 s = replace(s, recompute=full, recompute_layers=0 if full else n)

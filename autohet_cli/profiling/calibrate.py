@@ -84,10 +84,9 @@ def calibrate(
     # only its first N layers mixes plain and recomputation times in one
     # measurement, which neither fit can take apart.
     sharded = [st for st in stages if left_out(st) == "sharded"]
-    shard_x = shard_factor(sharded, tables) if sharded else None
-    shard_gpus = {str(st["gpu_type"]) for st in sharded} if shard_x is not None else set()
     kept = [st for st in stages if not left_out(st)]
     if not kept:
+        shard_x = shard_factor(sharded, tables) if sharded else None
         if shard_x is None:
             raise ConfigError(
                 "every stage of this run shards its weights (shard: weights) or recomputes "
@@ -96,7 +95,7 @@ def calibrate(
                 "them): there is nothing to refit; calibrate from a run of a plan without "
                 "them (autohet plan --no-shard-weights)"
             )
-        return _with_shard_x(profile, shard_gpus, shard_x, run_id), []
+        return _with_shard_x(profile, {str(st["gpu_type"]) for st in sharded}, shard_x, run_id), []
     stages = kept
     mbs = training.micro_batch_size
     sums: dict[tuple[str, int, bool], list[float]] = {}
@@ -155,6 +154,11 @@ def calibrate(
                         "update_x": x[2],
                     }
                 )
+    # The collectives' factor against the layer times this run's plain stages just
+    # refitted: against the old ones it would take their error for the collectives'.
+    refitted = CostTables(model, profile.with_entries(entries), training)
+    shard_x = shard_factor(sharded, refitted) if sharded else None
+    shard_gpus = {str(st["gpu_type"]) for st in sharded} if shard_x is not None else set()
     overheads = dict(profile.overheads)
     step_ms = float(check.get("step_overhead_ms") or 0.0)
     sync_x = _sync_ratio(check, stages)

@@ -365,6 +365,12 @@ def test_weight_sharded_stages_are_left_out_of_the_refit() -> None:
         plan, pipelines=(replace(plan.pipelines[0], stages=(halves,)), *plan.pipelines[1:])
     )
     assert compare(part_plan, report, None)["stages"][0]["recompute"] == 1
+    # recompute: N of a stage's N layers is every layer: it refits the recompute times
+    every = replace(first, recompute_layers=first.num_layers)
+    all_plan = replace(
+        plan, pipelines=(replace(plan.pipelines[0], stages=(every,)), *plan.pipelines[1:])
+    )
+    assert compare(all_plan, report, None)["stages"][0]["recompute"] is True
     assert compare(plan, report, None)["stages"][0]["recompute"] is False
 
 
@@ -402,3 +408,36 @@ def test_the_calibrate_command_says_it_left_sharded_stages_out(tmp_path: Path) -
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert got["sharded_stages_left_out"] == 1 and got["partial_recompute_stages_left_out"] == 1
+
+
+def test_a_padded_pipeline_of_a_sharded_plan_is_measured_per_microbatch_run() -> None:
+    """In a weight-sharded plan every pipeline runs the most micro-batches of any
+    (the runtime pads the others, ``fsdp_stage.padded_microbatches``): a pipeline of
+    1 micro-batch beside one of 3 ran 3, and its per-micro-batch times are its sums
+    over 3, as its holder's are; the check says 3 ran."""
+    plan = _plan()
+    whole = Stage(
+        layer_start=0,
+        layer_end=plan.num_layers,
+        gpu_type="cpu",
+        tensor_parallel=1,
+        devices=(Device(host="localhost", gpu=0),),
+        shard="weights",
+    )
+    pipes = (
+        Pipeline(num_microbatches=3, stages=(whole,)),
+        Pipeline(
+            num_microbatches=1, stages=(replace(whole, devices=(Device(host="localhost", gpu=1),)),)
+        ),
+    )
+    sharded = replace(plan, tensor_parallel=1, pipelines=pipes)
+    medians = {"fwd_ms": 30.0, "bwd_ms": 60.0, "p2p_ms": 0.0, "sync_ms": 0.0}
+    medians |= {"optimizer_ms": 1.0, "step_ms": 95.0, "steps": 4.0}
+    ranks = [
+        {"rank": p, "pipeline": p, "stage": 0, "tp_rank": 0, "device": "cpu"}
+        | {"peak_mem_bytes": 1 << 20, "medians": medians}
+        for p in range(2)
+    ]
+    check = compare(sharded, {"plan": "t.v1", "ranks": ranks}, None)
+    got = [(st["num_microbatches"], st["measured"]["fwd_ms"]) for st in check["stages"]]
+    assert got == [(3, 10.0), (3, 10.0)]

@@ -22,7 +22,7 @@ from autohet_cli.costmodel.tables import (
 )
 from autohet_cli.errors import ConfigError, InfeasibleError, PlanError
 from autohet_cli.models import get_model
-from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
+from autohet_cli.plan import Pipeline, Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
 from autohet_cli.planner.explain import explain_text, summary_json
 from autohet_cli.planner.groups import block_range, block_stats
@@ -264,6 +264,20 @@ def test_a_partial_stage_costs_its_recomputed_layers_as_recomputed_and_the_rest_
     assert mem[1:] == sorted(mem[1:], reverse=True) and mem[4] < mem[2] < mem[0]
 
 
+def test_a_partial_stage_keeps_its_plain_layers_copies_per_microbatch_in_flight() -> None:
+    """The runtime runs a stage that recomputes any layer without autocast's weight
+    cache (``runtime.pipeline.autocast_contexts``), so each micro-batch's forward
+    through its plain layers casts their weights anew and keeps the copies for its
+    backward: stage 0 of 2, recomputing layer 0 of [0, 3), holds 2 micro-batches and
+    two copies of layers 1-2's weights (a plain stage shares one through the cache)."""
+    cluster = make_cluster([("h0", 2)])
+    first = replace(stage(0, 3, "h0", 0), recompute_layers=1)
+    ev = evaluate([pipe(4, first, stage(3, 4, "h0", 1))], cluster, toy_tables(), 1)
+    held = IDS + ACT_BYTES[1] + ACT_BYTES[2] + CAST[1] + CAST[2]  # per micro-batch
+    expect = state_bytes(600_000) + 2 * held + ACT_RUN[0] + 2 * OUT_BYTES[2] + RESERVE
+    assert ev.pipelines[0].stages[0].mem_bytes == int(expect)
+
+
 def test_a_misspelt_recompute_key_is_still_rejected() -> None:
     d = _plan_dict((False, False))
     d["pipelines"][0]["stages"][0]["recomputed"] = True
@@ -424,6 +438,60 @@ def test_relax_keeps_recomputation_only_where_a_stage_would_not_fit() -> None:
     )
     again = relax(tight, req, scorer(cluster, "time"))
     assert again.eval.fits and again.score <= tight.score
+
+
+def test_the_holders_of_a_sharded_stage_keep_one_recompute_count() -> None:
+    """FSDP's backward gathers come in one order on every holder of a weight-sharded
+    stage (Plan.validate refuses holders that recompute differently): relax and
+    fewest_layers decide per column of holders, the count that fits them all. Here
+    GPT-1.3B whole on two V100s of 18 and 24 GB: the smaller needs some of its 26
+    layers recomputed, the larger none; both must recompute as many."""
+    from autohet_cli.planner.recompute import relax
+    from autohet_cli.planner.search import Candidate, SearchRequest, scorer
+    from tests import planting
+
+    model = get_model("GPT-1.3B")
+    tables = CostTables(model, None, training_for(8, 2048, "fp16", "adam"))
+    cluster = tiny_cluster((("a", "V100-16", 1, 18), ("b", "V100-16", 1, 24)), name="uneven")
+    whole = [planting.stage(0, 26, h, 0, gpu_type="V100-16", shard="weights") for h in "ab"]
+    pipes = [Pipeline(num_microbatches=4, stages=(replace(s, recompute=True),)) for s in whole]
+    ev = evaluate(pipes, cluster, tables, 1)
+    score = scorer(cluster, "time")
+    cand = Candidate(pipelines=pipes, tp=1, mbs=1, eval=ev, score=score(pipes, ev))
+    req = SearchRequest(cluster=cluster, model=model, tables=tables, global_batch_size=8)
+    out = relax(cand, req, score)
+    counts = [s.recomputed for p in out.pipelines for s in p.stages]
+    assert counts[0] == counts[1] and 0 < counts[0] < 26 and out.eval.fits
+    # ... the least that fits the smaller: one fewer does not
+    fewer = [
+        replace(p, stages=(replace(p.stages[0], recompute_layers=counts[0] - 1),)) for p in pipes
+    ]
+    fewer = [replace(p, stages=(replace(p.stages[0], recompute=False),)) for p in fewer]
+    assert evaluate(fewer, cluster, tables, 1).pipelines[0].stages[0].mem_fraction > 1.0
+    Plan(
+        name="uneven", version=1, model_name=model.name, num_layers=26,
+        training=tables.training, tensor_parallel=1, pipelines=tuple(out.pipelines),
+    ).validate()  # fmt: skip
+
+
+def test_refinement_moving_a_cut_keeps_a_partial_count_within_the_stage() -> None:
+    """A stage [0, 3) recomputing its first 3 layers as ``recompute: 3`` (a recovery
+    seeds the search with the old plan's stages): refinement moves its cut to 2, and
+    the stage must not claim 3 recomputed layers of its 2 (Plan.validate refuses it)."""
+    from autohet_cli.planner.build import refine
+
+    cluster = make_cluster([("h0", 2)])
+    first = replace(stage(0, 3, "h0", 0), recompute_layers=3)
+    pipes = [pipe(4, first, stage(3, 4, "h0", 1))]
+    out, ev = refine(pipes, cluster, toy_tables(), 1, lambda e: e.iteration_ms, deadline=1e18)
+    moved = out[0].stages[0]
+    assert (moved.layer_end, moved.recomputed) == (2, 2)
+    assert moved.recompute_layers <= moved.num_layers
+    Plan(
+        name="r", version=1, model_name=TOY.name, num_layers=4, training=TRAINING,
+        tensor_parallel=1, pipelines=tuple(out),
+    ).validate()  # fmt: skip
+    assert ev.iteration_ms == evaluate(out, cluster, toy_tables(), 1).iteration_ms
 
 
 def test_cli_plan_recompute_then_estimate_a_hand_edited_plan(tmp_path: Path) -> None:

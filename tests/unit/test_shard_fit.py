@@ -129,3 +129,36 @@ def test_calibrate_refits_the_factor_and_the_next_estimate_meets_the_run() -> No
     hidden = _check(plan, _with_x(tables(), 1e-9, catalog=True))
     with pytest.raises(ConfigError, match="no sharded stage's collectives could be refitted"):
         calibrate(tables().profile, hidden, TOY, run_id="r3", global_batch_size=6)
+
+
+def test_a_mixed_run_fits_the_factor_against_the_layer_times_it_refitted() -> None:
+    """A run whose plain stages took 3 times the analytic layer times and whose
+    sharded copies took what the refitted layers and collectives 2 times the
+    model's give: the factor is 2, as from the refitted profile alone; before, it
+    was fitted against the old layer times and took their error for the
+    collectives' (3.5 here)."""
+    from autohet_cli.launch.compare import compare
+    from autohet_cli.profiling.schema import Profile
+    from autohet_cli.profiling.shardfit import _row
+    from autohet_cli.settings import TrainingSettings
+    from tests.unit.test_prediction_check import MODEL, _plan, _report
+
+    plan = _plan()
+    check = compare(plan, _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0), None)
+    layers, _ = calibrate(Profile(), check, MODEL, run_id="plain", global_batch_size=8)
+    training = TrainingSettings(
+        global_batch_size=8, micro_batch_size=check["micro_batch_size"],
+        seq_len=check["seq_len"], precision="fp32",
+    )  # fmt: skip
+    link = {"holders": 2, "gbps": 2.0, "nic_share": 1}
+    sharded = []
+    for st in check["stages"]:
+        st = dict(st, shard="weights", shard_link=link, reshard_after_forward=True)
+        row = _row(st, CostTables(MODEL, layers, training))
+        assert row is not None
+        total = row[1](2.0)
+        st["measured"] = dict(st["measured"], fwd_ms=total / 3, bwd_ms=2 * total / 3)
+        sharded.append(st)
+    mixed = dict(check, stages=[*check["stages"], *sharded])
+    refit, _ = calibrate(Profile(), mixed, MODEL, run_id="mixed", global_batch_size=8)
+    assert refit.overheads["cpu"].shard_x == pytest.approx(2.0)

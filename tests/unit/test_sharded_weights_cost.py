@@ -320,11 +320,35 @@ def test_a_tied_embedding_and_head_stay_whole() -> None:
         # the update: half of the blocks' (0.5 + 1.0) / 2, all of the tied layers' (0.5 + 1.0)
         assert se.cost.update_ms == pytest.approx((0.5 + 1.0) / 2 + 0.5 + 1.0)
         # the tied layers' 5e5 parameters whole, the blocks' 5e5 halved; and their
-        # autocast copies (the head's; the embedding's lookup casts nothing)
+        # autocast copies (the head's; the embedding's lookup casts nothing); FSDP
+        # gathers and reduce-scatters the blocks only: the working set is blocks 1
+        # and 2 (5e5, not block 2 and the head's 7e5), the gradient buffer block 2's
+        # 3e5 (not the head's 4e5)
         untied = evaluate(whole_model_replicas(["h0", "h1"]), c, tables(), 1)
         extra = 500_000 * state / 2 + C16 * 400_000
+        extra -= C16 * 200_000 + 100_000 * (REDUCE + C16)
         assert se.mem_bytes == untied.pipelines[0].stages[0].mem_bytes + int(extra)
         # the tied layers' all-reduce: 1e5 + 4e5 fp32 gradients over the two hosts
         assert se.grad_sync_ms == pytest.approx(
             ring_allreduce_ms(100_000 * 4, 2, 0.8) + ring_allreduce_ms(400_000 * 4, 2, 0.8)
         )
+
+
+def test_a_pipeline_with_fewer_microbatches_is_costed_at_the_padded_count() -> None:
+    """The runtime pads every pipeline of a weight-sharded plan to the most
+    micro-batches (``fsdp_stage.padded_microbatches``: the holders' gathers pair up),
+    so the pipeline of 1 runs 3 as its holder's does: the same time and activations
+    in flight; the tokens stay the 4 real micro-batches."""
+    c = cluster([("h0", 2), ("h1", 2)])
+
+    def two(host: str, m: int) -> Pipeline:
+        return Pipeline(
+            num_microbatches=m,
+            stages=(stage(0, 2, host, 0, shard="weights"), stage(2, 4, host, 1, shard="weights")),
+        )
+
+    ev = evaluate([two("h0", 3), two("h1", 1)], c, tables(), 1)
+    three, one = ev.pipelines
+    assert one.time_ms == three.time_ms
+    assert [s.mem_bytes for s in one.stages] == [s.mem_bytes for s in three.stages]
+    assert ev.tokens_per_s == pytest.approx(4 * TRAINING.seq_len / (ev.iteration_ms / 1e3))
