@@ -10,7 +10,8 @@ weights within half a step). Each rank dumps its stage's full (gathered) tensors
 the holders' copies must also be bitwise equal, as replicas' are.
 
 Shapes: equal batch shares; unequal ones (6 and 2, 7 and 1: the shorter pipeline
-runs zero-weight micro-batches so its holders issue the same gathers); a pipeline
+runs zero-weight micro-batches so its holders issue the same gathers; the 7/1 one's
+holders of two GPU types, A100-40 and V100-16 by label); a pipeline
 whose second stage is sharded and first is not (the tied embedding and head, left
 out of FSDP, still sync through ``gradsync``); a sharded stage that recomputes
 its activations beside a ZeRO-1 one; one-stage pipelines (the whole model
@@ -98,6 +99,20 @@ SHAPES: dict[str, tuple[list[tuple[int, list[tuple[int, ...]]]], set[int] | None
     "tp2-first-stage-only": ([(4, [(0, 3, 2), (3, 6)]), (4, [(0, 3, 2), (3, 6)])], {0}, True),
 }
 EXTRA = {"recompute-beside-zero1": {"recompute_first": True, "zero1": True}}
+# Holders of different GPU types (issue 48): on a CPU only the label differs, which
+# is what the runtime must not care about (its groups, shards and pads are the same).
+TYPES = {"unequal-7-1-second-stage-only": ("A100-40", "V100-16")}
+
+
+def typed(plan: Plan, types: tuple[str, ...]) -> Plan:
+    """``plan`` with pipeline i's stages labelled ``types[i]``."""
+    return replace(
+        plan,
+        pipelines=tuple(
+            replace(p, stages=tuple(replace(s, gpu_type=t) for s in p.stages))
+            for p, t in zip(plan.pipelines, types, strict=True)
+        ),
+    )
 
 
 @pytest.mark.timeout(200)
@@ -108,6 +123,9 @@ def test_weight_sharded_plan_matches_single_process(
     layout, stages, reshard = SHAPES[shape]
     plan = make_plan(f"fsdp-{shape}", layout, **EXTRA.get(shape, {}))
     plan = sharded(plan, stages, reshard=reshard)
+    if shape in TYPES:
+        plan = typed(plan, TYPES[shape])
+        plan.validate()
     assert_matches(run_plan(plan, tmp_path), reference_sgd)
     assert_sharded(plan, tmp_path / plan.name)
 
