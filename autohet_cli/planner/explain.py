@@ -175,6 +175,7 @@ def summary_json(
         "micro_batch_size": plan.training.micro_batch_size,
         "num_pipelines": len(plan.pipelines),
         "recompute_stages": recompute_count(plan)[0],
+        "weight_sharded_stages": weight_sharded(plan.pipelines),
         "zero1": plan.training.zero1,
         "solver": dict(solver),
         "baselines": dict(plan.baselines),

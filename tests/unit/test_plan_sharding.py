@@ -21,7 +21,7 @@ from autohet_cli.errors import AutohetError, PlanError
 from autohet_cli.models import get_model
 from autohet_cli.plan import Plan, plan_from_dict, plan_to_dict
 from autohet_cli.planner.api import make_plan, training_for
-from autohet_cli.planner.explain import explain_text
+from autohet_cli.planner.explain import explain_text, summary_json
 from autohet_cli.yamlio import dump_yaml
 from tests.bruteforce import tiny_cluster
 from tests.unit.test_costmodel import make_cluster, toy_tables
@@ -223,7 +223,9 @@ def _sharded_plan(first: dict[str, Any]) -> Plan:
 def test_explain_shows_sharded_stages(first: dict[str, Any], cell: str) -> None:
     plan = _sharded_plan(first)
     cluster = make_cluster([("h0", 4)])
-    text = explain_text(plan, evaluate(plan.pipelines, cluster, toy_tables(), 1), cluster)
+    ev = evaluate(plan.pipelines, cluster, toy_tables(), 1)
+    text = explain_text(plan, ev, cluster)
+    assert summary_json(plan, ev, cluster, None)["weight_sharded_stages"] == 2  # --json
     assert "Shard weights: 2 of 4 stages (shard) hold 1/2 of their weights" in text
     assert ("keep the gathered weights from the forward" in text) == (cell != "weights")
     rows = [r.rstrip() for r in text.splitlines() if r.strip().startswith("0 ")]
