@@ -11,7 +11,15 @@ from typing import Any
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.costmodel.evaluate import PlanEval
-from autohet_cli.plan import Plan, SolverInfo, Stage, weight_sharded
+from autohet_cli.plan import Plan, SolverInfo, weight_sharded
+from autohet_cli.planner.explain_modes import (
+    recompute_cell,
+    recompute_count,
+    recompute_line,
+    shard_cell,
+    shard_line,
+    zero1_line,
+)
 from autohet_cli.planner.provenance import Provenance, provenance, source_lines, sources_json
 
 __all__ = [
@@ -87,9 +95,9 @@ def explain_text(
                 "*" if j == pe.bottleneck else "",
             ]
             if marked:
-                row.append(_recompute_cell(s))
+                row.append(recompute_cell(s))
             if sharded:
-                row.append(_shard_cell(s))
+                row.append(shard_cell(s))
             if by_stage is not None:
                 row.append(by_stage[first][j].label)
             rows.append(row)
@@ -120,7 +128,9 @@ def explain_text(
         f"{tok:,.0f} tokens/s; peak memory {ev.memory_peak_fraction:.0%}"
     )
     lines += [
-        x for x in (recompute_line(plan), shard_line(plan), zero1_line(plan)) if x is not None
+        x
+        for x in (recompute_line(plan), shard_line(plan, cluster), zero1_line(plan))
+        if x is not None
     ]
     if sources is not None:
         lines += source_lines(sources)
@@ -290,83 +300,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def recompute_count(plan: Plan) -> tuple[int, int]:
-    """(stages that recompute some activations, all stages) over every pipeline."""
-    stages = [s for p in plan.pipelines for s in p.stages]
-    return sum(s.recomputed > 0 for s in stages), len(stages)
-
-
-def _recompute_cell(s: Stage) -> str:
-    """R: every layer recomputes; R 3/8: the stage's first 3 of its 8 layers."""
-    if s.recompute or s.recomputed == s.num_layers:
-        return "R"
-    return f"R {s.recomputed}/{s.num_layers}" if s.recomputed else ""
-
-
-def recompute_line(plan: Plan) -> str | None:
-    """What recomputation costs and saves here; None when no stage recomputes."""
-    n, total = recompute_count(plan)
-    if not n:
-        return None
-    stages = [s for p in plan.pipelines for s in p.stages]
-    partial = sum(0 < s.recomputed < s.num_layers for s in stages)
-    if n == total and not partial:
-        which = "every stage re-runs its forward before its backward"
-    elif n == total:
-        which = "every stage (marked R) re-runs its forward before its backward"
-    else:
-        which = f"{n} of {total} stages (marked R) re-run their forward before the backward"
-    if partial:
-        which += (
-            f"; {partial} of them only for their first layers (R k/n: k of its n), as few "
-            "as their memory needs"
-        )
-    return (
-        f"Recompute: {which} (included in bwd ms), keeping only each recomputed layer's "
-        "input per micro-batch in flight"
-    )
-
-
-def _shard_cell(s: Stage) -> str:
-    if s.shard != "weights":
-        return "" if s.shard == "none" else s.shard
-    return "weights" if s.reshard_after_forward else "weights, kept gathered"
-
-
-def shard_line(plan: Plan) -> str | None:
-    """What weight sharding does here (issue 48); None when no stage shards its weights."""
-    n = weight_sharded(plan.pipelines)
-    if not n:
-        return None
-    stages = [s for p in plan.pipelines for s in p.stages]
-    kept, total = sum(_shard_cell(s) == "weights, kept gathered" for s in stages), len(stages)
-    which = "every stage holds" if n == total else f"{n} of {total} stages (shard) hold"
-    line = (
-        f"Shard weights: {which} 1/{len(plan.pipelines)} of their weights, gradients "
-        "and optimizer state, one slice per pipeline holding the same layers, and gather "
-        "the weights before each micro-batch's forward and again before its backward"
-    )
-    if kept:
-        line += (
-            f"; {kept} of them (kept gathered) keep the gathered weights from the forward "
-            "to the backward: one gather per micro-batch, for more memory"
-        )
-    return line
-
-
-def zero1_line(plan: Plan) -> str | None:
-    """What ZeRO-1 does in this plan; None without it."""
-    if not plan.training.zero1:
-        return None
-    if len(plan.pipelines) < 2:
-        return "ZeRO-1: on, but one pipeline holds every layer, so nothing is sharded"
-    return (
-        f"ZeRO-1: the {len(plan.pipelines)} pipelines shard the optimizer state of each "
-        "segment they hold at one TP degree (reduce-scatter, each steps its slice, "
-        "all-gather; tied weights stay replicated)"
-    )
-
-
 def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
     """Consecutive pipelines with the same layers, GPU types, batch share and time."""
 
@@ -376,7 +309,7 @@ def _alike_runs(plan: Plan, ev: PlanEval) -> list[tuple[int, int]]:
             p.num_microbatches,
             round(ev.pipelines[i].time_ms, 6),
             tuple(
-                (s.layer_start, s.layer_end, s.gpu_type, s.recomputed, _shard_cell(s))
+                (s.layer_start, s.layer_end, s.gpu_type, s.recomputed, shard_cell(s))
                 for s in p.stages
             ),
         )

@@ -247,3 +247,25 @@ def test_fsdp_gathers_in_the_compute_dtype_and_reduces_in_fp32() -> None:
     assert mixed_precision(torch.float16).param_dtype == torch.float16
     fp32 = mixed_precision(torch.float32)  # a CPU: nothing cast
     assert fp32.param_dtype is None and fp32.reduce_dtype == torch.float32
+
+
+def test_explain_says_what_tp_gathers_across_hosts_assume_of_the_nics() -> None:
+    """The planner counts on a NIC per GPU unless the cluster says ``nics:``; where
+    TP ranks of sharded holders gather across hosts, explain says so and what to
+    write if the hosts share fewer NICs."""
+    from dataclasses import replace as _replace
+
+    from autohet_cli.plan import Pipeline
+    from tests.unit.test_costmodel import stage as a100_stage
+
+    holders = [
+        Pipeline(num_microbatches=2, stages=(a100_stage(0, 4, h, 0, 1, shard="weights"),))
+        for h in ("h0", "h1")
+    ]
+    base = plan_from_dict(_plan_dict(), WHERE)
+    plan = _replace(base, tensor_parallel=2, pipelines=tuple(holders))
+    for nics, says in ((None, True), (1, False)):
+        cluster = make_cluster([("h0", 2), ("h1", 2)], nics=nics)
+        text = explain_text(plan, evaluate(plan.pipelines, cluster, toy_tables(), 1), cluster)
+        hint = "count on a NIC per GPU on 2 host(s) whose cluster entry does not say `nics:`"
+        assert (hint in text) == says, text
