@@ -70,13 +70,20 @@ def calibrate_command(
     plan = load_plan(plan_file or _plan_of(run_dir, check))
     base = load_profile(profile) if profile else Profile()
     model = plan.architecture or get_model(plan.model_name)
-    refit, rows = calibrate(
-        base,
-        check,
-        model,
-        run_id=str(run_dir.resolve()),
-        global_batch_size=plan.training.global_batch_size,
-    )
+    try:
+        refit, rows = calibrate(
+            base,
+            check,
+            model,
+            run_id=str(run_dir.resolve()),
+            global_batch_size=plan.training.global_batch_size,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # edited or foreign
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ConfigError(
+            f"{check_path}: not a prediction check this autohet reads ({what}); calibrate "
+            "from the file a launch of this version wrote, unedited"
+        ) from None
     save_profile(refit, out)
     why = [left_out(st) for st in check.get("stages") or []]
     sharded, partial = why.count("sharded"), why.count("partial")

@@ -62,6 +62,8 @@ def _row(
     gpu, tp = str(st["gpu_type"]), int(st["tensor_parallel"])
     a, b = (int(x) for x in st["layers"])
     rc = st.get("recompute", False)
+    if not isinstance(rc, int) or rc < 0:  # true, false or a count (bool is an int)
+        raise ValueError(f"a stage's recompute is {rc!r}: true, false or a layer count")
     stage = Stage(
         layer_start=a,
         layer_end=b,

@@ -441,3 +441,34 @@ def test_a_padded_pipeline_of_a_sharded_plan_is_measured_per_microbatch_run() ->
     check = compare(sharded, {"plan": "t.v1", "ranks": ranks}, None)
     got = [(st["num_microbatches"], st["measured"]["fwd_ms"]) for st in check["stages"]]
     assert got == [(3, 10.0), (3, 10.0)]
+
+
+@pytest.mark.parametrize("edit", ["no measured", "recompute 1.5", "layers text"])
+def test_an_edited_check_is_refused_in_one_line(tmp_path: Path, edit: str) -> None:
+    import json
+
+    from autohet_cli.plan import write_plan
+    from tests.cli import autohet
+
+    plan = _plan()
+    check = compare(plan, _report(plan, 3.0, mem_bytes=900 << 20, step_extra_ms=5.0), None)
+    stage = check["stages"][0]
+    if edit == "no measured":
+        del stage["measured"]
+    elif edit == "recompute 1.5":
+        check["stages"].append(dict(stage, shard="weights", recompute=1.5, shard_link={
+            "holders": 2, "gbps": 1.0, "nic_share": 1}))  # fmt: skip
+    else:
+        stage["layers"] = "all"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "prediction-check.json").write_text(json.dumps(check))
+    _, plan_file = write_plan(plan, tmp_path / "plans")
+    res = autohet(
+        "profile", "calibrate", str(run), "--out", str(tmp_path / "p.yaml"),
+        "--plan", str(plan_file), cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert "prediction-check.json: not a prediction check this autohet reads" in res.stderr
+    assert not (tmp_path / "p.yaml").exists()
