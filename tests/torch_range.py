@@ -50,9 +50,8 @@ TORCH_RANGE: dict[str, str] = {
     "test_weight_sharded_plan_matches_single_process[tp2-one-stage]": (
         "FSDP2 over the 'dp' dimension of a (holders x TP) mesh built from groups"
     ),
-    "tests/dist/test_preempt.py::"
-    "test_sigterm_to_every_rank_of_a_sharded_plan_saves_its_shards_and_resumes": (
-        "an emergency DCP save of FSDP2 shards, loaded by one process"
+    "tests/dist/test_preempt.py::test_the_hosts_preemption_check_stops_training_at_a_saved_step": (  # noqa: E501
+        "an emergency DCP save of FSDP2 shards on a host's notice, loaded by one process"
     ),
     "tests/unit/test_stage_recompute.py": "torch.utils.checkpoint on a stage's first N layers",
     "tests/dist/test_comm_dtype_p2p.py": "bf16 P2P between two gloo processes",

@@ -191,37 +191,22 @@ def test_sigterm_to_one_rank_saves_the_finished_step_on_every_rank(tmp_path: Pat
     _check_resumes_exactly(tmp_path, step)
 
 
-def test_sigterm_to_every_rank_of_a_sharded_plan_saves_its_shards_and_resumes(
-    tmp_path: Path,
-) -> None:
-    """Issue 48: a shutdown signals every process at once; the weight-sharded ranks
-    (each holding half of the state) still save the finished step within the notice,
-    exit 0, and one process resumes from the shards with the uninterrupted losses."""
-    procs = _start_two(tmp_path, {}, sharded=True)
-    _wait_for_step(tmp_path / "metrics.jsonl", 2, procs)
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    (out0, err0), _ = _finish(procs)
-    notice, saved = _events(out0)
-    assert notice["event"] == "notice" and saved["event"] == "saved"
-    step = int(saved["step"])  # type: ignore[call-overload]
-    assert 3 <= step < MANY
-    assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
-    assert "preempted: step" in err0
-    _check_resumes_exactly(tmp_path, step)
-
-
 def test_the_hosts_preemption_check_stops_training_at_a_saved_step(tmp_path: Path) -> None:
+    """On a weight-sharded plan (issue 48: two holders, each with half of the state):
+    the notice comes to every rank at once, they save the finished step's shards
+    within it and exit 0, and one process resumes them with the uninterrupted losses."""
     flag = tmp_path / "reclaim-notice"
     check = CheckSpec(command=f"test -e {flag}", interval_s=0.2)
-    procs = _start_two(tmp_path, {CHECK_ENV: check.to_env()})
+    procs = _start_two(tmp_path, {CHECK_ENV: check.to_env()}, sharded=True)
     _wait_for_step(tmp_path / "metrics.jsonl", 1, procs)
     flag.touch()
     (out0, _), _ = _finish(procs)
     notice, saved = _events(out0)
     assert "preemption check: command" in str(notice["hosts"])
+    assert saved["event"] == "saved"
     step = int(saved["step"])  # type: ignore[call-overload]
     assert 2 <= step < MANY
+    assert (tmp_path / "disk" / "pre" / "default" / f"step-{step:08d}" / "COMPLETE").is_file()
     _check_resumes_exactly(tmp_path, step)
 
 
