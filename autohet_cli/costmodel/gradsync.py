@@ -100,8 +100,8 @@ def _sharded_sync_ms(stages: Sequence[Stage], a: int, b: int, mbs: int, memo: Sy
         measured = tables.intra_allreduce_ms(stages[0].gpu_type, nbytes, participants)
         if measured is not None:
             return measured
-    else:  # the TP group's rings add up on a NIC its ranks share (``Host.nic_share``)
-        nbytes *= max(cluster.host(s.host).nic_share(s.tensor_parallel) for s in stages)
+    else:  # the TP group's rings add up on a NIC its ranks share
+        nbytes *= nic_share(stages, cluster)
     return ring_allreduce_ms(nbytes, participants, memo.ring_gbps(stages)) + _ring_latency(
         stages, tables, participants
     )
@@ -138,6 +138,17 @@ def _segment_bytes(
     """Gradient bytes of layers [a, b) on one GPU of stage ``s``."""
     table = tables.table(s.gpu_type, s.tensor_parallel, mbs, cluster.host(s.host).intra_node_gbps)
     return table.params(a, b) * tables.training.grad_bytes_per_param
+
+
+def nic_share(stages: Sequence[Stage], cluster: Cluster) -> int:
+    """The TP ranks of one holder that add up their ring bytes on a NIC
+    (``Host.nic_share``; 1 when the holders share a host: the ring stays inside it).
+    The holders share one TP degree (the segment's sharded sync, a sharded stage's
+    holders)."""
+    hosts = {s.host for s in stages}
+    if len(hosts) == 1:
+        return 1
+    return max(cluster.host(h).nic_share(stages[0].tensor_parallel) for h in hosts)
 
 
 def ring_gbps(stages: Sequence[Stage], cluster: Cluster) -> float:

@@ -74,7 +74,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from autohet_cli.cluster import Cluster
-from autohet_cli.costmodel.gradsync import Segment, tied_layers
+from autohet_cli.costmodel.gradsync import Segment, nic_share, tied_layers
 from autohet_cli.costmodel.layertable import LayerTable, StageCost
 from autohet_cli.costmodel.tables import CostTables
 from autohet_cli.costmodel.transfers import transfer_ms
@@ -124,15 +124,6 @@ def holder_groups(pipelines: Sequence[Pipeline]) -> dict[tuple[int, int, int], l
             if s.shard == WEIGHTS:
                 groups.setdefault(holder_key(s), []).append(s)
     return groups
-
-
-def nic_share(stages: Sequence[Stage], cluster: Cluster) -> int:
-    """The TP ranks of one holder that add up their bytes on a NIC (1 when the
-    holders share a host: the ring stays inside it)."""
-    hosts = {s.host for s in stages}
-    if len(hosts) == 1:
-        return 1
-    return max(cluster.host(h).nic_share(stages[0].tensor_parallel) for h in hosts)
 
 
 def weight_shards(
@@ -215,6 +206,11 @@ def _own(tables: CostTables, s: Stage) -> list[bool]:
     return [i not in tied for i in range(s.layer_start, s.layer_end)]
 
 
+def _sharded_params(layers: Sequence[StageCost], own: Sequence[bool]) -> list[int]:
+    """Per layer, the parameters FSDP gathers and reduce-scatters (0 for a tied one)."""
+    return [lc.num_params if o else 0 for lc, o in zip(layers, own, strict=True)]
+
+
 def sharded_stage_cost(
     cost: StageCost, table: LayerTable, s: Stage, shard: WeightShard, tables: CostTables
 ) -> StageCost:
@@ -224,14 +220,9 @@ def sharded_stage_cost(
     layers = _layers(table, s)
     own = _own(tables, s)
     c = compute_bytes(tables, s.gpu_type)
-    gather = [
-        shard.collective_ms(lc.num_params * c) if o else 0.0
-        for lc, o in zip(layers, own, strict=True)
-    ]
-    reduce = [
-        shard.collective_ms(lc.num_params * GRAD_REDUCE_BYTES) if o else 0.0
-        for lc, o in zip(layers, own, strict=True)
-    ]
+    mine = _sharded_params(layers, own)  # collective_ms of 0 bytes is 0
+    gather = [shard.collective_ms(n * c) for n in mine]
+    reduce = [shard.collective_ms(n * GRAD_REDUCE_BYTES) for n in mine]
     tied_update = sum(lc.update_ms for lc, o in zip(layers, own, strict=True) if not o)
     f, b = exposed_ms(
         [lc.fwd_ms for lc in layers],
@@ -270,8 +261,7 @@ def sharded_memory_bytes(
         if not o
     )
     c = compute_bytes(tables, s.gpu_type)
-    # what FSDP gathers and reduce-scatters: the stage's own layers (a tied one is 0)
-    mine = [p if o else 0 for p, o in zip(params, own, strict=True)]
+    mine = _sharded_params(layers, own)
     if s.reshard_after_forward:
         pairs = [a + b for a, b in zip(mine, mine[1:], strict=False)] or mine
         gathered = c * max(pairs)

@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 from autohet_cli.cluster import Cluster
 from autohet_cli.errors import AutohetError
-from autohet_cli.plan import Plan, StagePrediction, weight_sharded
+from autohet_cli.plan import Plan, Stage, StagePrediction, weight_sharded
 
 CHECK_SCHEMA = "autohet.prediction-check/v1"
 
@@ -70,9 +70,7 @@ def compare(
                     "gpu_type": stage.gpu_type,
                     "tensor_parallel": stage.tensor_parallel,
                     "layers": [stage.layer_start, stage.layer_end],
-                    # true (every layer, however the plan says it), false, or N
-                    # (its first N layers, fewer than all)
-                    "recompute": stage.recomputed == stage.num_layers or stage.recomputed or False,
+                    "recompute": _recorded_recompute(stage),
                     "shard": stage.shard,
                     **(
                         {
@@ -170,12 +168,19 @@ def link_send_ms(plan: Plan, cluster: Cluster, device: str | None) -> list[list[
     return out
 
 
+def _recorded_recompute(stage: Stage) -> bool | int:
+    """True (every layer, however the plan says it), False, or N (its first N
+    layers, fewer than all): what calibrate tells apart."""
+    n = stage.recomputed
+    return True if n == stage.num_layers else (n or False)
+
+
 def shard_links(plan: Plan, cluster: Cluster) -> dict[tuple[int, int], dict[str, Any]]:
     """Per weight-sharded (pipeline, stage): what its gathers and reduce-scatters ran
     over, as the cost model counts it (holders, the slowest link among their hosts,
     the TP ranks that share a NIC)."""
-    from autohet_cli.costmodel.gradsync import ring_gbps
-    from autohet_cli.costmodel.sharding import holder_groups, holder_key, nic_share
+    from autohet_cli.costmodel.gradsync import nic_share, ring_gbps
+    from autohet_cli.costmodel.sharding import holder_groups, holder_key
 
     groups = holder_groups(plan.pipelines)
     link = {

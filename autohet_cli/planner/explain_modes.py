@@ -16,7 +16,7 @@ def recompute_count(plan: Plan) -> tuple[int, int]:
 
 def recompute_cell(s: Stage) -> str:
     """R: every layer recomputes; R 3/8: the stage's first 3 of its 8 layers."""
-    if s.recompute or s.recomputed == s.num_layers:
+    if s.recomputed == s.num_layers:  # ``recompute: true`` included
         return "R"
     return f"R {s.recomputed}/{s.num_layers}" if s.recomputed else ""
 

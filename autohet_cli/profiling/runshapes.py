@@ -81,15 +81,14 @@ def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape
         return tuple((each, stages) for _ in range(r))
 
     out: list[Shape] = []
+    data_parallel = Shape(
+        name=f"data-parallel-{num_gpus}",
+        layout=replicas(1, whole),
+        tp=1,
+        measures="step cost, layer times at TP 1, gradient-sync rate",
+    )
     if num_gpus >= 2:
-        out.append(
-            Shape(
-                name=f"data-parallel-{num_gpus}",
-                layout=replicas(1, whole),
-                tp=1,
-                measures="step cost, layer times at TP 1, gradient-sync rate",
-            )
-        )
+        out.append(data_parallel)
     else:
         out.append(
             Shape(
@@ -118,12 +117,11 @@ def shapes_for(num_layers: int, num_gpus: int, tps: Sequence[int]) -> list[Shape
                 measures="stage-to-stage exchange latency",
             )
         )
-    if num_gpus >= 2:
+    if num_gpus >= 2:  # run 1's replicas, their weights sharded over them
         out.append(
-            Shape(
+            replace(
+                data_parallel,
                 name=f"sharded-weights-{num_gpus}",
-                layout=replicas(1, whole),
-                tp=1,
                 measures="sharded weights' gathers and reduce-scatters",
                 shard="weights",
             )
